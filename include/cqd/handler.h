@@ -1,0 +1,57 @@
+// cqd/handler.h: the callbacks an engine implements.
+//
+// QpHandler receives one QP's completions and async events on the consumer the QP was registered
+// with. A handler never runs on two threads at once and never runs after its Registration was
+// unregistered (see runtime.h). All callbacks are `noexcept`: an override that is not noexcept does
+// not compile, so an exception can never unwind through a poller or consumer.
+#ifndef CQD_HANDLER_H_
+#define CQD_HANDLER_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <span>
+
+namespace cqd {
+
+// A device async event, copied out of `ibv_async_event` and acked before delivery (S13), so it
+// holds numbers rather than pointers to objects that may already be gone.
+struct AsyncEvent {
+  ibv_event_type type = IBV_EVENT_DEVICE_FATAL;
+  uint32_t qp_num = 0;   // QP events, and the per-QP copies of CQ_ERR and DEVICE_FATAL
+  uint32_t cq_id = 0;    // CQ_ERR (and its per-QP copies): the runtime's CqHandle::id()
+  uint32_t device = 0;   // the runtime's DeviceId
+  int port_num = 0;      // port events
+};
+
+class QpHandler {
+ public:
+  virtual ~QpHandler() = default;
+  // Runs on the QP's consumer. `wcs` holds one or more completions of this QP in poll order; it is
+  // valid only during the call. For `status != IBV_WC_SUCCESS` only wr_id, status, qp_num and
+  // vendor_err are meaningful (S10).
+  virtual void OnCompletions(std::span<const ibv_wc> wcs) noexcept = 0;
+  // Runs on the QP's consumer, ordered with the QP's completions as they were taken off the device.
+  virtual void OnAsyncEvent(const AsyncEvent& event) noexcept { (void)event; }
+};
+
+// Takes completions that no handler may receive: an unknown qp_num, or a QP unregistered while
+// its completions were queued (so that, for example, SRQ receive buffers can be recycled). May be
+// called from any poller or consumer thread, concurrently: it must be thread-safe.
+class OrphanHandler {
+ public:
+  virtual ~OrphanHandler() = default;
+  virtual void OnOrphans(std::span<const ibv_wc> wcs) noexcept = 0;
+};
+
+// Takes device-level async events (port, SRQ, CQ_ERR, DEVICE_FATAL) on the runtime's event
+// thread. It must not block for long: it delays every other event.
+class DeviceEventHandler {
+ public:
+  virtual ~DeviceEventHandler() = default;
+  virtual void OnDeviceEvent(const AsyncEvent& event) noexcept = 0;
+};
+
+}  // namespace cqd
+
+#endif  // CQD_HANDLER_H_

@@ -1,0 +1,52 @@
+// cqd/options.h: how a Runtime is shaped. Validated by Runtime::Create, which names the bad field.
+#ifndef CQD_OPTIONS_H_
+#define CQD_OPTIONS_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cqd {
+
+class OrphanHandler;
+
+// Where a consumer's handlers run.
+enum class ConsumerKind {
+  kOwnedThread,   // a thread the runtime starts, pins (optionally) and stops
+  kEngineDriven,  // the engine's own thread calls Runtime::Drain when Runtime::NotifyFd is readable
+};
+
+struct ConsumerOptions {
+  ConsumerKind kind = ConsumerKind::kOwnedThread;
+  std::string name;                  // shown in stats and thread names; defaults to "consumer<i>"
+  int cpu = -1;                      // kOwnedThread: CPU to pin to, -1 for none
+  std::size_t queue_capacity = 1 << 16;  // items; pollers stall (never drop) when it is reached
+  int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
+  // kOwnedThread: spin this long on an empty queue before sleeping.
+  std::chrono::microseconds idle_spin{20};
+};
+
+struct RuntimeOptions {
+  int pollers = 1;                   // poller threads = CQ shards (1..256)
+  std::vector<int> poller_cpus;      // empty: not pinned; else one CPU per poller
+  int poll_batch = 32;               // completions per ibv_poll_cq call (1..256)
+  // A poller that found nothing for this long arms its CQs, polls once more, and sleeps.
+  std::chrono::microseconds idle_budget{50};
+  bool busy_poll = false;            // never arm or sleep: poll until shutdown
+  uint32_t ack_threshold = 64;       // CQ events acked per ibv_ack_cq_events call (>= 1)
+  std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  // at least one
+  uint32_t max_registrations = 1 << 16;  // concurrently registered QPs (1..1<<24)
+  OrphanHandler* orphan_handler = nullptr;  // optional; orphans are counted either way
+};
+
+// Per-CQ settings for Runtime::CreateCq.
+struct CqOptions {
+  int depth = 4096;            // completions the CQ holds; posting more overflows it (S11)
+  bool solicited_only = false; // arm for solicited receives and errors only (S8)
+};
+
+}  // namespace cqd
+
+#endif  // CQD_OPTIONS_H_

@@ -1,0 +1,148 @@
+// cqd/runtime.h: the completion dispatcher.
+//
+// A Runtime owns poller threads (one per CQ shard), consumers (runtime-owned threads or
+// engine-driven), and one event thread for completion channels and device async events:
+//
+//   auto rt = cqd::Runtime::Create(options).value();
+//   auto dev = rt->AddSimDevice(sim).value();                 // or a verbs device (rxe, NIC)
+//   cqd::CqHandle cq = rt->CreateCq(dev, /*shard=*/0, {}).value();
+//   ... create QPs on cq ...
+//   cqd::Registration reg = rt->RegisterQp(*qp, handler, /*consumer=*/0).value();
+//   ... handler.OnCompletions() runs on consumer 0 ...
+//   reg.Unregister();                                         // handler never called again
+//   rt->DestroyCq(cq);
+//
+// Threading. Control-path calls (everything returning Status or Result) may be made from any
+// thread, concurrently; they serialize on an internal mutex and may block briefly while a poller
+// or consumer reaches a safe point. They must not be called from a poller. Drain() is called only
+// by the engine thread that drives that consumer. Handlers run on their consumer; a handler may
+// call control-path functions (including Unregister of its own QP), except Shutdown.
+//
+// Ordering. Completions of one QP reach its handler in the order they were polled; an async
+// event for a QP is ordered with that QP's completions as the runtime received them. Everything a
+// poller observed before handing a completion over happens-before the handler's call.
+#ifndef CQD_RUNTIME_H_
+#define CQD_RUNTIME_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "cqd/handler.h"
+#include "cqd/options.h"
+#include "cqd/stats.h"
+#include "cqd/status.h"
+
+namespace cqd {
+
+class SimDevice;
+class SimCq;
+class SimQp;
+class SimChannel;
+
+namespace internal {
+class RuntimeImpl;
+}  // namespace internal
+
+using DeviceId = uint32_t;
+using ConsumerId = uint32_t;
+
+// A CQ the runtime polls. Cheap to copy; valid until Runtime::DestroyCq.
+class CqHandle {
+ public:
+  CqHandle() = default;
+  uint32_t id() const { return id_; }
+  int shard() const { return shard_; }
+  DeviceId device() const { return device_; }
+  // Returns the simulated CQ, or nullptr on another backend.
+  SimCq* sim() const { return sim_; }
+  bool valid() const { return id_ != 0; }
+
+ private:
+  friend class internal::RuntimeImpl;
+  uint32_t id_ = 0;
+  int shard_ = 0;
+  DeviceId device_ = 0;
+  SimCq* sim_ = nullptr;
+};
+
+// Owns one QP's registration. Move-only; destroying it unregisters. It must not outlive the
+// Runtime that issued it.
+class Registration {
+ public:
+  Registration() = default;
+  Registration(Registration&& other) noexcept;
+  Registration& operator=(Registration&& other) noexcept;
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+  ~Registration() { Unregister(); }
+
+  // After this returns, the handler is never called again and may be destroyed. Completions still
+  // queued for the QP go to the orphan handler. Idempotent. Called from a handler on another
+  // consumer, it waits until that consumer's current handler call returns.
+  void Unregister() noexcept;
+  bool registered() const { return impl_ != nullptr; }
+  uint32_t qp_num() const { return qp_num_; }
+
+ private:
+  friend class internal::RuntimeImpl;
+  internal::RuntimeImpl* impl_ = nullptr;
+  uint32_t slot_ = 0;
+  uint32_t generation_ = 0;
+  uint32_t qp_num_ = 0;
+};
+
+class Runtime {
+ public:
+  // Returns a started runtime, or kInvalidArgument naming the bad option.
+  static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
+  // Shuts down (see Shutdown) and destroys the CQs and channels the runtime created.
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Adds a simulated device: one completion channel per shard is created on it and its async fd is
+  // watched. `events` (optional, must outlive the runtime) receives device-level async events.
+  Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device,
+                                DeviceEventHandler* events = nullptr);
+
+  // Creates a CQ on `shard`'s completion channel of `device`; the shard's poller polls it.
+  Result<CqHandle> CreateCq(DeviceId device, int shard, const CqOptions& options = {});
+  // Returns the completion channel of `shard` on a simulated device, for CQs the engine creates.
+  Result<SimChannel*> SimChannelFor(DeviceId device, int shard);
+  // Polls a CQ the engine created on SimChannelFor(device, shard); kInvalidArgument if the CQ
+  // uses another channel ("wrong shard"), kAlreadyExists if already polled.
+  Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq,
+                           const CqOptions& options = {});
+  // Stops polling the CQ, acks its remaining events, and destroys it if the runtime created it
+  // (an adopted CQ is only released: the engine destroys it after this returns). Fails with
+  // kFailedPrecondition while QPs using it are registered.
+  Status DestroyCq(CqHandle cq);
+
+  // Routes the QP's completions and async events to `handler` on `consumer`. Its CQs must be
+  // polled by this runtime. kAlreadyExists if the qp_num is registered.
+  Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer);
+
+  // Engine-driven consumers: dispatches up to `max` queued items (completion runs and async
+  // events) to their handlers on the calling thread. Returns the number of completions and events
+  // dispatched, or -EINVAL if `consumer` is not an engine-driven consumer of this runtime.
+  int Drain(ConsumerId consumer, int max) noexcept;
+  // Returns a non-blocking fd that is readable while `consumer` has queued work, for the engine's
+  // epoll set (level- or edge-triggered). Valid until the runtime is destroyed.
+  Result<int> NotifyFd(ConsumerId consumer);
+
+  Stats GetStats() const;
+
+  // Stops pollers (everything already polled is still delivered), drains and stops owned
+  // consumers, and stops the event thread. Engine-driven consumers may Drain() what is left until
+  // the runtime is destroyed; the destructor hands anything still queued to the orphan handler.
+  // Idempotent; must not be called from a handler.
+  Status Shutdown();
+
+ private:
+  explicit Runtime(std::unique_ptr<internal::RuntimeImpl> impl);
+  std::unique_ptr<internal::RuntimeImpl> impl_;
+};
+
+}  // namespace cqd
+
+#endif  // CQD_RUNTIME_H_

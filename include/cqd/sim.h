@@ -1,0 +1,137 @@
+// cqd/sim.h: a simulated RDMA device, for tests, demos and benchmarks without hardware.
+//
+// It behaves as verbs does (DESIGN.md rules S1-S14), with real file descriptors: a completion
+// channel's fd and the async fd are eventfds that are readable exactly while events are pending,
+// honour O_NONBLOCK, and work with poll/epoll. On top of what verbs offers, it lets a test put
+// completions into CQs (Inject, SimTrafficSource) and inject faults.
+//
+// Threading: every call is thread-safe, except that one SimCq is polled by one thread at a time
+// (as a single-threaded verbs CQ). Inject may run concurrently with polling and with itself.
+// A completion published by Inject happens-before the Poll that returns it.
+#ifndef CQD_SIM_H_
+#define CQD_SIM_H_
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cqd/status.h"
+
+namespace cqd {
+
+class SimChannel {
+ public:
+  virtual ~SimChannel() = default;
+  virtual int fd() const = 0;
+};
+
+class SimCq {
+ public:
+  virtual ~SimCq() = default;
+  virtual int depth() const = 0;
+  virtual SimChannel* channel() const = 0;
+  // Adds completions as the device would; an armed notification fires if they qualify (S6-S8;
+  // `solicited` marks receives of messages sent with IBV_SEND_SOLICITED). Returns how many were
+  // added: fewer than wcs.size() when the CQ filled up. With `overflow`, adding to a full CQ
+  // overflows it instead (S11): the CQ fails, CQ_ERR and QP_FATAL are raised, and -1 is returned.
+  virtual int Inject(std::span<const ibv_wc> wcs, bool solicited = false,
+                     bool overflow = false) noexcept = 0;
+  // Returns completions added and not yet polled.
+  virtual int size() const noexcept = 0;
+  // Returns true once the CQ overflowed or the device failed.
+  virtual bool failed() const noexcept = 0;
+};
+
+class SimQp {
+ public:
+  virtual ~SimQp() = default;
+  virtual uint32_t qp_num() const = 0;
+  virtual SimCq* send_cq() const = 0;
+  virtual SimCq* recv_cq() const = 0;
+  // Builds a completion of this QP and injects it into recv_cq (receive opcodes) or send_cq.
+  // Returns the SimCq::Inject result.
+  int Complete(uint64_t wr_id, ibv_wc_opcode opcode = IBV_WC_RECV,
+               ibv_wc_status status = IBV_WC_SUCCESS, bool solicited = false) noexcept;
+};
+
+struct SimDeviceOptions {
+  std::string name = "sim0";
+  int ports = 1;
+};
+
+class SimDevice {
+ public:
+  // Returns a new device; the runtime and the test share it.
+  static std::shared_ptr<SimDevice> Create(const SimDeviceOptions& options = {});
+  virtual ~SimDevice() = default;
+  virtual const std::string& name() const = 0;
+
+  // As ibv_create_comp_channel / ibv_destroy_comp_channel (fails while CQs use it).
+  virtual Result<SimChannel*> CreateChannel() = 0;
+  virtual Status DestroyChannel(SimChannel* channel) = 0;
+  // As ibv_create_cq / ibv_destroy_cq. DestroyCq blocks until every event read for the CQ and
+  // every async event about it has been acked (S2, S13), and fails while QPs use it.
+  virtual Result<SimCq*> CreateCq(int depth, SimChannel* channel) = 0;
+  virtual Status DestroyCq(SimCq* cq) = 0;
+  // As ibv_create_qp / ibv_destroy_qp (the latter blocks until the QP's async events are acked).
+  virtual Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq) = 0;
+  virtual Status DestroyQp(SimQp* qp) = 0;
+
+  // Fault injection.
+  // Raises a QP async event (QP_FATAL, COMM_EST, SQ_DRAINED, LAST_WQE_REACHED, ...).
+  virtual Status RaiseQpEvent(SimQp* qp, ibv_event_type type) = 0;
+  // Raises a port event (PORT_ACTIVE, PORT_ERR, LID_CHANGE, ...) or an SRQ event.
+  virtual Status RaiseDeviceEvent(ibv_event_type type, int port_num = 1) = 0;
+  // Fails the device: raises DEVICE_FATAL; arming and injecting fail from then on.
+  virtual void RaiseDeviceFatal() = 0;
+  // Queues a completion event for `cq` with no completion behind it (S5).
+  virtual void AddSpuriousEvent(SimCq* cq) = 0;
+  // The next `times` GetEvent calls on `channel` (or GetAsyncEvent calls) fail with `err`
+  // (EINTR or EAGAIN) without consuming an event.
+  virtual void FailGetEvent(SimChannel* channel, int err, int times) = 0;
+  virtual void FailGetAsyncEvent(int err, int times) = 0;
+};
+
+struct SimTrafficOptions {
+  std::vector<SimQp*> qps;
+  uint64_t completions_per_qp = 1000;
+  double rate_per_sec = 0;     // total completions per second; 0: as fast as possible
+  int burst = 16;              // completions injected into one CQ at once (1..1024)
+  ibv_wc_opcode opcode = IBV_WC_RECV;
+  uint32_t byte_len = 64;
+  bool solicited = false;
+};
+
+// A thread that adds completions for the given QPs, round robin. Completion k of a QP carries
+// wr_id == k, so a receiver can check that each arrives once and in order. A full CQ is waited on,
+// never overflowed: the source behaves like an engine that respects its CQ depth.
+class SimTrafficSource {
+ public:
+  explicit SimTrafficSource(SimTrafficOptions options);
+  ~SimTrafficSource();  // Stop() and join
+  SimTrafficSource(const SimTrafficSource&) = delete;
+  SimTrafficSource& operator=(const SimTrafficSource&) = delete;
+
+  void Start();
+  void Stop();           // asks the thread to finish early; returns at once
+  void Join();           // waits for the thread to finish
+  uint64_t injected() const { return injected_.load(std::memory_order_relaxed); }
+  uint64_t total() const { return options_.completions_per_qp * options_.qps.size(); }
+
+ private:
+  void Run();
+  SimTrafficOptions options_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> injected_{0};
+  std::thread thread_;
+};
+
+}  // namespace cqd
+
+#endif  // CQD_SIM_H_

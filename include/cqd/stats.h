@@ -1,0 +1,52 @@
+// cqd/stats.h: a snapshot of the runtime's counters, from Runtime::GetStats().
+//
+// Each counter is written by the one thread that owns it and read with relaxed loads, so a
+// snapshot is consistent per counter, not across counters.
+#ifndef CQD_STATS_H_
+#define CQD_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cqd {
+
+struct PollerStats {
+  int cpu = -1;                  // pinned CPU, -1 if not pinned
+  uint64_t polls = 0;            // poll calls on CQs
+  uint64_t empty_polls = 0;      // ... of which returned nothing
+  uint64_t completions = 0;      // completions taken off CQs
+  uint64_t arms = 0;             // ibv_req_notify_cq calls
+  uint64_t sleeps = 0;           // times the poller went to sleep
+  uint64_t backpressure_stalls = 0;  // loops spent waiting for a full consumer queue
+};
+
+struct CqStats {
+  uint32_t id = 0;
+  int shard = 0;
+  uint64_t completions = 0;      // completions polled from this CQ
+  uint64_t events = 0;           // completion events read from the channel
+  uint64_t acked_events = 0;     // events acknowledged so far
+  uint64_t ack_calls = 0;        // ibv_ack_cq_events calls
+  uint64_t poll_errors = 0;      // negative poll returns (the CQ is then left alone)
+};
+
+struct ConsumerStats {
+  std::string name;
+  uint64_t delivered = 0;        // completions handed to handlers
+  uint64_t async_events = 0;     // async events handed to handlers
+  uint64_t queue_depth = 0;      // items queued now
+  uint64_t high_water = 0;       // most items ever queued at once
+};
+
+struct Stats {
+  std::vector<PollerStats> pollers;
+  std::vector<CqStats> cqs;
+  std::vector<ConsumerStats> consumers;
+  uint64_t orphans = 0;          // completions given to the orphan handler (or dropped if none)
+  uint64_t async_events = 0;     // async events read from devices
+};
+
+}  // namespace cqd
+
+#endif  // CQD_STATS_H_

@@ -1,0 +1,89 @@
+// cqd/status.h: control-path error reporting.
+//
+// Every control-path call of cqd (creating a runtime, CQs, registrations) returns a `Status` or a
+// `Result<T>` instead of throwing. A non-OK status always carries a message that names the bad
+// input, e.g. "RegisterQp: qp_num 0x12 is already registered".
+//
+// Thread safety: these are plain values; copy them freely between threads.
+#ifndef CQD_STATUS_H_
+#define CQD_STATUS_H_
+
+#include <cassert>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace cqd {
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument,     // the caller passed a value that can never work
+  kNotFound,            // an id, CQ or QP the runtime does not know
+  kAlreadyExists,       // e.g. registering a qp_num twice
+  kFailedPrecondition,  // the object is in the wrong state (shut down, device failed)
+  kResourceExhausted,   // a configured capacity is used up
+  kUnavailable,         // the device reported a fatal error
+  kInternal,            // a system or verbs call failed; the message carries errno
+};
+
+// Returns a stable name such as "INVALID_ARGUMENT".
+std::string_view StatusCodeName(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;  // OK
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // Returns "OK" or "CODE: message".
+  std::string ToString() const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+// Returns kInternal with "<what>: <strerror(err)>".
+Status ErrnoStatus(std::string_view what, int err);
+
+// A value or a non-OK status. Accessing value() of a failed result is a programming error
+// (asserted in debug builds); check ok() first.
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) { assert(!std::get<Status>(v_).ok()); }  // NOLINT
+
+  bool ok() const { return v_.index() == 0; }
+  // Returns OK when a value is held.
+  Status status() const { return ok() ? Status() : std::get<Status>(v_); }
+  T& value() & { assert(ok()); return std::get<T>(v_); }
+  const T& value() const& { assert(ok()); return std::get<T>(v_); }
+  T&& value() && { assert(ok()); return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace cqd
+
+#endif  // CQD_STATUS_H_

@@ -1,0 +1,84 @@
+// runtime/backend.h: the narrow seam between the runtime and a verbs implementation.
+//
+// Two implementations: the simulated device (sim_device.h) and libibverbs. Every call mirrors one
+// verbs call and keeps its contract (DESIGN.md rules S1-S14); the conformance suite checks both.
+// Objects are owned by their Device, as verbs objects are owned by their context: create and
+// destroy through the Device. The hot-path calls (Cq::Poll, Cq::RequestNotify) are one virtual
+// call per batch, next to the indirect call ibv_poll_cq itself makes.
+//
+// Threading: as verbs. Poll and RequestNotify of one Cq come from one thread at a time (its
+// poller); GetEvent and GetAsyncEvent may block unless their fd is O_NONBLOCK; the rest is
+// thread-safe.
+#ifndef CQD_RUNTIME_BACKEND_H_
+#define CQD_RUNTIME_BACKEND_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cqd/status.h"
+
+namespace cqd::backend {
+
+class Cq {
+ public:
+  virtual ~Cq() = default;
+  // Returns the backend's own CQ (ibv_cq* or SimCq*): the key GetEvent hands back.
+  virtual void* native() const noexcept = 0;
+  // S9: returns the number of completions written to `wc` (0..n), or a negative errno.
+  virtual int Poll(int n, ibv_wc* wc) noexcept = 0;
+  // S6-S8: asks for one event on the next (or next solicited) completion; 0 or a positive errno.
+  virtual int RequestNotify(bool solicited_only) noexcept = 0;
+};
+
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  virtual void* native() const noexcept = 0;  // ibv_comp_channel* or SimChannel*
+  virtual int fd() const noexcept = 0;
+  // S1/S4: returns 0 and sets *native_cq to the CQ of the next event, or -1 with errno set
+  // (EAGAIN when the fd is O_NONBLOCK and no event is pending; EINTR).
+  virtual int GetEvent(void** native_cq) noexcept = 0;
+};
+
+// One async event between GetAsyncEvent and AckAsyncEvent (S13): the fields are copied out on
+// get, so nothing here points at an object that may be destroyed after the ack.
+struct AsyncEventRecord {
+  ibv_event_type type = IBV_EVENT_DEVICE_FATAL;
+  uint32_t qp_num = 0;        // QP events
+  void* native_cq = nullptr;  // CQ_ERR
+  int port_num = 0;           // port events
+  ibv_async_event raw{};      // verbs: the event to ack
+  void* sim_object = nullptr; // sim: the object the event holds
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const std::string& name() const = 0;
+
+  virtual Result<Channel*> CreateChannel() = 0;
+  // Fails while CQs still use the channel.
+  virtual Status DestroyChannel(Channel* channel) = 0;
+  virtual Result<Cq*> CreateCq(int depth, Channel* channel) = 0;
+  // Wraps a CQ the engine created; kInvalidArgument unless it belongs to this device and uses
+  // `channel`.
+  virtual Result<Cq*> AdoptCq(void* native_cq, Channel* channel) = 0;
+  // Forgets an adopted CQ without destroying it.
+  virtual void ReleaseCq(Cq* cq) = 0;
+  // S2: blocks until every event read for the CQ has been acked; then destroys it.
+  virtual Status DestroyCq(Cq* cq) = 0;
+  // S2/S3: acknowledges `n` events of `cq` in one call (takes a lock).
+  virtual void AckCqEvents(Cq* cq, unsigned n) noexcept = 0;
+
+  virtual int async_fd() const noexcept = 0;
+  // S12: returns 0 and fills *out, or -1 with errno set (EAGAIN when O_NONBLOCK, EINTR).
+  virtual int GetAsyncEvent(AsyncEventRecord* out) noexcept = 0;
+  // S13: acknowledges an event from GetAsyncEvent.
+  virtual void AckAsyncEvent(AsyncEventRecord* record) noexcept = 0;
+};
+
+}  // namespace cqd::backend
+
+#endif  // CQD_RUNTIME_BACKEND_H_

@@ -1,0 +1,235 @@
+#include "runtime/consumer.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace cqd::internal {
+namespace {
+
+// The consumer whose Dispatch is running on this thread, if any.
+thread_local const Consumer* tls_dispatching_consumer = nullptr;
+
+}  // namespace
+
+bool PinAndNameThread(int cpu, const std::string& name) {
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  if (cpu < 0) return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
+                   OrphanSink& orphans, int producers)
+    : index_(index),
+      options_(options),
+      slots_(slots),
+      orphans_(orphans),
+      // Preallocate the capacity plus two blocks of slack per producer, so that steady-state
+      // enqueues never allocate.
+      queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (producers + 1)),
+      consumer_token_(queue_),
+      batch_(std::make_unique<Item[]>(options.dispatch_batch)),
+      run_(std::make_unique<ibv_wc[]>(options.dispatch_batch)) {
+  if (options_.kind == ConsumerKind::kEngineDriven) {
+    notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    parker_.UseEventFd(notify_fd_);
+  }
+}
+
+Consumer::~Consumer() {
+  Stop();
+  if (notify_fd_ >= 0) close(notify_fd_);
+}
+
+Status Consumer::Start() {
+  if (options_.kind == ConsumerKind::kEngineDriven) {
+    if (notify_fd_ < 0) return ErrnoStatus("consumer " + options_.name + ": eventfd", errno);
+    return Status::Ok();
+  }
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void Consumer::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  parker_.Wake();
+  thread_.join();
+}
+
+void Consumer::Run() {
+  PinAndNameThread(options_.cpu, "cqd-" + options_.name);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point idle_since;
+  bool idle = false;
+  for (;;) {
+    if (Dispatch(options_.dispatch_batch) > 0) {
+      idle = false;
+      continue;
+    }
+    if (stop_.load(std::memory_order_acquire)) {
+      if (depth_.load(std::memory_order_acquire) == 0) return;
+      continue;  // items reserved but not yet visible: they are about to be
+    }
+    Clock::time_point now = Clock::now();
+    if (!idle) {
+      idle = true;
+      idle_since = now;
+      continue;
+    }
+    if (now - idle_since < options_.idle_spin) {
+      CpuRelax();
+      continue;
+    }
+    uint32_t ticket = parker_.Prepare();
+    if (depth_.load(std::memory_order_seq_cst) > 0 || stop_.load(std::memory_order_seq_cst)) {
+      parker_.Cancel();
+    } else {
+      parker_.Park(ticket);
+    }
+    idle = false;
+  }
+}
+
+bool Consumer::TryReserve(size_t n) noexcept {
+  uint64_t depth = depth_.load(std::memory_order_relaxed);
+  do {
+    if (depth != 0 && depth + n > options_.queue_capacity) return false;
+  } while (!depth_.compare_exchange_weak(depth, depth + n, std::memory_order_seq_cst,
+                                         std::memory_order_relaxed));
+  NoteDepth(depth + n);
+  return true;
+}
+
+void Consumer::Reserve(size_t n) noexcept {
+  NoteDepth(depth_.fetch_add(n, std::memory_order_seq_cst) + n);
+}
+
+void Consumer::NoteDepth(uint64_t depth) noexcept {
+  uint64_t high = high_water_.load(std::memory_order_relaxed);
+  while (depth > high &&
+         !high_water_.compare_exchange_weak(high, depth, std::memory_order_relaxed)) {
+  }
+}
+
+void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept {
+  // try_enqueue_bulk never allocates; past the preallocation (a capacity raised beyond the
+  // index size, or many producers) fall back to the allocating path rather than drop.
+  if (!queue_.try_enqueue_bulk(token, items, n)) {
+    while (!queue_.enqueue_bulk(token, items, n)) std::this_thread::yield();  // out of memory
+  }
+  parker_.Wake();
+}
+
+int Consumer::Dispatch(int max) noexcept {
+  size_t want = static_cast<size_t>(std::clamp(max, 0, options_.dispatch_batch));
+  size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), want);
+  if (n == 0) return 0;
+  depth_.fetch_sub(n, std::memory_order_release);
+  const Consumer* outer = tls_dispatching_consumer;
+  tls_dispatching_consumer = this;
+  size_t i = 0;
+  while (i < n) {
+    const Item& first = batch_[i];
+    if (first.kind == ItemKind::kAsyncEvent) {
+      DeliverEvent(first);
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < n && batch_[j].kind == ItemKind::kCompletion && batch_[j].slot == first.slot &&
+           batch_[j].generation == first.generation) {
+      ++j;
+    }
+    DeliverRun(&batch_[i], j - i);
+    i = j;
+  }
+  tls_dispatching_consumer = outer;
+  return static_cast<int>(n);
+}
+
+void Consumer::DeliverRun(const Item* items, size_t n) noexcept {
+  const ibv_wc* wcs = &items[0].wc;
+  if (n > 1) {
+    for (size_t k = 0; k < n; ++k) run_[k] = items[k].wc;
+    wcs = run_.get();
+  }
+  Slot& slot = slots_.slot(items[0].slot);
+  dispatching_.store(items[0].slot + 1, std::memory_order_seq_cst);
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (StateLive(state) && StateGeneration(state) == items[0].generation) {
+    slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
+    delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  } else {
+    orphans_.Take({wcs, n});  // unregistered after it was routed here
+  }
+  dispatching_.store(0, std::memory_order_release);
+}
+
+void Consumer::DeliverEvent(const Item& item) noexcept {
+  Slot& slot = slots_.slot(item.slot);
+  dispatching_.store(item.slot + 1, std::memory_order_seq_cst);
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (StateLive(state) && StateGeneration(state) == item.generation) {
+    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(item.event);
+    async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
+                           std::memory_order_relaxed);
+  }
+  dispatching_.store(0, std::memory_order_release);
+}
+
+void Consumer::WaitNotDispatching(uint32_t slot) const noexcept {
+  if (tls_dispatching_consumer == this) return;  // a handler of this consumer unregistering
+  while (dispatching_.load(std::memory_order_seq_cst) == slot + 1) std::this_thread::yield();
+}
+
+void Consumer::Signal() noexcept {
+  if (maybe_signaled_) return;
+  uint64_t one = 1;
+  while (write(notify_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+  maybe_signaled_ = true;
+}
+
+int Consumer::Drain(int max) noexcept {
+  if (maybe_signaled_) {
+    uint64_t value;
+    while (read(notify_fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
+    }
+    maybe_signaled_ = false;
+  }
+  int n = Dispatch(max);
+  if (depth_.load(std::memory_order_seq_cst) > 0) {
+    Signal();  // more is queued: keep the fd readable
+    return n;
+  }
+  parker_.Prepare();  // from here a producer's Wake writes the fd
+  maybe_signaled_ = true;
+  if (depth_.load(std::memory_order_seq_cst) > 0) {
+    parker_.Cancel();
+    maybe_signaled_ = false;
+    Signal();
+  }
+  return n;
+}
+
+void Consumer::OrphanRemaining() noexcept {
+  for (;;) {
+    size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), options_.dispatch_batch);
+    if (n == 0) return;
+    depth_.fetch_sub(n, std::memory_order_release);
+    for (size_t k = 0; k < n; ++k) {
+      if (batch_[k].kind == ItemKind::kCompletion) orphans_.Take({&batch_[k].wc, 1});
+    }
+  }
+}
+
+}  // namespace cqd::internal

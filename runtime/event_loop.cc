@@ -1,0 +1,236 @@
+#include "runtime/event_loop.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace cqd::internal {
+namespace {
+
+bool IsQpEvent(ibv_event_type type) {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status SetNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return ErrnoStatus("fcntl(O_NONBLOCK)", errno);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Consumer*>& consumers,
+                     const std::vector<Poller*>& pollers, const SlotPool& slots)
+    : ack_threshold_(ack_threshold),
+      consumers_(consumers),
+      pollers_(pollers),
+      slots_(slots),
+      wake_shard_(pollers.size(), false) {
+  for (Consumer* consumer : consumers_) tokens_.push_back(consumer->MakeProducerToken());
+}
+
+EventLoop::~EventLoop() {
+  Stop();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Status EventLoop::Start() {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) return ErrnoStatus("event loop: epoll_create1", errno);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return ErrnoStatus("event loop: eventfd", errno);
+  if (Status s = Watch(wake_fd_, {SourceKind::kWake, nullptr, nullptr}); !s.ok()) return s;
+  mailbox_.Open();
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void EventLoop::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  uint64_t one = 1;
+  while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+  thread_.join();
+}
+
+void EventLoop::RunSync(const std::function<void()>& fn) {
+  mailbox_.RunSync(fn, [this] {
+    uint64_t one = 1;
+    while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+  });
+}
+
+Status EventLoop::Watch(int fd, Source source) {
+  if (Status s = SetNonBlocking(fd); !s.ok()) return s;
+  auto owned = std::make_unique<Source>(source);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = owned.get();
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) < 0) return ErrnoStatus("epoll_ctl", errno);
+  sources_.push_back(std::move(owned));
+  return Status::Ok();
+}
+
+Status EventLoop::WatchDevice(DeviceRecord* device) {
+  for (backend::Channel* channel : device->channels) {
+    Status s = Watch(channel->fd(), {SourceKind::kChannel, device, channel});
+    if (!s.ok()) return s;
+  }
+  return Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr});
+}
+
+void EventLoop::UnmapCq(CqRecord* cq) {
+  auto it = cqs_.find(cq->native);
+  if (it != cqs_.end() && it->second == cq) cqs_.erase(it);
+}
+
+void EventLoop::Run() {
+  PinAndNameThread(-1, "cqd-events");
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  while (!stop_.load(std::memory_order_acquire)) {
+    int n = epoll_wait(epoll_fd_, events, kMaxEvents, -1);
+    if (n < 0) continue;  // EINTR; other errors cannot happen with a valid epoll fd
+    for (int i = 0; i < n; ++i) {
+      const Source& source = *static_cast<const Source*>(events[i].data.ptr);
+      switch (source.kind) {
+        case SourceKind::kWake: {
+          uint64_t value;
+          while (read(wake_fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
+          }
+          if (mailbox_.pending()) mailbox_.RunPosted();
+          break;
+        }
+        case SourceKind::kChannel:
+          DrainChannel(source);
+          break;
+        case SourceKind::kAsync:
+          DrainAsync(source.device);
+          break;
+      }
+    }
+    for (size_t shard = 0; shard < wake_shard_.size(); ++shard) {
+      if (wake_shard_[shard]) {
+        wake_shard_[shard] = false;
+        pollers_[shard]->Wake();
+      }
+    }
+  }
+  mailbox_.Close();
+}
+
+void EventLoop::DrainChannel(const Source& source) {
+  for (;;) {
+    void* native = nullptr;
+    if (source.channel->GetEvent(&native) != 0) {
+      if (errno == EINTR) continue;
+      return;  // EAGAIN: drained (S4)
+    }
+    auto it = cqs_.find(native);
+    if (it == cqs_.end()) {
+      // A CQ on our channel the runtime was never given: it cannot be acked here.
+      stray_events_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    CqRecord* cq = it->second;
+    cq->events.fetch_add(1, std::memory_order_relaxed);
+    cq->Ack(cq->acks.Add(1, ack_threshold_));
+    if (cq->retiring.load(std::memory_order_seq_cst)) {
+      cq->Ack(cq->acks.TakeAll());  // its destroyer may already have flushed: ack our own
+      continue;
+    }
+    cq->armed.store(false, std::memory_order_seq_cst);
+    wake_shard_[cq->shard] = true;
+  }
+}
+
+void EventLoop::DrainAsync(DeviceRecord* device) {
+  for (;;) {
+    backend::AsyncEventRecord record;
+    if (device->backend->GetAsyncEvent(&record) != 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    async_events_.fetch_add(1, std::memory_order_relaxed);
+    AsyncEvent event;
+    event.type = record.type;
+    event.qp_num = record.qp_num;
+    event.device = device->id;
+    event.port_num = record.port_num;
+    if (record.native_cq != nullptr) {
+      auto it = cqs_.find(record.native_cq);
+      if (it != cqs_.end()) event.cq_id = it->second->id;
+    }
+    device->backend->AckAsyncEvent(&record);  // S13: everything needed is copied
+    Route(device, event);
+    if (event.type == IBV_EVENT_DEVICE_FATAL) {
+      // Stop reading a dead device's async fd; its CQs are no longer armed by the pollers.
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, device->backend->async_fd(), nullptr);
+      return;
+    }
+  }
+}
+
+void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
+  if (IsQpEvent(event.type)) {
+    const Slot* slot = device->qps.Lookup(event.qp_num);
+    if (slot != nullptr && DeliverToSlot(static_cast<uint32_t>(slot - &slots_.slot(0)), event)) {
+      return;
+    }
+    if (device->handler != nullptr) device->handler->OnDeviceEvent(event);  // unregistered QP
+    return;
+  }
+  if (event.type == IBV_EVENT_DEVICE_FATAL) device->failed.store(true, std::memory_order_release);
+  if (device->handler != nullptr) device->handler->OnDeviceEvent(event);
+  if (event.type != IBV_EVENT_CQ_ERR && event.type != IBV_EVENT_DEVICE_FATAL) return;
+  // Fan out to every QP the event takes down: rare, so a scan of the slots is fine.
+  for (uint32_t i = 0; i < slots_.capacity(); ++i) {
+    const Slot& slot = slots_.slot(i);
+    if (!StateLive(slot.state.load(std::memory_order_acquire))) continue;
+    if (slot.device.load(std::memory_order_relaxed) != device->id) continue;
+    if (event.type == IBV_EVENT_CQ_ERR && slot.send_cq.load(std::memory_order_relaxed) !=
+                                              event.cq_id &&
+        slot.recv_cq.load(std::memory_order_relaxed) != event.cq_id) {
+      continue;
+    }
+    AsyncEvent copy = event;
+    copy.qp_num = slot.qp_num.load(std::memory_order_relaxed);
+    DeliverToSlot(i, copy);
+  }
+}
+
+bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event) {
+  uint64_t state = slots_.slot(index).state.load(std::memory_order_acquire);
+  if (!StateLive(state)) return false;
+  uint32_t consumer = StateConsumer(state);
+  Item item;
+  item.event = event;
+  item.slot = index;
+  item.generation = StateGeneration(state);
+  item.kind = ItemKind::kAsyncEvent;
+  consumers_[consumer]->Reserve(1);  // async events are rare: they may exceed the capacity
+  consumers_[consumer]->Push(tokens_[consumer], &item, 1);
+  return true;
+}
+
+}  // namespace cqd::internal

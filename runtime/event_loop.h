@@ -1,0 +1,87 @@
+// runtime/event_loop.h: the runtime's single event thread.
+//
+// It epolls every completion channel (one per device and shard), every device's async fd and a
+// wake eventfd, all non-blocking and level-triggered, and drains each ready fd until EAGAIN
+// (retrying EINTR). For a completion event it counts the event against its CQ, acks in batches
+// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard's poller.
+// Async events are copied, acked (S13) and routed: QP events to the QP's handler through its
+// consumer queue; CQ_ERR and DEVICE_FATAL to the device handler and to every QP they affect;
+// port and SRQ events (and QP events of unregistered QPs) to the device handler.
+//
+// Threading: the native-CQ map and the epoll set belong to the event thread; other threads change
+// them through RunSync (see mailbox.h).
+#ifndef CQD_RUNTIME_EVENT_LOOP_H_
+#define CQD_RUNTIME_EVENT_LOOP_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cqd/status.h"
+#include "runtime/consumer.h"
+#include "runtime/mailbox.h"
+#include "runtime/poller.h"
+#include "runtime/records.h"
+#include "runtime/registry.h"
+
+namespace cqd::internal {
+
+class EventLoop {
+ public:
+  EventLoop(uint32_t ack_threshold, const std::vector<Consumer*>& consumers,
+            const std::vector<Poller*>& pollers, const SlotPool& slots);
+  ~EventLoop();
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  Status Start();
+  void Stop();
+  // Runs `fn` on the event thread (inline once it stopped) and waits for it.
+  void RunSync(const std::function<void()>& fn);
+
+  // Event thread (call through RunSync once started).
+  Status WatchDevice(DeviceRecord* device);  // its async fd and all its channels
+  void MapCq(CqRecord* cq) { cqs_[cq->native] = cq; }
+  void UnmapCq(CqRecord* cq);
+
+  uint64_t async_events() const { return async_events_.load(std::memory_order_relaxed); }
+  uint64_t stray_events() const { return stray_events_.load(std::memory_order_relaxed); }
+
+ private:
+  enum class SourceKind { kWake, kChannel, kAsync };
+  struct Source {
+    SourceKind kind;
+    DeviceRecord* device;
+    backend::Channel* channel;
+  };
+  void Run();
+  Status Watch(int fd, Source source);
+  void DrainChannel(const Source& source);
+  void DrainAsync(DeviceRecord* device);
+  void Route(DeviceRecord* device, const AsyncEvent& event);
+  // Queues `event` for the handler of `slot` on its consumer; false if the slot is not live.
+  bool DeliverToSlot(uint32_t slot, const AsyncEvent& event);
+
+  const uint32_t ack_threshold_;
+  std::vector<Consumer*> consumers_;
+  std::vector<Poller*> pollers_;
+  const SlotPool& slots_;
+  std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  Mailbox mailbox_;
+  std::vector<std::unique_ptr<Source>> sources_;
+  std::unordered_map<void*, CqRecord*> cqs_;  // native CQ -> record
+  std::vector<bool> wake_shard_;
+  std::atomic<uint64_t> async_events_{0};
+  std::atomic<uint64_t> stray_events_{0};
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_EVENT_LOOP_H_

@@ -1,0 +1,88 @@
+// runtime/records.h: what the runtime keeps per device and per CQ, shared by its threads.
+//
+// Ownership: RuntimeImpl owns both (control path, under its mutex). Fields are grouped by the
+// thread that writes them; fields read by other threads are atomics.
+#ifndef CQD_RUNTIME_RECORDS_H_
+#define CQD_RUNTIME_RECORDS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cqd/handler.h"
+#include "cqd/runtime.h"
+#include "runtime/backend.h"
+#include "runtime/registry.h"
+
+namespace cqd::internal {
+
+// Unacked completion events of one CQ (S2, S3). Whoever brings the count to the threshold takes
+// the whole count with one exchange and makes the single ibv_ack_cq_events call for it, so no
+// event is acked twice and none is forgotten. All operations are seq_cst: see CqRecord::retiring.
+class AckCounter {
+ public:
+  // Adds `n` events; returns how many the caller must ack now (0 below the threshold).
+  uint32_t Add(uint32_t n, uint32_t threshold) noexcept {
+    uint32_t now = unacked_.fetch_add(n, std::memory_order_seq_cst) + n;
+    return now >= threshold ? unacked_.exchange(0, std::memory_order_seq_cst) : 0;
+  }
+  // Returns every unacked event; the caller must ack them.
+  uint32_t TakeAll() noexcept { return unacked_.exchange(0, std::memory_order_seq_cst); }
+
+ private:
+  std::atomic<uint32_t> unacked_{0};
+};
+
+struct DeviceRecord {
+  DeviceId id = 0;
+  std::unique_ptr<backend::Device> backend;
+  std::shared_ptr<SimDevice> sim;             // keeps a simulated device alive
+  std::vector<backend::Channel*> channels;    // one per shard
+  DeviceEventHandler* handler = nullptr;      // device-level async events; may be null
+  QpTable qps;                                // qp_num -> registration, for this device
+  std::atomic<bool> failed{false};            // DEVICE_FATAL seen
+};
+
+struct CqRecord {
+  uint32_t id = 0;
+  int shard = 0;
+  DeviceRecord* device = nullptr;
+  backend::Cq* cq = nullptr;
+  void* native = nullptr;  // cq->native(), kept: it names the CQ after the backend destroyed it
+  SimCq* sim = nullptr;
+  bool adopted = false;
+  bool solicited_only = false;
+  int registered_qps = 0;  // control path
+
+  // Poller-owned.
+  bool poll_failed = false;
+
+  // Set by the poller before it arms, cleared by the event thread when the CQ's event arrives:
+  // the poller arms only while it is clear, so at most once per notification (S7).
+  alignas(64) std::atomic<bool> armed{false};
+  AckCounter acks;
+  // Set (seq_cst) before the final ack flush at destroy or release. The event thread checks it
+  // (seq_cst) after counting an event and then flushes itself: with the counter's seq_cst
+  // operations, every event it read is acked exactly once, by it or by the destroyer.
+  std::atomic<bool> retiring{false};
+
+  // Stats: completions and poll_errors by the poller; the rest by whoever acks or reads events.
+  std::atomic<uint64_t> completions{0};
+  std::atomic<uint64_t> poll_errors{0};
+  std::atomic<uint64_t> events{0};
+  std::atomic<uint64_t> acked_events{0};
+  std::atomic<uint64_t> ack_calls{0};
+
+  // Acks `n` events of this CQ (n may be 0) and counts the call.
+  void Ack(uint32_t n) noexcept {
+    if (n == 0) return;
+    device->backend->AckCqEvents(cq, n);
+    acked_events.fetch_add(n, std::memory_order_relaxed);
+    ack_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_RECORDS_H_

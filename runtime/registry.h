@@ -1,0 +1,91 @@
+// runtime/registry.h: QP registrations and the qp_num -> registration lookup.
+//
+// A Slot holds one registration. Slots live in one array for the runtime's lifetime and are
+// recycled, never freed, so a poller or consumer holding a stale slot index reads valid memory;
+// the generation in Slot::state tells a stale item from a live one. Slot fields are atomics:
+// control writes them with relaxed stores and publishes with a release store of `state`; readers
+// load `state` with acquire first.
+//
+// QpTable maps a device's 24-bit qp_num to its Slot in two dependent loads (4096 pages of 4096
+// entries, pages allocated on first use and kept). Lookup is lock-free and may run on any thread;
+// Set/Clear run on the control path, under the runtime's mutex.
+#ifndef CQD_RUNTIME_REGISTRY_H_
+#define CQD_RUNTIME_REGISTRY_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+
+#include "cqd/handler.h"
+
+namespace cqd::internal {
+
+// state = generation << 32 | consumer << 1 | live
+inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool live) {
+  return uint64_t{generation} << 32 | uint64_t{consumer & 0x7fffffff} << 1 | (live ? 1 : 0);
+}
+inline constexpr bool StateLive(uint64_t s) { return s & 1; }
+inline constexpr uint32_t StateGeneration(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
+inline constexpr uint32_t StateConsumer(uint64_t s) {
+  return static_cast<uint32_t>(s >> 1) & 0x7fffffff;
+}
+
+struct alignas(64) Slot {
+  std::atomic<uint64_t> state{0};
+  std::atomic<QpHandler*> handler{nullptr};
+  std::atomic<uint32_t> qp_num{0};
+  std::atomic<uint32_t> device{0};
+  std::atomic<uint32_t> send_cq{0};
+  std::atomic<uint32_t> recv_cq{0};
+};
+
+class QpTable {
+ public:
+  static constexpr uint32_t kPageBits = 12;
+  static constexpr uint32_t kPageSize = 1u << kPageBits;
+
+  QpTable() = default;
+  QpTable(const QpTable&) = delete;
+  QpTable& operator=(const QpTable&) = delete;
+  ~QpTable();
+
+  // Returns the slot registered for qp_num, or nullptr. Lock-free; two dependent loads.
+  Slot* Lookup(uint32_t qp_num) const noexcept {
+    Page* page = pages_[(qp_num >> kPageBits) & (kPageSize - 1)].load(std::memory_order_acquire);
+    if (page == nullptr) return nullptr;
+    return page->entries[qp_num & (kPageSize - 1)].load(std::memory_order_acquire);
+  }
+  // Control path.
+  void Set(uint32_t qp_num, Slot* slot);
+  void Clear(uint32_t qp_num);
+
+ private:
+  struct Page {
+    std::array<std::atomic<Slot*>, kPageSize> entries{};
+  };
+  std::array<std::atomic<Page*>, kPageSize> pages_{};
+};
+
+// The slot array and its free list. Control path only (under the runtime's mutex), except slot(),
+// which any thread may call for an index it got from an item or a table.
+class SlotPool {
+ public:
+  explicit SlotPool(uint32_t capacity);
+  // Returns a free slot index, or -1 when all are in use. Slots are reused first-in first-out,
+  // so a just-freed slot is not handed out again soon.
+  int64_t Allocate();
+  void Free(uint32_t index);
+  Slot& slot(uint32_t index) const noexcept { return slots_[index]; }
+  uint32_t capacity() const { return capacity_; }
+
+ private:
+  const uint32_t capacity_;
+  std::unique_ptr<Slot[]> slots_;
+  std::deque<uint32_t> free_;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_REGISTRY_H_

@@ -1,0 +1,481 @@
+#include "cqd/runtime.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cqd/sim.h"
+#include "runtime/runtime_impl.h"
+#include "runtime/sim_device.h"
+
+namespace cqd {
+namespace internal {
+namespace {
+
+std::string Str(long long v) { return std::to_string(v); }
+
+Status CheckCpu(const char* what, int cpu) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return ErrnoStatus(what, errno);
+  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) {
+    return InvalidArgument(std::string(what) + ": CPU " + Str(cpu) +
+                           " is not one this process may run on");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RuntimeImpl::Validate(const RuntimeOptions& o) {
+  if (o.pollers < 1 || o.pollers > 256) {
+    return InvalidArgument("pollers is " + Str(o.pollers) + ", must be in 1..256");
+  }
+  if (!o.poller_cpus.empty()) {
+    if (o.poller_cpus.size() != static_cast<size_t>(o.pollers)) {
+      return InvalidArgument("poller_cpus has " + Str(o.poller_cpus.size()) +
+                             " entries, must be empty or one per poller (" + Str(o.pollers) + ")");
+    }
+    for (int cpu : o.poller_cpus) {
+      if (Status s = CheckCpu("poller_cpus", cpu); !s.ok()) return s;
+    }
+  }
+  if (o.poll_batch < 1 || o.poll_batch > 1024) {
+    return InvalidArgument("poll_batch is " + Str(o.poll_batch) + ", must be in 1..1024");
+  }
+  if (o.idle_budget.count() < 0) return InvalidArgument("idle_budget must not be negative");
+  if (o.ack_threshold < 1) return InvalidArgument("ack_threshold must be at least 1");
+  if (o.max_registrations < 1 || o.max_registrations > (1u << 24)) {
+    return InvalidArgument("max_registrations is " + Str(o.max_registrations) +
+                           ", must be in 1..16777216");
+  }
+  if (o.consumers.empty() || o.consumers.size() > 1024) {
+    return InvalidArgument("consumers has " + Str(o.consumers.size()) +
+                           " entries, must be 1..1024");
+  }
+  for (size_t i = 0; i < o.consumers.size(); ++i) {
+    const ConsumerOptions& c = o.consumers[i];
+    std::string who = "consumers[" + Str(i) + "]";
+    if (c.kind != ConsumerKind::kOwnedThread && c.kind != ConsumerKind::kEngineDriven) {
+      return InvalidArgument(who + ".kind is not a ConsumerKind");
+    }
+    if (c.queue_capacity < 1 || c.queue_capacity > (1u << 26)) {
+      return InvalidArgument(who + ".queue_capacity is " + Str(c.queue_capacity) +
+                             ", must be in 1..67108864");
+    }
+    if (c.dispatch_batch < 1 || c.dispatch_batch > 1024) {
+      return InvalidArgument(who + ".dispatch_batch is " + Str(c.dispatch_batch) +
+                             ", must be in 1..1024");
+    }
+    if (c.idle_spin.count() < 0) return InvalidArgument(who + ".idle_spin must not be negative");
+    if (c.cpu != -1) {
+      if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
+    }
+  }
+  return Status::Ok();
+}
+
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
+    : options_(options), slots_(options.max_registrations), orphans_(options.orphan_handler) {
+  std::vector<Consumer*> consumers;
+  for (size_t i = 0; i < options_.consumers.size(); ++i) {
+    ConsumerOptions c = options_.consumers[i];
+    if (c.name.empty()) c.name = "consumer" + Str(i);
+    consumers_.push_back(std::make_unique<Consumer>(static_cast<uint32_t>(i), c, slots_,
+                                                    orphans_, options_.pollers + 1));
+    consumers.push_back(consumers_.back().get());
+  }
+  std::vector<Poller*> pollers;
+  for (int i = 0; i < options_.pollers; ++i) {
+    pollers_.push_back(std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
+    pollers.push_back(pollers_.back().get());
+  }
+  events_ = std::make_unique<EventLoop>(options_.ack_threshold, consumers, pollers, slots_);
+}
+
+Status RuntimeImpl::Start() {
+  for (auto& consumer : consumers_) {
+    if (Status s = consumer->Start(); !s.ok()) return s;
+  }
+  if (Status s = events_->Start(); !s.ok()) return s;
+  for (auto& poller : pollers_) poller->Start();
+  return Status::Ok();
+}
+
+RuntimeImpl::~RuntimeImpl() {
+  (void)Shutdown();
+  for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
+  // The threads are gone: flush every CQ's unacked events (S2) so destroy cannot hang.
+  for (auto& [id, cq] : cqs_) {
+    cq->Ack(cq->acks.TakeAll());
+    if (cq->adopted) {
+      cq->device->backend->ReleaseCq(cq->cq);
+    } else {
+      (void)cq->device->backend->DestroyCq(cq->cq);  // fails only while the engine holds QPs
+    }
+  }
+  for (auto& cq : released_) cq->Ack(cq->acks.TakeAll());
+  for (auto& device : devices_) {
+    for (backend::Channel* channel : device->channels) {
+      (void)device->backend->DestroyChannel(channel);
+    }
+  }
+}
+
+Result<DeviceId> RuntimeImpl::AddSimDevice(std::shared_ptr<SimDevice> device,
+                                           DeviceEventHandler* events) {
+  if (device == nullptr) return InvalidArgument("AddSimDevice: device is null");
+  if (std::dynamic_pointer_cast<sim_internal::SimDeviceImpl>(device) == nullptr) {
+    return InvalidArgument("AddSimDevice: not a device made by SimDevice::Create");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return FailedPrecondition("AddSimDevice: the runtime is shut down");
+  for (auto& d : devices_) {
+    if (d->sim == device) {
+      return AlreadyExists("AddSimDevice: " + device->name() + " was already added as device " +
+                           Str(d->id));
+    }
+  }
+  auto record = std::make_unique<DeviceRecord>();
+  record->id = static_cast<DeviceId>(devices_.size() + 1);
+  record->sim = device;
+  record->backend = std::make_unique<sim_internal::SimBackend>(device);
+  record->handler = events;
+  Status status;
+  for (int shard = 0; shard < options_.pollers && status.ok(); ++shard) {
+    Result<backend::Channel*> channel = record->backend->CreateChannel();
+    if (channel.ok()) {
+      record->channels.push_back(*channel);
+    } else {
+      status = channel.status();
+    }
+  }
+  if (status.ok()) events_->RunSync([&] { status = events_->WatchDevice(record.get()); });
+  if (!status.ok()) {
+    for (backend::Channel* channel : record->channels) {
+      (void)record->backend->DestroyChannel(channel);
+    }
+    return Status(status.code(), "AddSimDevice: " + status.message());
+  }
+  devices_.push_back(std::move(record));
+  return devices_.back()->id;
+}
+
+Result<DeviceRecord*> RuntimeImpl::FindDevice(const char* op, DeviceId id, int shard) {
+  if (shut_down_) return FailedPrecondition(std::string(op) + ": the runtime is shut down");
+  if (id < 1 || id > devices_.size()) {
+    return NotFound(std::string(op) + ": no device " + Str(id));
+  }
+  if (shard < 0 || shard >= options_.pollers) {
+    return InvalidArgument(std::string(op) + ": shard " + Str(shard) + " is not in 0.." +
+                           Str(options_.pollers - 1));
+  }
+  DeviceRecord* device = devices_[id - 1].get();
+  if (device->failed.load(std::memory_order_acquire)) {
+    return Unavailable(std::string(op) + ": device " + device->backend->name() + " has failed");
+  }
+  return device;
+}
+
+Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<DeviceRecord*> device = FindDevice("CreateCq", id, shard);
+  if (!device.ok()) return device.status();
+  if (options.depth < 1) {
+    return InvalidArgument("CreateCq: depth " + Str(options.depth) + " must be at least 1");
+  }
+  Result<backend::Cq*> cq = (*device)->backend->CreateCq(options.depth, (*device)->channels[shard]);
+  if (!cq.ok()) return cq.status();
+  auto record = std::make_unique<CqRecord>();
+  record->device = *device;
+  record->shard = shard;
+  record->cq = *cq;
+  record->solicited_only = options.solicited_only;
+  return AddCq(std::move(record));
+}
+
+Result<SimChannel*> RuntimeImpl::SimChannelFor(DeviceId id, int shard) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<DeviceRecord*> device = FindDevice("SimChannelFor", id, shard);
+  if (!device.ok()) return device.status();
+  if ((*device)->sim == nullptr) return InvalidArgument("SimChannelFor: not a simulated device");
+  return static_cast<SimChannel*>((*device)->channels[shard]->native());
+}
+
+Result<CqHandle> RuntimeImpl::AdoptCq(DeviceId id, int shard, SimCq* sim_cq,
+                                      const CqOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Result<DeviceRecord*> device = FindDevice("AdoptCq", id, shard);
+  if (!device.ok()) return device.status();
+  if (sim_cq == nullptr) return InvalidArgument("AdoptCq: cq is null");
+  if (cqs_by_native_.contains(static_cast<void*>(sim_cq))) {
+    return AlreadyExists("AdoptCq: the CQ is already polled by this runtime");
+  }
+  Result<backend::Cq*> cq =
+      (*device)->backend->AdoptCq(static_cast<void*>(sim_cq), (*device)->channels[shard]);
+  if (!cq.ok()) return cq.status();
+  auto record = std::make_unique<CqRecord>();
+  record->device = *device;
+  record->shard = shard;
+  record->cq = *cq;
+  record->adopted = true;
+  record->solicited_only = options.solicited_only;
+  return AddCq(std::move(record));
+}
+
+Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
+  CqRecord* cq = record.get();
+  cq->id = next_cq_id_++;
+  cq->native = cq->cq->native();
+  if (cq->device->sim != nullptr) cq->sim = static_cast<SimCq*>(cq->native);
+  // Map before the poller can arm it, so that its first event is already known.
+  events_->RunSync([&] { events_->MapCq(cq); });
+  pollers_[cq->shard]->RunSync([&](std::vector<CqRecord*>& cqs) { cqs.push_back(cq); });
+  cqs_by_native_[cq->native] = cq;
+  cqs_[cq->id] = std::move(record);
+  CqHandle handle;
+  handle.id_ = cq->id;
+  handle.shard_ = cq->shard;
+  handle.device_ = cq->device->id;
+  handle.sim_ = cq->sim;
+  return handle;
+}
+
+Status RuntimeImpl::DestroyCq(CqHandle handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = cqs_.find(handle.id());
+  if (it == cqs_.end()) return NotFound("DestroyCq: no CQ " + Str(handle.id()));
+  CqRecord* cq = it->second.get();
+  if (cq->registered_qps > 0) {
+    return FailedPrecondition("DestroyCq: CQ " + Str(cq->id) + " still has " +
+                              Str(cq->registered_qps) + " registered QP uses");
+  }
+  auto remove = [&](std::vector<CqRecord*>& cqs) { std::erase(cqs, cq); };
+  pollers_[cq->shard]->RunSync(remove);
+  // From here the poller neither polls nor arms it. Flush the acks (see CqRecord::retiring).
+  cq->retiring.store(true, std::memory_order_seq_cst);
+  cq->Ack(cq->acks.TakeAll());
+  if (cq->adopted) {
+    // Keep the record mapped: an event still in flight for it gets acked by the event thread
+    // rather than leaving the engine's ibv_destroy_cq waiting forever.
+    cq->device->backend->ReleaseCq(cq->cq);
+    cqs_by_native_.erase(cq->native);
+    released_.push_back(std::move(it->second));
+    cqs_.erase(it);
+    return Status::Ok();
+  }
+  if (Status s = cq->device->backend->DestroyCq(cq->cq); !s.ok()) {
+    cq->retiring.store(false, std::memory_order_seq_cst);  // still alive: poll it again
+    pollers_[cq->shard]->RunSync([&](std::vector<CqRecord*>& cqs) { cqs.push_back(cq); });
+    return Status(s.code(), "DestroyCq: " + s.message());
+  }
+  events_->RunSync([&] { events_->UnmapCq(cq); });
+  cqs_by_native_.erase(cq->native);
+  cqs_.erase(it);
+  return Status::Ok();
+}
+
+Result<Registration> RuntimeImpl::RegisterQp(const SimQp& qp, QpHandler& handler,
+                                             ConsumerId consumer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto find = [&](SimCq* cq) -> CqRecord* {
+    auto it = cqs_by_native_.find(static_cast<void*>(cq));
+    return it == cqs_by_native_.end() ? nullptr : it->second;
+  };
+  CqRecord* send = find(qp.send_cq());
+  CqRecord* recv = find(qp.recv_cq());
+  if (send == nullptr || recv == nullptr) {
+    return NotFound("RegisterQp: qp_num " + Str(qp.qp_num()) + ": its " +
+                    (send == nullptr ? "send" : "recv") + " CQ is not polled by this runtime");
+  }
+  return Register(qp.qp_num(), send, recv, handler, consumer);
+}
+
+Result<Registration> RuntimeImpl::Register(uint32_t qp_num, CqRecord* send, CqRecord* recv,
+                                           QpHandler& handler, ConsumerId consumer) {
+  if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
+  if (consumer >= consumers_.size()) {
+    return InvalidArgument("RegisterQp: consumer " + Str(consumer) + " is not in 0.." +
+                           Str(consumers_.size() - 1));
+  }
+  if (qp_num > 0xffffff) return InvalidArgument("RegisterQp: qp_num exceeds 24 bits");
+  if (send->device != recv->device) {
+    return InvalidArgument("RegisterQp: send and recv CQs belong to different devices");
+  }
+  DeviceRecord* device = send->device;
+  if (device->qps.Lookup(qp_num) != nullptr) {
+    return AlreadyExists("RegisterQp: qp_num " + Str(qp_num) + " is already registered");
+  }
+  int64_t index = slots_.Allocate();
+  if (index < 0) {
+    return ResourceExhausted("RegisterQp: all " + Str(slots_.capacity()) +
+                             " registrations (max_registrations) are in use");
+  }
+  Slot& slot = slots_.slot(static_cast<uint32_t>(index));
+  uint32_t generation = StateGeneration(slot.state.load(std::memory_order_relaxed));
+  slot.handler.store(&handler, std::memory_order_relaxed);
+  slot.qp_num.store(qp_num, std::memory_order_relaxed);
+  slot.device.store(device->id, std::memory_order_relaxed);
+  slot.send_cq.store(send->id, std::memory_order_relaxed);
+  slot.recv_cq.store(recv->id, std::memory_order_relaxed);
+  slot.state.store(MakeState(generation, consumer, true), std::memory_order_release);
+  device->qps.Set(qp_num, &slot);
+  ++send->registered_qps;
+  ++recv->registered_qps;
+  Registration registration;
+  registration.impl_ = this;
+  registration.slot_ = static_cast<uint32_t>(index);
+  registration.generation_ = generation;
+  registration.qp_num_ = qp_num;
+  return registration;
+}
+
+void RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
+  std::unique_lock<std::mutex> lock(mu_);
+  Slot& slot = slots_.slot(index);
+  uint64_t state = slot.state.load(std::memory_order_relaxed);
+  if (!StateLive(state) || StateGeneration(state) != generation) return;
+  uint32_t consumer = StateConsumer(state);
+  // Dead, with the next generation: items already routed with this one become orphans.
+  slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
+  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
+  uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
+  for (uint32_t id : {slot.send_cq.load(std::memory_order_relaxed),
+                      slot.recv_cq.load(std::memory_order_relaxed)}) {
+    auto it = cqs_.find(id);
+    if (it != cqs_.end()) --it->second->registered_qps;
+  }
+  lock.unlock();
+  consumers_[consumer]->WaitNotDispatching(index);  // without mu_: that handler may want it
+  lock.lock();
+  slots_.Free(index);
+}
+
+int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
+  if (consumer >= consumers_.size()) return -EINVAL;
+  Consumer& c = *consumers_[consumer];
+  if (c.kind() != ConsumerKind::kEngineDriven) return -EINVAL;
+  return max <= 0 ? 0 : c.Drain(max);
+}
+
+Result<int> RuntimeImpl::NotifyFd(ConsumerId consumer) {
+  if (consumer >= consumers_.size()) {
+    return InvalidArgument("NotifyFd: consumer " + Str(consumer) + " is not in 0.." +
+                           Str(consumers_.size() - 1));
+  }
+  if (consumers_[consumer]->kind() != ConsumerKind::kEngineDriven) {
+    return InvalidArgument("NotifyFd: consumer " + Str(consumer) +
+                           " is runtime-owned; only engine-driven consumers have a notify fd");
+  }
+  return consumers_[consumer]->notify_fd();
+}
+
+Stats RuntimeImpl::GetStats() const {
+  Stats stats;
+  for (const auto& poller : pollers_) stats.pollers.push_back(poller->stats());
+  for (const auto& consumer : consumers_) {
+    ConsumerStats c;
+    c.name = consumer->name();
+    c.delivered = consumer->delivered();
+    c.async_events = consumer->async_delivered();
+    c.queue_depth = consumer->depth();
+    c.high_water = consumer->high_water();
+    stats.consumers.push_back(std::move(c));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, cq] : cqs_) {
+    CqStats c;
+    c.id = id;
+    c.shard = cq->shard;
+    c.completions = cq->completions.load(std::memory_order_relaxed);
+    c.events = cq->events.load(std::memory_order_relaxed);
+    c.acked_events = cq->acked_events.load(std::memory_order_relaxed);
+    c.ack_calls = cq->ack_calls.load(std::memory_order_relaxed);
+    c.poll_errors = cq->poll_errors.load(std::memory_order_relaxed);
+    stats.cqs.push_back(c);
+  }
+  stats.orphans = orphans_.total();
+  stats.async_events = events_->async_events();
+  return stats;
+}
+
+Status RuntimeImpl::Shutdown() {
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return Status::Ok();
+    shut_down_ = true;
+  }
+  // Pollers first: they hand what they polled to the consumers. Then the event thread, then the
+  // owned consumers, which dispatch everything queued before they exit.
+  for (auto& poller : pollers_) poller->Stop();
+  events_->Stop();
+  for (auto& consumer : consumers_) consumer->Stop();
+  return Status::Ok();
+}
+
+}  // namespace internal
+
+// ---- public API: forwards to RuntimeImpl ----
+
+Result<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeOptions& options) {
+  if (Status s = internal::RuntimeImpl::Validate(options); !s.ok()) {
+    return Status(s.code(), "Runtime::Create: " + s.message());
+  }
+  auto impl = std::make_unique<internal::RuntimeImpl>(options);
+  if (Status s = impl->Start(); !s.ok()) return s;
+  return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+}
+
+Runtime::Runtime(std::unique_ptr<internal::RuntimeImpl> impl) : impl_(std::move(impl)) {}
+Runtime::~Runtime() = default;
+
+Result<DeviceId> Runtime::AddSimDevice(std::shared_ptr<SimDevice> device,
+                                       DeviceEventHandler* events) {
+  return impl_->AddSimDevice(std::move(device), events);
+}
+Result<CqHandle> Runtime::CreateCq(DeviceId device, int shard, const CqOptions& options) {
+  return impl_->CreateCq(device, shard, options);
+}
+Result<SimChannel*> Runtime::SimChannelFor(DeviceId device, int shard) {
+  return impl_->SimChannelFor(device, shard);
+}
+Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, SimCq* cq,
+                                  const CqOptions& options) {
+  return impl_->AdoptCq(device, shard, cq, options);
+}
+Status Runtime::DestroyCq(CqHandle cq) { return impl_->DestroyCq(cq); }
+Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler,
+                                         ConsumerId consumer) {
+  return impl_->RegisterQp(qp, handler, consumer);
+}
+int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
+Result<int> Runtime::NotifyFd(ConsumerId consumer) { return impl_->NotifyFd(consumer); }
+Stats Runtime::GetStats() const { return impl_->GetStats(); }
+Status Runtime::Shutdown() { return impl_->Shutdown(); }
+
+Registration::Registration(Registration&& other) noexcept
+    : impl_(std::exchange(other.impl_, nullptr)),
+      slot_(other.slot_),
+      generation_(other.generation_),
+      qp_num_(other.qp_num_) {}
+
+Registration& Registration::operator=(Registration&& other) noexcept {
+  if (this != &other) {
+    Unregister();
+    impl_ = std::exchange(other.impl_, nullptr);
+    slot_ = other.slot_;
+    generation_ = other.generation_;
+    qp_num_ = other.qp_num_;
+  }
+  return *this;
+}
+
+void Registration::Unregister() noexcept {
+  if (impl_ == nullptr) return;
+  std::exchange(impl_, nullptr)->Unregister(slot_, generation_);
+}
+
+}  // namespace cqd

@@ -1,0 +1,71 @@
+// runtime/runtime_impl.h: the control path, and the owner of every runtime thread and record.
+//
+// Control-path calls serialize on `mu_`. They never hold it while waiting for a consumer (a
+// handler may itself be calling the control path), only while waiting for a poller or the event
+// thread, which never take it.
+#ifndef CQD_RUNTIME_RUNTIME_IMPL_H_
+#define CQD_RUNTIME_RUNTIME_IMPL_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "runtime/consumer.h"
+#include "runtime/event_loop.h"
+#include "runtime/orphans.h"
+#include "runtime/poller.h"
+#include "runtime/records.h"
+#include "runtime/registry.h"
+
+namespace cqd::internal {
+
+class RuntimeImpl {
+ public:
+  // Returns kInvalidArgument naming the first bad option.
+  static Status Validate(const RuntimeOptions& options);
+  explicit RuntimeImpl(const RuntimeOptions& options);
+  ~RuntimeImpl();
+  Status Start();
+
+  Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device, DeviceEventHandler* events);
+  Result<CqHandle> CreateCq(DeviceId device, int shard, const CqOptions& options);
+  Result<SimChannel*> SimChannelFor(DeviceId device, int shard);
+  Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq, const CqOptions& options);
+  Status DestroyCq(CqHandle handle);
+  Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer);
+  void Unregister(uint32_t slot, uint32_t generation) noexcept;
+  int Drain(ConsumerId consumer, int max) noexcept;
+  Result<int> NotifyFd(ConsumerId consumer);
+  Stats GetStats() const;
+  Status Shutdown();
+
+ private:
+  // All require mu_.
+  Result<DeviceRecord*> FindDevice(const char* op, DeviceId id, int shard);
+  Result<CqHandle> AddCq(std::unique_ptr<CqRecord> record);
+  Result<Registration> Register(uint32_t qp_num, CqRecord* send, CqRecord* recv,
+                                QpHandler& handler, ConsumerId consumer);
+
+  const RuntimeOptions options_;
+  mutable std::mutex mu_;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by mu_
+  SlotPool slots_;
+  OrphanSink orphans_;
+  // Declared before the pollers and the event loop: their producer tokens must go first.
+  std::vector<std::unique_ptr<Consumer>> consumers_;
+  std::vector<std::unique_ptr<Poller>> pollers_;
+  std::unique_ptr<EventLoop> events_;
+  std::vector<std::unique_ptr<DeviceRecord>> devices_;           // id - 1
+  std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;            // by id
+  std::unordered_map<void*, CqRecord*> cqs_by_native_;
+  std::vector<std::unique_ptr<CqRecord>> released_;  // adopted, released: still acked if signalled
+  uint32_t next_cq_id_ = 1;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_RUNTIME_IMPL_H_

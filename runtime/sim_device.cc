@@ -1,0 +1,522 @@
+#include "runtime/sim_device.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace cqd {
+
+int SimQp::Complete(uint64_t wr_id, ibv_wc_opcode opcode, ibv_wc_status status,
+                    bool solicited) noexcept {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.qp_num = qp_num();
+  wc.byte_len = (opcode & IBV_WC_RECV) ? 64 : 0;
+  SimCq* cq = (opcode & IBV_WC_RECV) ? recv_cq() : send_cq();
+  return cq->Inject({&wc, 1}, solicited, /*overflow=*/false);
+}
+
+std::shared_ptr<SimDevice> SimDevice::Create(const SimDeviceOptions& options) {
+  return std::make_shared<sim_internal::SimDeviceImpl>(options);
+}
+
+namespace sim_internal {
+namespace {
+
+bool IsQpEvent(ibv_event_type type) {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// S10: on an error completion only wr_id, status, qp_num and vendor_err are valid. The simulated
+// device fills the rest with garbage so that code reading them is caught.
+void PoisonInvalidFields(ibv_wc& wc) {
+  wc.opcode = static_cast<ibv_wc_opcode>(0x5a5a);
+  wc.byte_len = 0xdeadbeef;
+  wc.imm_data = 0xdeadbeef;
+  wc.src_qp = 0xdeadbeef;
+  wc.wc_flags = ~0u;
+  wc.pkey_index = 0xdead;
+  wc.slid = 0xbeef;
+  wc.sl = 0xa5;
+  wc.dlid_path_bits = 0xa5;
+}
+
+}  // namespace
+
+PendingFd::PendingFd() : fd_(eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC)) {
+  if (fd_ < 0) std::abort();  // out of fds at construction: nothing sensible to return
+}
+
+PendingFd::~PendingFd() { close(fd_); }
+
+void PendingFd::Add() {
+  uint64_t one = 1;
+  while (write(fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+}
+
+void PendingFd::Take(int n) {
+  uint64_t value;
+  for (int i = 0; i < n; ++i) {
+    while (read(fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+bool PendingFd::nonblocking() const { return (fcntl(fd_, F_GETFL) & O_NONBLOCK) != 0; }
+
+bool PendingFd::WaitReadable() const {
+  pollfd p{fd_, POLLIN, 0};
+  return poll(&p, 1, -1) >= 0;
+}
+
+bool InjectedErrno::Fire() {
+  int times = times_.load(std::memory_order_acquire);
+  while (times > 0) {
+    if (times_.compare_exchange_weak(times, times - 1, std::memory_order_acq_rel)) {
+      errno = err_.load(std::memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---- channel ----
+
+int SimChannelImpl::GetEvent(void** native_cq) noexcept {
+  if (injected_errno_.Fire()) return -1;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!events_.empty()) {
+        SimCqImpl* cq = events_.front();
+        events_.pop_front();
+        pending_.Take();
+        cq->CountReported();
+        *native_cq = cq->native();
+        return 0;
+      }
+    }
+    if (pending_.nonblocking()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    if (!pending_.WaitReadable()) return -1;  // EINTR
+  }
+}
+
+void SimChannelImpl::Push(SimCqImpl* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cq->destroying) return;
+  events_.push_back(cq);
+  pending_.Add();
+}
+
+void SimChannelImpl::Retire(SimCqImpl* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cq->destroying = true;
+  auto it = std::remove(events_.begin(), events_.end(), cq);
+  int removed = static_cast<int>(events_.end() - it);
+  events_.erase(it, events_.end());
+  pending_.Take(removed);
+}
+
+// ---- CQ ----
+
+SimCqImpl::SimCqImpl(SimDeviceImpl* device, int depth, SimChannelImpl* channel)
+    : device_(device), channel_(channel), depth_(depth) {
+  uint64_t ring = std::bit_ceil(static_cast<uint64_t>(depth));
+  mask_ = ring - 1;
+  cells_ = std::make_unique<Cell[]>(ring);
+}
+
+int SimCqImpl::size() const noexcept {
+  uint64_t head = head_.load(std::memory_order_acquire);
+  uint64_t tail = tail_.load(std::memory_order_acquire);
+  return static_cast<int>(tail - head);
+}
+
+bool SimCqImpl::failed() const noexcept {
+  return overflowed_.load(std::memory_order_acquire) || device_->fatal();
+}
+
+bool SimCqImpl::Qualifies(uint8_t armed, std::span<const ibv_wc> added, bool solicited) const {
+  if (armed & kArmNext) return true;  // S8: next-completion arming wins
+  for (const ibv_wc& wc : added) {
+    if (wc.status != IBV_WC_SUCCESS) return true;
+    if (solicited && (wc.opcode & IBV_WC_RECV)) return true;
+  }
+  return false;
+}
+
+int SimCqImpl::Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow) noexcept {
+  if (failed()) return -1;
+  const uint64_t want = wcs.size();
+  uint64_t pos = tail_.load(std::memory_order_relaxed);
+  uint64_t n;
+  for (;;) {
+    uint64_t used = pos - head_.load(std::memory_order_acquire);
+    uint64_t room = used >= static_cast<uint64_t>(depth_) ? 0 : depth_ - used;
+    if (overflow && room < want) {
+      Overflow();
+      return -1;
+    }
+    n = std::min(want, room);
+    if (n == 0) return 0;
+    if (tail_.compare_exchange_weak(pos, pos + n, std::memory_order_relaxed)) break;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    Cell& cell = cells_[(pos + i) & mask_];
+    cell.wc = wcs[i];
+    if (cell.wc.status != IBV_WC_SUCCESS) PoisonInvalidFields(cell.wc);
+    cell.seq.store(pos + i + 1, std::memory_order_release);
+  }
+  // Publish-then-check against the poller's arm-then-poll (S6): one of the two sees the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint8_t armed = armed_.load(std::memory_order_seq_cst);
+  while (armed != 0 && Qualifies(armed, wcs.first(n), solicited)) {
+    if (armed_.compare_exchange_weak(armed, 0, std::memory_order_seq_cst)) {
+      channel_->Push(this);
+      break;
+    }
+  }
+  return static_cast<int>(n);
+}
+
+void SimCqImpl::Overflow() {
+  if (overflowed_.exchange(true, std::memory_order_acq_rel)) return;
+  device_->RaiseOverflow(this);
+}
+
+int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
+  if (overflowed_.load(std::memory_order_acquire)) return -EIO;  // S11: only destroy works
+  if (n < 0) return -EINVAL;
+  const uint64_t head = head_.load(std::memory_order_relaxed);
+  int taken = 0;
+  while (taken < n) {
+    Cell& cell = cells_[(head + taken) & mask_];
+    if (cell.seq.load(std::memory_order_acquire) != head + taken + 1) break;
+    wc[taken] = cell.wc;
+    ++taken;
+  }
+  if (taken > 0) head_.store(head + taken, std::memory_order_release);
+  return taken;
+}
+
+int SimCqImpl::RequestNotify(bool solicited_only) noexcept {
+  if (device_->fatal() || overflowed_.load(std::memory_order_acquire)) return EIO;
+  // S7: a pending request absorbs a repeat; S8: next wins over solicited.
+  armed_.fetch_or(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
+  return 0;
+}
+
+void SimCqImpl::Ack(unsigned n) {
+  std::lock_guard<std::mutex> lock(ack_mu_);
+  acked_ += n;
+  ack_cv_.notify_all();
+}
+
+void SimCqImpl::WaitAllAcked() {
+  std::unique_lock<std::mutex> lock(ack_mu_);
+  ack_cv_.wait(lock, [&] { return acked_ >= reported_.load(std::memory_order_relaxed); });
+}
+
+// ---- device ----
+
+SimDeviceImpl::SimDeviceImpl(const SimDeviceOptions& options) : options_(options) {}
+
+SimDeviceImpl::~SimDeviceImpl() = default;
+
+Result<SimChannel*> SimDeviceImpl::CreateChannel() {
+  auto channel = std::make_unique<SimChannelImpl>(this);
+  SimChannelImpl* raw = channel.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  channels_.emplace(raw, std::move(channel));
+  return static_cast<SimChannel*>(raw);
+}
+
+Status SimDeviceImpl::DestroyChannel(SimChannel* channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = channels_.find(static_cast<SimChannelImpl*>(channel));
+  if (channel == nullptr || it == channels_.end()) {
+    return NotFound("DestroyChannel: not a channel of sim device " + options_.name);
+  }
+  if (it->second->cq_count > 0) {
+    return FailedPrecondition("DestroyChannel: " + std::to_string(it->second->cq_count) +
+                              " CQs still use the channel (EBUSY)");
+  }
+  channels_.erase(it);
+  return Status::Ok();
+}
+
+Result<SimCq*> SimDeviceImpl::CreateCq(int depth, SimChannel* channel) {
+  if (depth < 1 || depth > (1 << 22)) {
+    return InvalidArgument("CreateCq: depth " + std::to_string(depth) + " is not in 1..4194304");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  SimChannelImpl* ch = static_cast<SimChannelImpl*>(channel);
+  if (channel != nullptr && !channels_.contains(ch)) {
+    return NotFound("CreateCq: not a channel of sim device " + options_.name);
+  }
+  if (fatal()) return Unavailable("CreateCq: sim device " + options_.name + " has failed");
+  auto cq = std::make_unique<SimCqImpl>(this, depth, ch);
+  SimCqImpl* raw = cq.get();
+  cqs_.emplace(raw, std::move(cq));
+  if (ch != nullptr) ++ch->cq_count;
+  return static_cast<SimCq*>(raw);
+}
+
+SimCqImpl* SimDeviceImpl::FindCq(void* native) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* cq = static_cast<SimCqImpl*>(static_cast<SimCq*>(native));
+  return cqs_.contains(cq) ? cq : nullptr;
+}
+
+Status SimDeviceImpl::DestroyCq(SimCq* public_cq) {
+  auto* cq = static_cast<SimCqImpl*>(public_cq);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (public_cq == nullptr || !cqs_.contains(cq)) {
+      return NotFound("DestroyCq: not a CQ of sim device " + options_.name);
+    }
+    if (cq->qp_refs > 0) {
+      return FailedPrecondition("DestroyCq: " + std::to_string(cq->qp_refs) +
+                                " QPs still use the CQ (EBUSY)");
+    }
+    if (cq->destroying) return FailedPrecondition("DestroyCq: already being destroyed");
+    if (cq->sim_channel() != nullptr) {
+      cq->sim_channel()->Retire(cq);  // unread events vanish, as in the kernel
+    } else {
+      cq->destroying = true;
+    }
+    PurgeAsyncLocked(cq);
+  }
+  // S2: wait for every completion event that was read to be acked; S13: same for async events.
+  cq->WaitAllAcked();
+  std::unique_lock<std::mutex> lock(mu_);
+  async_acked_cv_.wait(lock, [&] { return cq->async_unacked == 0; });
+  if (cq->sim_channel() != nullptr) --cq->sim_channel()->cq_count;
+  cqs_.erase(cq);
+  return Status::Ok();
+}
+
+Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* send = static_cast<SimCqImpl*>(send_cq);
+  auto* recv = static_cast<SimCqImpl*>(recv_cq);
+  if (send_cq == nullptr || recv_cq == nullptr || !cqs_.contains(send) || !cqs_.contains(recv)) {
+    return InvalidArgument("CreateQp: send and recv CQs must be CQs of sim device " +
+                           options_.name);
+  }
+  if (fatal()) return Unavailable("CreateQp: sim device " + options_.name + " has failed");
+  if (qps_.size() >= (1u << 24) - 2) return ResourceExhausted("CreateQp: out of QP numbers");
+  uint32_t qp_num;
+  do {
+    qp_num = next_qp_num_;
+    next_qp_num_ = (next_qp_num_ + 1) & 0xffffff;
+    if (next_qp_num_ == 0) next_qp_num_ = 1;
+  } while (qps_.contains(qp_num));
+  auto qp = std::make_unique<SimQpImpl>(qp_num, send, recv);
+  SimQpImpl* raw = qp.get();
+  qps_.emplace(qp_num, std::move(qp));
+  ++send->qp_refs;
+  ++recv->qp_refs;
+  return static_cast<SimQp*>(raw);
+}
+
+Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
+  if (it == qps_.end() || it->second.get() != public_qp) {
+    return NotFound("DestroyQp: not a QP of sim device " + options_.name);
+  }
+  SimQpImpl* qp = it->second.get();
+  PurgeAsyncLocked(qp);
+  async_acked_cv_.wait(lock, [&] { return qp->async_unacked == 0; });  // S13
+  --qp->send()->qp_refs;
+  --qp->recv()->qp_refs;
+  qps_.erase(qp->qp_num());
+  return Status::Ok();
+}
+
+Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
+  if (!IsQpEvent(type)) return InvalidArgument("RaiseQpEvent: not a QP event type");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
+  if (it == qps_.end() || it->second.get() != public_qp) {
+    return NotFound("RaiseQpEvent: not a QP of sim device " + options_.name);
+  }
+  PushAsyncLocked({type, it->second.get(), nullptr, 0});
+  return Status::Ok();
+}
+
+Status SimDeviceImpl::RaiseDeviceEvent(ibv_event_type type, int port_num) {
+  switch (type) {
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_GID_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+      if (port_num < 1 || port_num > options_.ports) {
+        return InvalidArgument("RaiseDeviceEvent: no port " + std::to_string(port_num));
+      }
+      break;
+    case IBV_EVENT_SRQ_ERR:
+    case IBV_EVENT_SRQ_LIMIT_REACHED:
+      break;
+    default:
+      return InvalidArgument("RaiseDeviceEvent: use RaiseQpEvent, RaiseDeviceFatal or overflow");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  PushAsyncLocked({type, nullptr, nullptr, port_num});
+  return Status::Ok();
+}
+
+void SimDeviceImpl::RaiseDeviceFatal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fatal_.exchange(true, std::memory_order_acq_rel)) return;
+  PushAsyncLocked({IBV_EVENT_DEVICE_FATAL, nullptr, nullptr, 0});
+}
+
+void SimDeviceImpl::RaiseOverflow(SimCqImpl* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PushAsyncLocked({IBV_EVENT_CQ_ERR, nullptr, cq, 0});
+  for (auto& [num, qp] : qps_) {
+    if (qp->send() == cq || qp->recv() == cq) {
+      PushAsyncLocked({IBV_EVENT_QP_FATAL, qp.get(), nullptr, 0});
+    }
+  }
+}
+
+void SimDeviceImpl::AddSpuriousEvent(SimCq* cq) {
+  auto* impl = static_cast<SimCqImpl*>(cq);
+  if (impl->sim_channel() != nullptr) impl->sim_channel()->Push(impl);
+}
+
+void SimDeviceImpl::FailGetEvent(SimChannel* channel, int err, int times) {
+  static_cast<SimChannelImpl*>(channel)->injected_errno().Set(err, times);
+}
+
+void SimDeviceImpl::FailGetAsyncEvent(int err, int times) { async_errno_.Set(err, times); }
+
+void SimDeviceImpl::PushAsyncLocked(const PendingAsync& event) {
+  async_events_.push_back(event);
+  async_pending_.Add();
+}
+
+void SimDeviceImpl::PurgeAsyncLocked(const void* object) {
+  auto it = std::remove_if(async_events_.begin(), async_events_.end(), [&](const PendingAsync& e) {
+    return e.qp == object || e.cq == object;
+  });
+  int removed = static_cast<int>(async_events_.end() - it);
+  async_events_.erase(it, async_events_.end());
+  async_pending_.Take(removed);
+}
+
+int SimDeviceImpl::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
+  if (async_errno_.Fire()) return -1;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!async_events_.empty()) {
+        PendingAsync event = async_events_.front();
+        async_events_.pop_front();
+        async_pending_.Take();
+        *out = backend::AsyncEventRecord{};
+        out->type = event.type;
+        out->port_num = event.port;
+        if (event.qp != nullptr) {
+          out->qp_num = event.qp->qp_num();
+          out->sim_object = event.qp;
+          ++event.qp->async_unacked;
+        } else if (event.cq != nullptr) {
+          out->native_cq = event.cq->native();
+          out->sim_object = event.cq;
+          ++event.cq->async_unacked;
+        }
+        return 0;
+      }
+    }
+    if (async_pending_.nonblocking()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    if (!async_pending_.WaitReadable()) return -1;
+  }
+}
+
+void SimDeviceImpl::AckAsyncEvent(backend::AsyncEventRecord* record) noexcept {
+  if (record->sim_object == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (IsQpEvent(record->type)) {
+    --static_cast<SimQpImpl*>(record->sim_object)->async_unacked;
+  } else {
+    --static_cast<SimCqImpl*>(record->sim_object)->async_unacked;
+  }
+  record->sim_object = nullptr;
+  async_acked_cv_.notify_all();
+}
+
+// ---- seam ----
+
+SimBackend::SimBackend(std::shared_ptr<SimDevice> device)
+    : device_(std::static_pointer_cast<SimDeviceImpl>(std::move(device))) {}
+
+Result<backend::Channel*> SimBackend::CreateChannel() {
+  Result<SimChannel*> channel = device_->CreateChannel();
+  if (!channel.ok()) return channel.status();
+  return static_cast<backend::Channel*>(static_cast<SimChannelImpl*>(*channel));
+}
+
+Status SimBackend::DestroyChannel(backend::Channel* channel) {
+  return device_->DestroyChannel(static_cast<SimChannelImpl*>(channel));
+}
+
+Result<backend::Cq*> SimBackend::CreateCq(int depth, backend::Channel* channel) {
+  Result<SimCq*> cq = device_->CreateCq(depth, static_cast<SimChannelImpl*>(channel));
+  if (!cq.ok()) return cq.status();
+  return static_cast<backend::Cq*>(static_cast<SimCqImpl*>(*cq));
+}
+
+Result<backend::Cq*> SimBackend::AdoptCq(void* native_cq, backend::Channel* channel) {
+  SimCqImpl* cq = native_cq ? device_->FindCq(native_cq) : nullptr;
+  if (cq == nullptr) return InvalidArgument("AdoptCq: not a CQ of sim device " + name());
+  if (cq->sim_channel() != static_cast<SimChannelImpl*>(channel)) {
+    return InvalidArgument("AdoptCq: the CQ uses another completion channel (wrong shard)");
+  }
+  return static_cast<backend::Cq*>(cq);
+}
+
+Status SimBackend::DestroyCq(backend::Cq* cq) {
+  return device_->DestroyCq(static_cast<SimCqImpl*>(cq));
+}
+
+void SimBackend::AckCqEvents(backend::Cq* cq, unsigned n) noexcept {
+  static_cast<SimCqImpl*>(cq)->Ack(n);
+}
+
+}  // namespace sim_internal
+}  // namespace cqd
