@@ -261,6 +261,7 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
     // rather than leaving the engine's ibv_destroy_cq waiting forever.
     cq->device->backend->ReleaseCq(cq->cq);
     cqs_by_native_.erase(cq->native);
+    RetireCounters(*cq);
     released_.push_back(std::move(it->second));
     cqs_.erase(it);
     return Status::Ok();
@@ -272,8 +273,15 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
   }
   events_->RunSync([&] { events_->UnmapCq(cq); });
   cqs_by_native_.erase(cq->native);
+  RetireCounters(*cq);
   cqs_.erase(it);
   return Status::Ok();
+}
+
+void RuntimeImpl::RetireCounters(const CqRecord& cq) {
+  gone_events_ += cq.events.load(std::memory_order_relaxed);
+  gone_acked_ += cq.acked_events.load(std::memory_order_relaxed);
+  gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
 }
 
 Result<Registration> RuntimeImpl::RegisterQp(const SimQp& qp, QpHandler& handler,
@@ -395,7 +403,13 @@ Stats RuntimeImpl::GetStats() const {
     c.ack_calls = cq->ack_calls.load(std::memory_order_relaxed);
     c.poll_errors = cq->poll_errors.load(std::memory_order_relaxed);
     stats.cqs.push_back(c);
+    stats.cq_events += c.events;
+    stats.cq_acked_events += c.acked_events;
+    stats.cq_ack_calls += c.ack_calls;
   }
+  stats.cq_events += gone_events_;
+  stats.cq_acked_events += gone_acked_;
+  stats.cq_ack_calls += gone_ack_calls_;
   stats.orphans = orphans_.total();
   stats.async_events = events_->async_events();
   return stats;

@@ -46,6 +46,8 @@ class RuntimeImpl {
   // All require mu_.
   Result<DeviceRecord*> FindDevice(const char* op, DeviceId id, int shard);
   Result<CqHandle> AddCq(std::unique_ptr<CqRecord> record);
+  // Moves a CQ's event counters into the runtime totals as it leaves cqs_.
+  void RetireCounters(const CqRecord& cq);
   Result<Registration> Register(uint32_t qp_num, CqRecord* send, CqRecord* recv,
                                 QpHandler& handler, ConsumerId consumer);
 
@@ -64,6 +66,10 @@ class RuntimeImpl {
   std::unordered_map<void*, CqRecord*> cqs_by_native_;
   std::vector<std::unique_ptr<CqRecord>> released_;  // adopted, released: still acked if signalled
   uint32_t next_cq_id_ = 1;
+  // Event counters of CQs no longer in cqs_ (guarded by mu_).
+  uint64_t gone_events_ = 0;
+  uint64_t gone_acked_ = 0;
+  uint64_t gone_ack_calls_ = 0;
 };
 
 }  // namespace cqd::internal

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cqd/runtime.h"
+#include "cqd/sim.h"
 #include "gtest/gtest.h"
 
 namespace cqd::testing {
@@ -88,6 +89,77 @@ class CountingOrphans : public OrphanHandler {
   }
   std::atomic<uint64_t> count{0};
 };
+
+// A runtime on a simulated device with `cqs` CQs (round robin over the shards) and `qps` QPs
+// (round robin over the CQs and the consumers), each registered with a SequenceHandler.
+struct SimTopology {
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim;
+  DeviceId device = 0;
+  std::vector<CqHandle> cqs;
+  std::vector<SimQp*> qps;
+  std::vector<std::unique_ptr<SequenceHandler>> handlers;
+  std::vector<Registration> registrations;
+
+  // Returns the first failure.
+  Status Build(const RuntimeOptions& options, int num_cqs, int num_qps, int depth = 4096) {
+    auto runtime = Runtime::Create(options);
+    if (!runtime.ok()) return runtime.status();
+    rt = std::move(runtime).value();
+    sim = SimDevice::Create();
+    auto dev = rt->AddSimDevice(sim);
+    if (!dev.ok()) return dev.status();
+    device = *dev;
+    for (int i = 0; i < num_cqs; ++i) {
+      CqOptions cq_options;
+      cq_options.depth = depth;
+      auto cq = rt->CreateCq(device, i % options.pollers, cq_options);
+      if (!cq.ok()) return cq.status();
+      cqs.push_back(*cq);
+    }
+    for (int i = 0; i < num_qps; ++i) {
+      SimCq* cq = cqs[i % num_cqs].sim();
+      auto qp = sim->CreateQp(cq, cq);
+      if (!qp.ok()) return qp.status();
+      qps.push_back(*qp);
+      handlers.push_back(std::make_unique<SequenceHandler>());
+      handlers.back()->qp_num = (*qp)->qp_num();
+      auto reg = rt->RegisterQp(**qp, *handlers.back(),
+                                static_cast<ConsumerId>(i % options.consumers.size()));
+      if (!reg.ok()) return reg.status();
+      registrations.push_back(std::move(reg).value());
+    }
+    return Status::Ok();
+  }
+
+  uint64_t received() const {
+    uint64_t sum = 0;
+    for (const auto& h : handlers) sum += h->received();
+    return sum;
+  }
+
+  // Unregisters, destroys QPs and CQs; returns the first failure.
+  Status TearDown() {
+    for (auto& r : registrations) r.Unregister();
+    for (SimQp* qp : qps) {
+      if (Status s = sim->DestroyQp(qp); !s.ok()) return s;
+    }
+    for (CqHandle cq : cqs) {
+      if (Status s = rt->DestroyCq(cq); !s.ok()) return s;
+    }
+    qps.clear();
+    cqs.clear();
+    return Status::Ok();
+  }
+};
+
+// Options with `consumers` runtime-owned consumers.
+inline RuntimeOptions OwnedConsumers(int pollers, int consumers) {
+  RuntimeOptions options;
+  options.pollers = pollers;
+  options.consumers.assign(consumers, ConsumerOptions{});
+  return options;
+}
 
 }  // namespace cqd::testing
 

@@ -45,6 +45,10 @@ struct Stats {
   std::vector<ConsumerStats> consumers;
   uint64_t orphans = 0;          // completions given to the orphan handler (or dropped if none)
   uint64_t async_events = 0;     // async events read from devices
+  // Totals over every CQ this runtime has polled, destroyed ones included.
+  uint64_t cq_events = 0;
+  uint64_t cq_acked_events = 0;
+  uint64_t cq_ack_calls = 0;
 };
 
 }  // namespace cqd
