@@ -1,0 +1,177 @@
+// Bad input to the control path gets a status naming the problem: never a crash or a hang.
+#include <cerrno>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+
+void ExpectCreateFails(const RuntimeOptions& options, const std::string& mentions) {
+  auto rt = Runtime::Create(options);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(rt.status().message().find(mentions), std::string::npos) << rt.status().ToString();
+}
+
+TEST(BadInput, RuntimeOptions) {
+  RuntimeOptions o;
+  o.pollers = 0;
+  ExpectCreateFails(o, "pollers");
+  o = {};
+  o.pollers = 2;
+  o.poller_cpus = {0};
+  ExpectCreateFails(o, "poller_cpus");
+  o = {};
+  o.poller_cpus = {100000};
+  ExpectCreateFails(o, "CPU 100000");
+  o = {};
+  o.poll_batch = 0;
+  ExpectCreateFails(o, "poll_batch");
+  o = {};
+  o.ack_threshold = 0;
+  ExpectCreateFails(o, "ack_threshold");
+  o = {};
+  o.idle_budget = std::chrono::microseconds(-1);
+  ExpectCreateFails(o, "idle_budget");
+  o = {};
+  o.consumers.clear();
+  ExpectCreateFails(o, "consumers");
+  o = {};
+  o.consumers[0].queue_capacity = 0;
+  ExpectCreateFails(o, "queue_capacity");
+  o = {};
+  o.consumers[0].dispatch_batch = 5000;
+  ExpectCreateFails(o, "dispatch_batch");
+  o = {};
+  o.consumers[0].cpu = -7;
+  ExpectCreateFails(o, "cpu");
+  o = {};
+  o.max_registrations = 0;
+  ExpectCreateFails(o, "max_registrations");
+}
+
+class BadCalls : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RuntimeOptions options = testing::OwnedConsumers(2, 2);
+    options.max_registrations = 2;
+    auto rt = Runtime::Create(options);
+    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+    rt_ = std::move(rt).value();
+    sim_ = SimDevice::Create();
+    auto dev = rt_->AddSimDevice(sim_);
+    ASSERT_TRUE(dev.ok());
+    dev_ = *dev;
+  }
+  std::unique_ptr<Runtime> rt_;
+  std::shared_ptr<SimDevice> sim_;
+  DeviceId dev_ = 0;
+};
+
+TEST_F(BadCalls, Devices) {
+  EXPECT_EQ(rt_->AddSimDevice(nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt_->AddSimDevice(sim_).status().code(), StatusCode::kAlreadyExists);
+}
+
+TEST_F(BadCalls, Cqs) {
+  EXPECT_EQ(rt_->CreateCq(99, 0).status().code(), StatusCode::kNotFound);
+  auto wrong_shard = rt_->CreateCq(dev_, 2);
+  EXPECT_EQ(wrong_shard.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_shard.status().message().find("shard 2"), std::string::npos);
+  CqOptions zero;
+  zero.depth = 0;
+  EXPECT_EQ(rt_->CreateCq(dev_, 0, zero).status().code(), StatusCode::kInvalidArgument);
+  CqHandle bogus;
+  EXPECT_EQ(rt_->DestroyCq(bogus).code(), StatusCode::kNotFound);
+
+  // Adoption: the CQ must use the shard's channel, and be adopted once.
+  auto ch0 = rt_->SimChannelFor(dev_, 0);
+  ASSERT_TRUE(ch0.ok());
+  auto engine_cq = sim_->CreateCq(64, *ch0);
+  ASSERT_TRUE(engine_cq.ok());
+  auto wrong = rt_->AdoptCq(dev_, 1, *engine_cq);
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("wrong shard"), std::string::npos);
+  auto adopted = rt_->AdoptCq(dev_, 0, *engine_cq);
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  EXPECT_EQ(rt_->AdoptCq(dev_, 0, *engine_cq).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(rt_->AdoptCq(dev_, 0, nullptr).status().code(), StatusCode::kInvalidArgument);
+  CQD_ASSERT_OK(rt_->DestroyCq(*adopted));
+  CQD_ASSERT_OK(sim_->DestroyCq(*engine_cq));  // the engine destroys what it created
+}
+
+TEST_F(BadCalls, Registrations) {
+  auto cq = rt_->CreateCq(dev_, 0);
+  ASSERT_TRUE(cq.ok());
+  testing::SequenceHandler handler;
+
+  // A QP whose CQ the runtime does not poll.
+  auto foreign_cq = sim_->CreateCq(16, nullptr);
+  ASSERT_TRUE(foreign_cq.ok());
+  auto foreign_qp = sim_->CreateQp(*foreign_cq, *foreign_cq);
+  ASSERT_TRUE(foreign_qp.ok());
+  auto unknown = rt_->RegisterQp(**foreign_qp, handler, 0);
+  EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
+
+  auto qp = sim_->CreateQp(cq->sim(), cq->sim());
+  ASSERT_TRUE(qp.ok());
+  EXPECT_EQ(rt_->RegisterQp(**qp, handler, 7).status().code(), StatusCode::kInvalidArgument);
+  auto reg = rt_->RegisterQp(**qp, handler, 0);
+  ASSERT_TRUE(reg.ok());
+  auto twice = rt_->RegisterQp(**qp, handler, 1);
+  EXPECT_EQ(twice.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(twice.status().message().find("already registered"), std::string::npos);
+
+  // A CQ with registered QPs cannot be destroyed.
+  EXPECT_EQ(rt_->DestroyCq(*cq).code(), StatusCode::kFailedPrecondition);
+
+  // max_registrations = 2.
+  auto qp2 = sim_->CreateQp(cq->sim(), cq->sim());
+  auto qp3 = sim_->CreateQp(cq->sim(), cq->sim());
+  ASSERT_TRUE(qp2.ok() && qp3.ok());
+  auto reg2 = rt_->RegisterQp(**qp2, handler, 0);
+  ASSERT_TRUE(reg2.ok());
+  EXPECT_EQ(rt_->RegisterQp(**qp3, handler, 0).status().code(), StatusCode::kResourceExhausted);
+
+  reg->Unregister();
+  reg->Unregister();  // idempotent
+  reg2->Unregister();
+  for (SimQp* q : {*qp, *qp2, *qp3, *foreign_qp}) CQD_ASSERT_OK(sim_->DestroyQp(q));
+  CQD_ASSERT_OK(rt_->DestroyCq(*cq));
+  CQD_ASSERT_OK(sim_->DestroyCq(*foreign_cq));
+}
+
+TEST_F(BadCalls, ConsumersAndShutdown) {
+  EXPECT_EQ(rt_->Drain(0, 10), -EINVAL);   // runtime-owned
+  EXPECT_EQ(rt_->Drain(9, 10), -EINVAL);   // no such consumer
+  EXPECT_EQ(rt_->NotifyFd(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt_->NotifyFd(9).status().code(), StatusCode::kInvalidArgument);
+  CQD_ASSERT_OK(rt_->Shutdown());
+  CQD_ASSERT_OK(rt_->Shutdown());  // idempotent
+  EXPECT_EQ(rt_->CreateCq(dev_, 0).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rt_->AddSimDevice(SimDevice::Create()).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST(BadInputSim, DeviceCallsReturnErrors) {
+  auto sim = SimDevice::Create();
+  EXPECT_EQ(sim->CreateCq(0, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->DestroyCq(nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(sim->DestroyQp(nullptr).code(), StatusCode::kNotFound);
+  EXPECT_EQ(sim->CreateQp(nullptr, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->RaiseDeviceEvent(IBV_EVENT_PORT_ERR, 9).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->RaiseDeviceEvent(IBV_EVENT_QP_FATAL).code(), StatusCode::kInvalidArgument);
+  auto ch = sim->CreateChannel();
+  ASSERT_TRUE(ch.ok());
+  auto cq = sim->CreateCq(8, *ch);
+  ASSERT_TRUE(cq.ok());
+  EXPECT_EQ(sim->DestroyChannel(*ch).code(), StatusCode::kFailedPrecondition);  // CQ uses it
+  CQD_ASSERT_OK(sim->DestroyCq(*cq));
+  CQD_ASSERT_OK(sim->DestroyChannel(*ch));
+}
+
+}  // namespace
+}  // namespace cqd

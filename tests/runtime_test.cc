@@ -1,0 +1,269 @@
+// The runtime's behaviour on the simulated device: engine-driven consumers, adopted CQs, orphans,
+// async event routing (S14), unregistering from a handler, and injected faults.
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <set>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::SequenceHandler;
+using testing::SimTopology;
+using testing::WaitFor;
+
+class RecordingDeviceHandler : public DeviceEventHandler {
+ public:
+  void OnDeviceEvent(const AsyncEvent& event) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(event);
+  }
+  bool Saw(ibv_event_type type) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : events_) {
+      if (e.type == type) return true;
+    }
+    return false;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<AsyncEvent> events_;
+};
+
+bool HandlerSaw(const SequenceHandler& h, ibv_event_type type) {
+  for (const auto& e : h.events()) {
+    if (e.type == type && e.qp_num == h.qp_num) return true;
+  }
+  return false;
+}
+
+TEST(Runtime, EngineDrivenConsumerWithEpoll) {
+  RuntimeOptions options;
+  options.consumers = {ConsumerOptions{}};
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 4));
+  CQD_ASSERT_OK_AND_ASSIGN(fd, topo.rt->NotifyFd(0));
+  int ep = epoll_create1(0);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
+
+  EXPECT_EQ(topo.rt->Drain(0, 64), 0);  // nothing yet; the fd is now armed for a wake
+  for (SimQp* qp : topo.qps) {
+    for (uint64_t i = 0; i < 50; ++i) ASSERT_EQ(qp->Complete(i), 1);
+  }
+  uint64_t drained = 0;
+  while (drained < 200) {
+    int n = epoll_wait(ep, &ev, 1, 10000);
+    ASSERT_EQ(n, 1) << "notify fd never became readable; drained " << drained;
+    int got = topo.rt->Drain(0, 7);  // small max: the fd must stay readable while work remains
+    ASSERT_GE(got, 0);
+    drained += got;
+  }
+  EXPECT_EQ(topo.received(), 200u);
+  EXPECT_EQ(topo.rt->Drain(0, 64), 0);
+  EXPECT_EQ(epoll_wait(ep, &ev, 1, 0), 0) << "fd readable with nothing queued";
+  for (const auto& h : topo.handlers) EXPECT_EQ(h->out_of_order(), 0u);
+  close(ep);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+TEST(Runtime, AdoptedCqIsPolledAndReleased) {
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(testing::OwnedConsumers(2, 1)));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 1));
+  CQD_ASSERT_OK_AND_ASSIGN(engine_cq, sim->CreateCq(256, channel));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->AdoptCq(dev, 1, engine_cq));
+  EXPECT_EQ(cq.sim(), engine_cq);
+  EXPECT_EQ(cq.shard(), 1);
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(engine_cq, engine_cq));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  {
+    CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+    for (int round = 0; round < 20; ++round) {  // idle between rounds: events get read and acked
+      ASSERT_EQ(qp->Complete(round), 1);
+      ASSERT_TRUE(WaitFor([&] { return handler.received() == uint64_t(round) + 1; }));
+    }
+  }
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));        // releases: acks what the runtime read
+  CQD_ASSERT_OK(sim->DestroyCq(engine_cq));  // would hang on an unacked event (S2)
+}
+
+TEST(Runtime, UnknownQpsGoToOrphanHandler) {
+  testing::CountingOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 1));
+  ibv_wc wc{};
+  wc.qp_num = 0xabcde;  // no such registration
+  ASSERT_EQ(topo.cqs[0].sim()->Inject({&wc, 1}), 1);
+  ASSERT_TRUE(WaitFor([&] { return orphans.count.load() == 1; }));
+  EXPECT_EQ(topo.rt->GetStats().orphans, 1u);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+TEST(Runtime, UnregisterFromOwnHandler) {
+  class SelfUnregistering : public QpHandler {
+   public:
+    void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+      calls.fetch_add(1);
+      if (registration.registered()) {
+        registration.Unregister();  // must not deadlock on its own consumer
+        after_unregister_calls.store(0);
+      } else {
+        after_unregister_calls.fetch_add(1);
+      }
+      (void)wcs;
+    }
+    Registration registration;
+    std::atomic<int> calls{0};
+    std::atomic<int> after_unregister_calls{0};
+  };
+  testing::CountingOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  options.consumers[0].dispatch_batch = 1;  // one completion per call
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, topo.sim->CreateQp(topo.cqs[0].sim(), topo.cqs[0].sim()));
+  SelfUnregistering handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, topo.rt->RegisterQp(*qp, handler, 0));
+  handler.registration = std::move(reg);
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_EQ(qp->Complete(i), 1);
+  ASSERT_TRUE(WaitFor([&] { return handler.calls.load() + orphans.count.load() == 10; }));
+  EXPECT_EQ(handler.calls.load(), 1);
+  EXPECT_EQ(handler.after_unregister_calls.load(), 0);
+  CQD_ASSERT_OK(topo.sim->DestroyQp(qp));
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+// S14: every QP event reaches its QP's handler; port and SRQ events reach the device handler.
+TEST(Runtime, AsyncEventsAreRouted) {
+  RecordingDeviceHandler device_events;
+  auto rt_or = Runtime::Create(testing::OwnedConsumers(1, 2));
+  ASSERT_TRUE(rt_or.ok());
+  auto rt = std::move(rt_or).value();
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim, &device_events));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp_a, sim->CreateQp(cq.sim(), cq.sim()));
+  CQD_ASSERT_OK_AND_ASSIGN(qp_b, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler a, b;
+  a.qp_num = qp_a->qp_num();
+  b.qp_num = qp_b->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg_a, rt->RegisterQp(*qp_a, a, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg_b, rt->RegisterQp(*qp_b, b, 1));
+
+  const ibv_event_type qp_events[] = {
+      IBV_EVENT_QP_FATAL,  IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR,
+      IBV_EVENT_COMM_EST,  IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG,
+      IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED};
+  for (ibv_event_type type : qp_events) CQD_ASSERT_OK(sim->RaiseQpEvent(qp_a, type));
+  ASSERT_TRUE(WaitFor([&] { return a.events().size() == std::size(qp_events); }));
+  for (ibv_event_type type : qp_events) EXPECT_TRUE(HandlerSaw(a, type)) << type;
+  EXPECT_TRUE(b.events().empty()) << "another QP's event reached b";
+
+  const ibv_event_type device_types[] = {
+      IBV_EVENT_PORT_ACTIVE,  IBV_EVENT_PORT_ERR, IBV_EVENT_LID_CHANGE,
+      IBV_EVENT_PKEY_CHANGE,  IBV_EVENT_GID_CHANGE, IBV_EVENT_SM_CHANGE,
+      IBV_EVENT_CLIENT_REREGISTER, IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED};
+  for (ibv_event_type type : device_types) CQD_ASSERT_OK(sim->RaiseDeviceEvent(type, 1));
+  ASSERT_TRUE(WaitFor([&] {
+    for (ibv_event_type type : device_types) {
+      if (!device_events.Saw(type)) return false;
+    }
+    return true;
+  }));
+
+  // DEVICE_FATAL: the device handler and every QP on the device hear of it; new CQs fail;
+  // destroying what exists still returns.
+  sim->RaiseDeviceFatal();
+  ASSERT_TRUE(WaitFor([&] {
+    return device_events.Saw(IBV_EVENT_DEVICE_FATAL) && HandlerSaw(a, IBV_EVENT_DEVICE_FATAL) &&
+           HandlerSaw(b, IBV_EVENT_DEVICE_FATAL);
+  }));
+  EXPECT_EQ(rt->CreateCq(dev, 0).status().code(), StatusCode::kUnavailable);
+  reg_a.Unregister();
+  reg_b.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qp_a));
+  CQD_ASSERT_OK(sim->DestroyQp(qp_b));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// S11 through the runtime: an overflowed CQ faults every QP on it, and only those.
+TEST(Runtime, CqOverflowFaultsItsQps) {
+  RecordingDeviceHandler device_events;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(testing::OwnedConsumers(1, 1)));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim, &device_events));
+  CqOptions small;
+  small.depth = 8;
+  CQD_ASSERT_OK_AND_ASSIGN(doomed, rt->CreateCq(dev, 0, small));
+  CQD_ASSERT_OK_AND_ASSIGN(healthy, rt->CreateCq(dev, 0, small));
+  CQD_ASSERT_OK_AND_ASSIGN(qp_a, sim->CreateQp(doomed.sim(), doomed.sim()));
+  CQD_ASSERT_OK_AND_ASSIGN(qp_b, sim->CreateQp(healthy.sim(), healthy.sim()));
+  SequenceHandler a, b;
+  a.qp_num = qp_a->qp_num();
+  b.qp_num = qp_b->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg_a, rt->RegisterQp(*qp_a, a, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg_b, rt->RegisterQp(*qp_b, b, 0));
+  std::vector<ibv_wc> burst(9);
+  for (auto& wc : burst) wc.qp_num = qp_a->qp_num();
+  EXPECT_EQ(doomed.sim()->Inject(burst, false, /*overflow=*/true), -1);
+  ASSERT_TRUE(WaitFor([&] {
+    return HandlerSaw(a, IBV_EVENT_CQ_ERR) && HandlerSaw(a, IBV_EVENT_QP_FATAL) &&
+           device_events.Saw(IBV_EVENT_CQ_ERR);
+  }));
+  for (const auto& e : a.events()) {
+    if (e.type == IBV_EVENT_CQ_ERR) EXPECT_EQ(e.cq_id, doomed.id());
+  }
+  EXPECT_TRUE(b.events().empty());
+  // The healthy CQ keeps working.
+  ASSERT_EQ(qp_b->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return b.received() == 1; }));
+  reg_a.Unregister();
+  reg_b.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qp_a));
+  CQD_ASSERT_OK(sim->DestroyQp(qp_b));
+  CQD_ASSERT_OK(rt->DestroyCq(doomed));
+  CQD_ASSERT_OK(rt->DestroyCq(healthy));
+}
+
+// Injected EINTR/EAGAIN on the channel and async fds, and events with an empty CQ (S5), do not
+// lose or duplicate anything.
+TEST(Runtime, SurvivesInjectedFaults) {
+  RuntimeOptions options = testing::OwnedConsumers(1, 1);
+  options.idle_budget = std::chrono::microseconds(0);  // arm and sleep at once: events matter
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 1));
+  SimQp* qp = topo.qps[0];
+  CQD_ASSERT_OK_AND_ASSIGN(channel, topo.rt->SimChannelFor(topo.device, 0));
+  for (uint64_t i = 0; i < 200; ++i) {
+    switch (i % 4) {
+      case 0: topo.sim->FailGetEvent(channel, EINTR, 2); break;
+      case 1: topo.sim->FailGetEvent(channel, EAGAIN, 1); break;
+      case 2: topo.sim->AddSpuriousEvent(topo.cqs[0].sim()); break;
+      case 3: topo.sim->FailGetAsyncEvent(EINTR, 1); break;
+    }
+    ASSERT_EQ(qp->Complete(i), 1);
+    ASSERT_TRUE(WaitFor([&] { return topo.handlers[0]->received() == i + 1; }))
+        << "completion " << i << " was not delivered";
+  }
+  CQD_ASSERT_OK(topo.sim->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
+  ASSERT_TRUE(WaitFor([&] { return HandlerSaw(*topo.handlers[0], IBV_EVENT_COMM_EST); }));
+  EXPECT_EQ(topo.handlers[0]->out_of_order(), 0u);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+}  // namespace
+}  // namespace cqd
