@@ -186,6 +186,8 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
   dispatching_.store(0, std::memory_order_release);
 }
 
+bool Consumer::OnConsumerThread() noexcept { return tls_dispatching_consumer != nullptr; }
+
 void Consumer::WaitNotDispatching(uint32_t slot) const noexcept {
   if (tls_dispatching_consumer == this) return;  // a handler of this consumer unregistering
   while (dispatching_.load(std::memory_order_seq_cst) == slot + 1) std::this_thread::yield();

@@ -65,6 +65,8 @@ class Consumer {
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Waits until no handler of `slot` is running on this consumer, unless called from it.
   void WaitNotDispatching(uint32_t slot) const noexcept;
+  // Returns true on a thread that is running some consumer's handlers.
+  static bool OnConsumerThread() noexcept;
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
   void OrphanRemaining() noexcept;
 

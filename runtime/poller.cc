@@ -92,12 +92,13 @@ int Poller::PollAll() noexcept {
     if (cq->poll_failed) continue;
     int n = cq->cq->Poll(options_.poll_batch, wcs_.get());
     Count(polls_, 1);
-    if (n <= 0) {
-      if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
-        cq->poll_failed = true;
-        Count(cq->poll_errors, 1);
-      }
+    if (n == 0) {
       Count(empty_polls_, 1);
+      continue;
+    }
+    if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
+      cq->poll_failed = true;
+      Count(cq->poll_errors, 1);
       continue;
     }
     Count(cq->completions, n);

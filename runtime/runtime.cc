@@ -416,6 +416,9 @@ Stats RuntimeImpl::GetStats() const {
 }
 
 Status RuntimeImpl::Shutdown() {
+  if (Consumer::OnConsumerThread()) {
+    return FailedPrecondition("Shutdown: called from a handler; it would wait for itself");
+  }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);

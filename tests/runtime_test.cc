@@ -147,6 +147,29 @@ TEST(Runtime, UnregisterFromOwnHandler) {
   CQD_ASSERT_OK(topo.TearDown());
 }
 
+TEST(Runtime, ShutdownFromHandlerIsRefused) {
+  class ShutdownCaller : public QpHandler {
+   public:
+    void OnCompletions(std::span<const ibv_wc>) noexcept override {
+      code.store(static_cast<int>(rt->Shutdown().code()));
+    }
+    Runtime* rt = nullptr;
+    std::atomic<int> code{-1};
+  };
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(RuntimeOptions{}, 1, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, topo.sim->CreateQp(topo.cqs[0].sim(), topo.cqs[0].sim()));
+  ShutdownCaller handler;
+  handler.rt = topo.rt.get();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, topo.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_EQ(qp->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return handler.code.load() != -1; }));
+  EXPECT_EQ(handler.code.load(), static_cast<int>(StatusCode::kFailedPrecondition));
+  reg.Unregister();
+  CQD_ASSERT_OK(topo.sim->DestroyQp(qp));
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
 // S14: every QP event reaches its QP's handler; port and SRQ events reach the device handler.
 TEST(Runtime, AsyncEventsAreRouted) {
   RecordingDeviceHandler device_events;

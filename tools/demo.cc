@@ -1,0 +1,216 @@
+// cqd demo: traffic through the runtime on the simulated device.
+//
+//   bazel run -c opt //tools:demo -- [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S]
+//
+// Phase 1 injects completions as fast as one traffic thread can; phase 2 paces them slowly so the
+// pollers arm their CQs and sleep between completions (event mode). A one-line display shows
+// progress; a stats table follows.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  int pollers = 2;
+  int consumers = 3;
+  int qps = 64;
+  double seconds = 2;
+};
+
+bool ParseFlag(const char* arg, const char* name, double* out) {
+  size_t n = strlen(name);
+  if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
+  *out = atof(arg + n + 1);
+  return true;
+}
+
+// Counts completions and checks that wr_ids of its QP arrive 0, 1, 2, ...
+class DemoHandler : public cqd::QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    for (const ibv_wc& wc : wcs) {
+      if (wc.wr_id != next_) out_of_order_.fetch_add(1, std::memory_order_relaxed);
+      next_ = wc.wr_id + 1;
+    }
+    received_.fetch_add(wcs.size(), std::memory_order_relaxed);
+  }
+  uint64_t received() const { return received_.load(std::memory_order_relaxed); }
+  uint64_t out_of_order() const { return out_of_order_.load(std::memory_order_relaxed); }
+
+ private:
+  uint64_t next_ = 0;
+  std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> out_of_order_{0};
+};
+
+uint64_t Sum(const std::vector<std::unique_ptr<DemoHandler>>& hs) {
+  uint64_t n = 0;
+  for (const auto& h : hs) n += h->received();
+  return n;
+}
+
+void Progress(const char* phase, double elapsed, uint64_t delivered, uint64_t last,
+              double interval, const cqd::Stats& s) {
+  uint64_t depth = 0, sleeps = 0;
+  for (const auto& c : s.consumers) depth += c.queue_depth;
+  for (const auto& p : s.pollers) sleeps += p.sleeps;
+  printf("\r%-6s %4.1fs %11" PRIu64 " done %9.3f M/s  queued %7" PRIu64 "  sleeps %7" PRIu64
+         "  events %7" PRIu64 " ",
+         phase, elapsed, delivered, (delivered - last) / interval / 1e6, depth, sleeps,
+         s.cq_events);
+  fflush(stdout);
+}
+
+// Runs `source` for `seconds` (or until it finishes), showing progress; returns when all that
+// was injected has been delivered.
+void RunPhase(const char* phase, cqd::Runtime& rt, cqd::SimTrafficSource& source,
+              const std::vector<std::unique_ptr<DemoHandler>>& handlers, double seconds) {
+  Clock::time_point start = Clock::now();
+  source.Start();
+  uint64_t last = 0;
+  const double interval = 0.1;
+  while (true) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    uint64_t delivered = Sum(handlers);
+    Progress(phase, elapsed, delivered, last, interval, rt.GetStats());
+    last = delivered;
+    if (elapsed >= seconds || source.injected() == source.total()) break;
+  }
+  source.Stop();
+  source.Join();
+  while (Sum(handlers) < source.injected()) std::this_thread::yield();
+  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  uint64_t delivered = Sum(handlers);
+  printf("\r%-6s %4.1fs %11" PRIu64 " done %9.3f M/s average%38s\n", phase, elapsed, delivered,
+         delivered / elapsed / 1e6, "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    double v;
+    if (ParseFlag(argv[i], "--pollers", &v)) {
+      flags.pollers = static_cast<int>(v);
+    } else if (ParseFlag(argv[i], "--consumers", &v)) {
+      flags.consumers = static_cast<int>(v);
+    } else if (ParseFlag(argv[i], "--qps", &v)) {
+      flags.qps = static_cast<int>(v);
+    } else if (ParseFlag(argv[i], "--seconds", &v)) {
+      flags.seconds = v;
+    } else {
+      fprintf(stderr, "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S]\n");
+      return 2;
+    }
+  }
+  if (flags.qps < 1) {
+    fprintf(stderr, "demo: --qps must be at least 1\n");
+    return 2;
+  }
+
+  cqd::RuntimeOptions options;
+  options.pollers = flags.pollers;
+  options.consumers.assign(flags.consumers > 0 ? flags.consumers : 0, cqd::ConsumerOptions{});
+  options.idle_budget = std::chrono::microseconds(50);
+  auto rt_or = cqd::Runtime::Create(options);
+  if (!rt_or.ok()) {
+    fprintf(stderr, "demo: %s\n", rt_or.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<cqd::Runtime> rt = std::move(rt_or).value();
+  auto sim = cqd::SimDevice::Create();
+  cqd::DeviceId dev = rt->AddSimDevice(sim).value();
+
+  // Two CQs per poller shard; QPs spread over CQs and consumers.
+  std::vector<cqd::CqHandle> cqs;
+  for (int i = 0; i < 2 * flags.pollers; ++i) {
+    cqs.push_back(rt->CreateCq(dev, i % flags.pollers, cqd::CqOptions{.depth = 4096}).value());
+  }
+  std::vector<cqd::SimQp*> qps;
+  std::vector<std::unique_ptr<DemoHandler>> handlers;
+  std::vector<cqd::Registration> registrations;
+  for (int i = 0; i < flags.qps; ++i) {
+    cqd::SimCq* cq = cqs[i % cqs.size()].sim();
+    qps.push_back(sim->CreateQp(cq, cq).value());
+    handlers.push_back(std::make_unique<DemoHandler>());
+    registrations.push_back(
+        rt->RegisterQp(*qps.back(), *handlers.back(), i % flags.consumers).value());
+  }
+  printf("cqd demo: %d pollers, %d consumers, %zu CQs, %d QPs on simulated device %s\n",
+         flags.pollers, flags.consumers, cqs.size(), flags.qps, sim->name().c_str());
+
+  cqd::SimTrafficOptions fast;
+  fast.qps = qps;
+  fast.completions_per_qp = UINT64_MAX / 2 / qps.size();
+  fast.burst = 32;
+  cqd::SimTrafficSource fast_source(fast);
+  RunPhase("busy", *rt, fast_source, handlers, flags.seconds);
+
+  // Phase 2 runs on fresh QPs, so each handler's wr_ids again start at 0.
+  std::vector<cqd::Registration> slow_registrations;
+  std::vector<cqd::SimQp*> slow_qps;
+  std::vector<std::unique_ptr<DemoHandler>> slow_handlers;
+  for (int i = 0; i < 8; ++i) {
+    cqd::SimCq* cq = cqs[i % cqs.size()].sim();
+    slow_qps.push_back(sim->CreateQp(cq, cq).value());
+    slow_handlers.push_back(std::make_unique<DemoHandler>());
+    slow_registrations.push_back(
+        rt->RegisterQp(*slow_qps.back(), *slow_handlers.back(), i % flags.consumers).value());
+  }
+  cqd::SimTrafficOptions slow;
+  slow.qps = slow_qps;
+  slow.completions_per_qp = 250;
+  slow.burst = 1;
+  slow.rate_per_sec = 2000;  // 1 s in all: the pollers sleep between completions
+  cqd::SimTrafficSource slow_source(slow);
+  RunPhase("events", *rt, slow_source, slow_handlers, 10);
+
+  uint64_t disorder = 0;
+  for (const auto& h : handlers) disorder += h->out_of_order();
+  for (const auto& h : slow_handlers) disorder += h->out_of_order();
+
+  cqd::Stats s = rt->GetStats();
+  printf("\n%-10s %6s %12s %12s %12s %8s %8s\n", "poller", "cpu", "polls", "empty",
+         "completions", "arms", "sleeps");
+  for (size_t i = 0; i < s.pollers.size(); ++i) {
+    const auto& p = s.pollers[i];
+    printf("%-10zu %6d %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n", i,
+           p.cpu, p.polls, p.empty_polls, p.completions, p.arms, p.sleeps);
+  }
+  printf("\n%-10s %6s %12s %12s %12s %10s\n", "cq", "shard", "completions", "events", "acked",
+         "ack calls");
+  for (const auto& c : s.cqs) {
+    printf("%-10u %6d %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", c.id, c.shard,
+           c.completions, c.events, c.acked_events, c.ack_calls);
+  }
+  printf("\n%-10s %12s %8s %10s\n", "consumer", "delivered", "queued", "high-water");
+  for (const auto& c : s.consumers) {
+    printf("%-10s %12" PRIu64 " %8" PRIu64 " %10" PRIu64 "\n", c.name.c_str(), c.delivered,
+           c.queue_depth, c.high_water);
+  }
+  printf("\norphans %" PRIu64 ", out-of-order deliveries %" PRIu64 "\n", s.orphans, disorder);
+
+  registrations.clear();
+  slow_registrations.clear();
+  for (auto* qp : qps) (void)sim->DestroyQp(qp);
+  for (auto* qp : slow_qps) (void)sim->DestroyQp(qp);
+  for (auto cq : cqs) (void)rt->DestroyCq(cq);
+  return disorder == 0 && s.orphans == 0 ? 0 : 1;
+}
