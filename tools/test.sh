@@ -1,17 +1,47 @@
 #!/usr/bin/env bash
-# Full test pass: install deps, run every test, then the stress-tagged tests under TSan.
-set -euo pipefail
+# The full test pass (README's test command, what CI runs): installs what is missing, runs every
+# test, then the stress-tagged tests again under ThreadSanitizer, and prints one summary line
+# counting GoogleTest cases: "cqd tests: N passed, M failed".
+set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-tools/bootstrap.sh
+tools/bootstrap.sh || exit 1
 
-bazel test //...
+passed=0
+failed=0
+status=0
 
-# Bazel exits 4 when the tag filter matches no tests; that's fine.
-rc=0
-bazel test --config=tsan --build_tests_only --test_tag_filters=stress //... || rc=$?
-if (( rc == 4 )); then
-  echo "test.sh: no 'stress'-tagged tests to run under TSan"
-elif (( rc != 0 )); then
-  exit "$rc"
-fi
+# Adds up the GoogleTest cases in the test.xml files under $1.
+count_cases() {
+  local xml tests failures errors
+  while IFS= read -r xml; do
+    tests=$(grep -o -m1 '<testsuites[^>]*tests="[0-9]*"' "$xml" | grep -o 'tests="[0-9]*"' | tr -dc 0-9)
+    failures=$(grep -o -m1 '<testsuites[^>]*failures="[0-9]*"' "$xml" | grep -o 'failures="[0-9]*"' | tr -dc 0-9)
+    errors=$(grep -o -m1 '<testsuites[^>]*errors="[0-9]*"' "$xml" | grep -o 'errors="[0-9]*"' | tr -dc 0-9)
+    passed=$((passed + ${tests:-0} - ${failures:-0} - ${errors:-0}))
+    failed=$((failed + ${failures:-0} + ${errors:-0}))
+  done < <(find -L "$1" -name test.xml 2>/dev/null)
+}
+
+run() {  # run <label> <options...> -- <targets...>
+  local label=$1 options=() logs rc
+  shift
+  while [[ $1 != -- ]]; do options+=("$1"); shift; done
+  shift
+  echo "== $label: bazel test ${options[*]} $*"
+  logs=$(bazel info "${options[@]}" bazel-testlogs 2>/dev/null | tail -1)
+  rm -rf "$logs"  # count this run's results only
+  bazel test "${options[@]}" "$@"
+  rc=$?
+  count_cases "$logs"
+  if (( rc != 0 )); then
+    echo "== $label: FAILED (bazel exit $rc)"
+    status=1
+  fi
+}
+
+run "all tests" -- //...
+run "stress tests under TSan" --config=tsan --build_tests_only --test_tag_filters=stress -- //...
+
+echo "cqd tests: $passed passed, $failed failed"
+exit $status
