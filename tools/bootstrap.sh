@@ -15,7 +15,11 @@ PACKAGES=(
   libgtest-dev
   libgmock-dev           # @gtest//:gmock
   libbenchmark-dev
-  # Planned: qemu-system-x86 busybox-static cpio gnuplot
+  qemu-system-x86        # the VM that runs the rxe tests (tools/vm/run_in_vm.sh)
+  busybox-static         # ... its userland
+  cpio                   # ... its initramfs
+  iproute2               # `ip` and `rdma link add` inside the VM
+  kmod
 )
 # ------------------------------------------------
 
@@ -27,15 +31,19 @@ done
 
 if (( ${#missing[@]} == 0 )); then
   echo "bootstrap: all ${#PACKAGES[@]} packages already installed"
-  exit 0
+else
+  if (( EUID != 0 )); then
+    echo "bootstrap: missing packages: ${missing[*]} (re-run as root)" >&2
+    exit 1
+  fi
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${missing[@]}" </dev/null
 fi
 
-if (( EUID != 0 )); then
-  echo "bootstrap: missing packages: ${missing[*]} (re-run as root)" >&2
-  exit 1
+# Debian's kernel for the rxe VM (these machines' own kernel has no RDMA support).
+if ! ls "${CQD_VM_DIR:-/var/cache/cqd-vm}"/root/boot/vmlinuz-* >/dev/null 2>&1; then
+  [[ -n $(apt-cache depends linux-image-amd64 2>/dev/null) ]] || apt-get update
+  "$(dirname "${BASH_SOURCE[0]}")/vm/fetch_kernel.sh"
 fi
-
-echo "bootstrap: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends "${missing[@]}" </dev/null
