@@ -38,6 +38,7 @@ struct DeviceRecord {
   DeviceId id = 0;
   std::unique_ptr<backend::Device> backend;
   std::shared_ptr<SimDevice> sim;             // keeps a simulated device alive
+  ibv_context* verbs = nullptr;               // a verbs device's context
   std::vector<backend::Channel*> channels;    // one per shard
   DeviceEventHandler* handler = nullptr;      // device-level async events; may be null
   QpTable qps;                                // qp_num -> registration, for this device
@@ -50,7 +51,6 @@ struct CqRecord {
   DeviceRecord* device = nullptr;
   backend::Cq* cq = nullptr;
   void* native = nullptr;  // cq->native(), kept: it names the CQ after the backend destroyed it
-  SimCq* sim = nullptr;
   bool adopted = false;
   bool solicited_only = false;
   int registered_qps = 0;  // control path

@@ -8,6 +8,7 @@
 #include "cqd/sim.h"
 #include "runtime/runtime_impl.h"
 #include "runtime/sim_device.h"
+#include "runtime/verbs_device.h"
 
 namespace cqd {
 namespace internal {
@@ -123,25 +124,52 @@ RuntimeImpl::~RuntimeImpl() {
   }
 }
 
+Result<DeviceId> RuntimeImpl::AddVerbsDevice(ibv_context* context, bool owned,
+                                             DeviceEventHandler* events) {
+  if (context == nullptr) return InvalidArgument("AddVerbsDevice: context is null");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& d : devices_) {
+      if (d->verbs == context) {
+        return AlreadyExists("AddVerbsDevice: the context was already added as device " +
+                             Str(d->id));
+      }
+    }
+  }
+  auto record = std::make_unique<DeviceRecord>();
+  record->verbs = context;
+  record->backend = std::make_unique<verbs_internal::VerbsBackend>(context, owned);
+  record->handler = events;
+  return AddDevice(std::move(record));
+}
+
 Result<DeviceId> RuntimeImpl::AddSimDevice(std::shared_ptr<SimDevice> device,
                                            DeviceEventHandler* events) {
   if (device == nullptr) return InvalidArgument("AddSimDevice: device is null");
   if (std::dynamic_pointer_cast<sim_internal::SimDeviceImpl>(device) == nullptr) {
     return InvalidArgument("AddSimDevice: not a device made by SimDevice::Create");
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (shut_down_) return FailedPrecondition("AddSimDevice: the runtime is shut down");
-  for (auto& d : devices_) {
-    if (d->sim == device) {
-      return AlreadyExists("AddSimDevice: " + device->name() + " was already added as device " +
-                           Str(d->id));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& d : devices_) {
+      if (d->sim == device) {
+        return AlreadyExists("AddSimDevice: " + device->name() +
+                             " was already added as device " + Str(d->id));
+      }
     }
   }
   auto record = std::make_unique<DeviceRecord>();
-  record->id = static_cast<DeviceId>(devices_.size() + 1);
   record->sim = device;
   record->backend = std::make_unique<sim_internal::SimBackend>(device);
   record->handler = events;
+  return AddDevice(std::move(record));
+}
+
+Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string op = "Add device " + record->backend->name();
+  if (shut_down_) return FailedPrecondition(op + ": the runtime is shut down");
+  record->id = static_cast<DeviceId>(devices_.size() + 1);
   Status status;
   for (int shard = 0; shard < options_.pollers && status.ok(); ++shard) {
     Result<backend::Channel*> channel = record->backend->CreateChannel();
@@ -156,10 +184,19 @@ Result<DeviceId> RuntimeImpl::AddSimDevice(std::shared_ptr<SimDevice> device,
     for (backend::Channel* channel : record->channels) {
       (void)record->backend->DestroyChannel(channel);
     }
-    return Status(status.code(), "AddSimDevice: " + status.message());
+    return Status(status.code(), op + ": " + status.message());
   }
   devices_.push_back(std::move(record));
   return devices_.back()->id;
+}
+
+Result<ibv_context*> RuntimeImpl::VerbsContext(DeviceId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id < 1 || id > devices_.size()) return NotFound("VerbsContext: no device " + Str(id));
+  if (devices_[id - 1]->verbs == nullptr) {
+    return InvalidArgument("VerbsContext: device " + Str(id) + " is not a verbs device");
+  }
+  return devices_[id - 1]->verbs;
 }
 
 Result<DeviceRecord*> RuntimeImpl::FindDevice(const char* op, DeviceId id, int shard) {
@@ -195,25 +232,30 @@ Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
   return AddCq(std::move(record));
 }
 
-Result<SimChannel*> RuntimeImpl::SimChannelFor(DeviceId id, int shard) {
+Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard, bool sim) {
   std::lock_guard<std::mutex> lock(mu_);
-  Result<DeviceRecord*> device = FindDevice("SimChannelFor", id, shard);
+  Result<DeviceRecord*> device = FindDevice(op, id, shard);
   if (!device.ok()) return device.status();
-  if ((*device)->sim == nullptr) return InvalidArgument("SimChannelFor: not a simulated device");
-  return static_cast<SimChannel*>((*device)->channels[shard]->native());
+  if (((*device)->sim != nullptr) != sim) {
+    return InvalidArgument(std::string(op) + ": device " + Str(id) + " is " +
+                           (sim ? "not a simulated device" : "a simulated device"));
+  }
+  return (*device)->channels[shard]->native();
 }
 
-Result<CqHandle> RuntimeImpl::AdoptCq(DeviceId id, int shard, SimCq* sim_cq,
+Result<CqHandle> RuntimeImpl::AdoptCq(DeviceId id, int shard, void* native, bool sim,
                                       const CqOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice("AdoptCq", id, shard);
   if (!device.ok()) return device.status();
-  if (sim_cq == nullptr) return InvalidArgument("AdoptCq: cq is null");
-  if (cqs_by_native_.contains(static_cast<void*>(sim_cq))) {
+  if (native == nullptr) return InvalidArgument("AdoptCq: cq is null");
+  if (((*device)->sim != nullptr) != sim) {
+    return InvalidArgument("AdoptCq: the CQ's kind does not match device " + Str(id));
+  }
+  if (cqs_by_native_.contains(native)) {
     return AlreadyExists("AdoptCq: the CQ is already polled by this runtime");
   }
-  Result<backend::Cq*> cq =
-      (*device)->backend->AdoptCq(static_cast<void*>(sim_cq), (*device)->channels[shard]);
+  Result<backend::Cq*> cq = (*device)->backend->AdoptCq(native, (*device)->channels[shard]);
   if (!cq.ok()) return cq.status();
   auto record = std::make_unique<CqRecord>();
   record->device = *device;
@@ -228,7 +270,6 @@ Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
   CqRecord* cq = record.get();
   cq->id = next_cq_id_++;
   cq->native = cq->cq->native();
-  if (cq->device->sim != nullptr) cq->sim = static_cast<SimCq*>(cq->native);
   // Map before the poller can arm it, so that its first event is already known.
   events_->RunSync([&] { events_->MapCq(cq); });
   pollers_[cq->shard]->RunSync([&](std::vector<CqRecord*>& cqs) { cqs.push_back(cq); });
@@ -238,7 +279,11 @@ Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
   handle.id_ = cq->id;
   handle.shard_ = cq->shard;
   handle.device_ = cq->device->id;
-  handle.sim_ = cq->sim;
+  if (cq->device->sim != nullptr) {
+    handle.sim_ = static_cast<SimCq*>(cq->native);
+  } else {
+    handle.verbs_ = static_cast<ibv_cq*>(cq->native);
+  }
   return handle;
 }
 
@@ -284,30 +329,26 @@ void RuntimeImpl::RetireCounters(const CqRecord& cq) {
   gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
 }
 
-Result<Registration> RuntimeImpl::RegisterQp(const SimQp& qp, QpHandler& handler,
+Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* send_native,
+                                             void* recv_native, QpHandler& handler,
                                              ConsumerId consumer) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto find = [&](SimCq* cq) -> CqRecord* {
-    auto it = cqs_by_native_.find(static_cast<void*>(cq));
-    return it == cqs_by_native_.end() ? nullptr : it->second;
-  };
-  CqRecord* send = find(qp.send_cq());
-  CqRecord* recv = find(qp.recv_cq());
-  if (send == nullptr || recv == nullptr) {
-    return NotFound("RegisterQp: qp_num " + Str(qp.qp_num()) + ": its " +
-                    (send == nullptr ? "send" : "recv") + " CQ is not polled by this runtime");
-  }
-  return Register(qp.qp_num(), send, recv, handler, consumer);
-}
-
-Result<Registration> RuntimeImpl::Register(uint32_t qp_num, CqRecord* send, CqRecord* recv,
-                                           QpHandler& handler, ConsumerId consumer) {
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
   if (consumer >= consumers_.size()) {
     return InvalidArgument("RegisterQp: consumer " + Str(consumer) + " is not in 0.." +
                            Str(consumers_.size() - 1));
   }
   if (qp_num > 0xffffff) return InvalidArgument("RegisterQp: qp_num exceeds 24 bits");
+  auto find = [&](void* native) -> CqRecord* {
+    auto it = cqs_by_native_.find(native);
+    return it == cqs_by_native_.end() ? nullptr : it->second;
+  };
+  CqRecord* send = find(send_native);
+  CqRecord* recv = find(recv_native);
+  if (send == nullptr || recv == nullptr) {
+    return NotFound("RegisterQp: qp_num " + Str(qp_num) + ": its " +
+                    (send == nullptr ? "send" : "recv") + " CQ is not polled by this runtime");
+  }
   if (send->device != recv->device) {
     return InvalidArgument("RegisterQp: send and recv CQs belong to different devices");
   }
@@ -449,6 +490,19 @@ Result<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeOptions& options) 
 Runtime::Runtime(std::unique_ptr<internal::RuntimeImpl> impl) : impl_(std::move(impl)) {}
 Runtime::~Runtime() = default;
 
+Result<DeviceId> Runtime::AddVerbsDevice(ibv_context* context, DeviceEventHandler* events) {
+  return impl_->AddVerbsDevice(context, /*owned=*/false, events);
+}
+Result<DeviceId> Runtime::OpenVerbsDevice(const std::string& name, DeviceEventHandler* events) {
+  Result<ibv_context*> context = verbs_internal::OpenDevice(name);
+  if (!context.ok()) {
+    return Status(context.status().code(), "OpenVerbsDevice: " + context.status().message());
+  }
+  Result<DeviceId> id = impl_->AddVerbsDevice(*context, /*owned=*/true, events);
+  if (!id.ok()) ibv_close_device(*context);
+  return id;
+}
+Result<ibv_context*> Runtime::VerbsContext(DeviceId device) { return impl_->VerbsContext(device); }
 Result<DeviceId> Runtime::AddSimDevice(std::shared_ptr<SimDevice> device,
                                        DeviceEventHandler* events) {
   return impl_->AddSimDevice(std::move(device), events);
@@ -456,17 +510,33 @@ Result<DeviceId> Runtime::AddSimDevice(std::shared_ptr<SimDevice> device,
 Result<CqHandle> Runtime::CreateCq(DeviceId device, int shard, const CqOptions& options) {
   return impl_->CreateCq(device, shard, options);
 }
+Result<ibv_comp_channel*> Runtime::VerbsChannelFor(DeviceId device, int shard) {
+  Result<void*> channel = impl_->NativeChannel("VerbsChannelFor", device, shard, false);
+  if (!channel.ok()) return channel.status();
+  return static_cast<ibv_comp_channel*>(*channel);
+}
 Result<SimChannel*> Runtime::SimChannelFor(DeviceId device, int shard) {
-  return impl_->SimChannelFor(device, shard);
+  Result<void*> channel = impl_->NativeChannel("SimChannelFor", device, shard, true);
+  if (!channel.ok()) return channel.status();
+  return static_cast<SimChannel*>(*channel);
+}
+Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, ibv_cq* cq,
+                                  const CqOptions& options) {
+  return impl_->AdoptCq(device, shard, cq, /*sim=*/false, options);
 }
 Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, SimCq* cq,
                                   const CqOptions& options) {
-  return impl_->AdoptCq(device, shard, cq, options);
+  return impl_->AdoptCq(device, shard, cq, /*sim=*/true, options);
 }
 Status Runtime::DestroyCq(CqHandle cq) { return impl_->DestroyCq(cq); }
+Result<Registration> Runtime::RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer) {
+  if (qp == nullptr) return InvalidArgument("RegisterQp: qp is null");
+  return impl_->RegisterQp(qp->qp_num, qp->send_cq, qp->recv_cq, handler, consumer);
+}
 Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler,
                                          ConsumerId consumer) {
-  return impl_->RegisterQp(qp, handler, consumer);
+  return impl_->RegisterQp(qp.qp_num(), static_cast<void*>(qp.send_cq()),
+                           static_cast<void*>(qp.recv_cq()), handler, consumer);
 }
 int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
 Result<int> Runtime::NotifyFd(ConsumerId consumer) { return impl_->NotifyFd(consumer); }

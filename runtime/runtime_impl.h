@@ -30,12 +30,19 @@ class RuntimeImpl {
   ~RuntimeImpl();
   Status Start();
 
+  Result<DeviceId> AddVerbsDevice(ibv_context* context, bool owned, DeviceEventHandler* events);
   Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device, DeviceEventHandler* events);
+  Result<ibv_context*> VerbsContext(DeviceId device);
   Result<CqHandle> CreateCq(DeviceId device, int shard, const CqOptions& options);
-  Result<SimChannel*> SimChannelFor(DeviceId device, int shard);
-  Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq, const CqOptions& options);
+  // The shard's channel as the backend knows it (ibv_comp_channel* or SimChannel*).
+  Result<void*> NativeChannel(const char* op, DeviceId device, int shard, bool sim);
+  // `native` is an ibv_cq* or a SimCq*, matching the device's backend.
+  Result<CqHandle> AdoptCq(DeviceId device, int shard, void* native, bool sim,
+                           const CqOptions& options);
   Status DestroyCq(CqHandle handle);
-  Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer);
+  // `send_cq` and `recv_cq` are native CQs (ibv_cq* or SimCq*).
+  Result<Registration> RegisterQp(uint32_t qp_num, void* send_cq, void* recv_cq,
+                                  QpHandler& handler, ConsumerId consumer);
   void Unregister(uint32_t slot, uint32_t generation) noexcept;
   int Drain(ConsumerId consumer, int max) noexcept;
   Result<int> NotifyFd(ConsumerId consumer);
@@ -45,11 +52,10 @@ class RuntimeImpl {
  private:
   // All require mu_.
   Result<DeviceRecord*> FindDevice(const char* op, DeviceId id, int shard);
+  Result<DeviceId> AddDevice(std::unique_ptr<DeviceRecord> record);
   Result<CqHandle> AddCq(std::unique_ptr<CqRecord> record);
   // Moves a CQ's event counters into the runtime totals as it leaves cqs_.
   void RetireCounters(const CqRecord& cq);
-  Result<Registration> Register(uint32_t qp_num, CqRecord* send, CqRecord* recv,
-                                QpHandler& handler, ConsumerId consumer);
 
   const RuntimeOptions options_;
   mutable std::mutex mu_;

@@ -98,7 +98,7 @@ TEST_F(BadCalls, Cqs) {
   auto adopted = rt_->AdoptCq(dev_, 0, *engine_cq);
   ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
   EXPECT_EQ(rt_->AdoptCq(dev_, 0, *engine_cq).status().code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(rt_->AdoptCq(dev_, 0, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt_->AdoptCq(dev_, 0, static_cast<SimCq*>(nullptr)).status().code(), StatusCode::kInvalidArgument);
   CQD_ASSERT_OK(rt_->DestroyCq(*adopted));
   CQD_ASSERT_OK(sim_->DestroyCq(*engine_cq));  // the engine destroys what it created
 }

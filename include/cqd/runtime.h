@@ -4,10 +4,10 @@
 // engine-driven), and one event thread for completion channels and device async events:
 //
 //   auto rt = cqd::Runtime::Create(options).value();
-//   auto dev = rt->AddSimDevice(sim).value();                 // or a verbs device (rxe, NIC)
+//   auto dev = rt->OpenVerbsDevice("rxe0").value();           // or AddSimDevice(sim)
 //   cqd::CqHandle cq = rt->CreateCq(dev, /*shard=*/0, {}).value();
-//   ... create QPs on cq ...
-//   cqd::Registration reg = rt->RegisterQp(*qp, handler, /*consumer=*/0).value();
+//   ibv_qp* qp = ibv_create_qp(pd, &attr);                    // send_cq = recv_cq = cq.verbs()
+//   cqd::Registration reg = rt->RegisterQp(qp, handler, /*consumer=*/0).value();
 //   ... handler.OnCompletions() runs on consumer 0 ...
 //   reg.Unregister();                                         // handler never called again
 //   rt->DestroyCq(cq);
@@ -18,14 +18,18 @@
 // by the engine thread that drives that consumer. Handlers run on their consumer; a handler may
 // call control-path functions (including Unregister of its own QP), except Shutdown.
 //
-// Ordering. Completions of one QP reach its handler in the order they were polled; an async
-// event for a QP is ordered with that QP's completions as the runtime received them. Everything a
-// poller observed before handing a completion over happens-before the handler's call.
+// Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
+// Async events travel through the same consumer queue, so a handler never runs on two threads
+// at once. Everything a poller observed before handing a completion over happens-before the
+// handler's call.
 #ifndef CQD_RUNTIME_H_
 #define CQD_RUNTIME_H_
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "cqd/handler.h"
 #include "cqd/options.h"
@@ -53,7 +57,9 @@ class CqHandle {
   uint32_t id() const { return id_; }
   int shard() const { return shard_; }
   DeviceId device() const { return device_; }
-  // Returns the simulated CQ, or nullptr on another backend.
+  // Returns the verbs CQ, or nullptr on the simulated device.
+  ibv_cq* verbs() const { return verbs_; }
+  // Returns the simulated CQ, or nullptr on verbs.
   SimCq* sim() const { return sim_; }
   bool valid() const { return id_ != 0; }
 
@@ -62,6 +68,7 @@ class CqHandle {
   uint32_t id_ = 0;
   int shard_ = 0;
   DeviceId device_ = 0;
+  ibv_cq* verbs_ = nullptr;
   SimCq* sim_ = nullptr;
 };
 
@@ -100,6 +107,16 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
+  // Adds a verbs device the engine opened (rxe, a NIC); the context must outlive the runtime.
+  // One completion channel per shard is created on it, and from now on the runtime reads the
+  // device's async events (they reach handlers). `events` (optional, must outlive the runtime)
+  // receives device-level async events.
+  Result<DeviceId> AddVerbsDevice(ibv_context* context, DeviceEventHandler* events = nullptr);
+  // Opens the verbs device called `name` (e.g. "rxe0", "mlx5_0") and adds it; the runtime closes
+  // it when destroyed. kNotFound lists the devices there are.
+  Result<DeviceId> OpenVerbsDevice(const std::string& name, DeviceEventHandler* events = nullptr);
+  // Returns the context of a verbs device, for the engine's PDs, MRs and QPs.
+  Result<ibv_context*> VerbsContext(DeviceId device);
   // Adds a simulated device: one completion channel per shard is created on it and its async fd is
   // watched. `events` (optional, must outlive the runtime) receives device-level async events.
   Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device,
@@ -107,10 +124,14 @@ class Runtime {
 
   // Creates a CQ on `shard`'s completion channel of `device`; the shard's poller polls it.
   Result<CqHandle> CreateCq(DeviceId device, int shard, const CqOptions& options = {});
-  // Returns the completion channel of `shard` on a simulated device, for CQs the engine creates.
+  // Returns the completion channel of `shard` on a verbs (or simulated) device, for CQs the
+  // engine creates itself and then adopts.
+  Result<ibv_comp_channel*> VerbsChannelFor(DeviceId device, int shard);
   Result<SimChannel*> SimChannelFor(DeviceId device, int shard);
   // Polls a CQ the engine created on SimChannelFor(device, shard); kInvalidArgument if the CQ
   // uses another channel ("wrong shard"), kAlreadyExists if already polled.
+  Result<CqHandle> AdoptCq(DeviceId device, int shard, ibv_cq* cq,
+                           const CqOptions& options = {});
   Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq,
                            const CqOptions& options = {});
   // Stops polling the CQ, acks its remaining events, and destroys it if the runtime created it
@@ -120,6 +141,7 @@ class Runtime {
 
   // Routes the QP's completions and async events to `handler` on `consumer`. Its CQs must be
   // polled by this runtime. kAlreadyExists if the qp_num is registered.
+  Result<Registration> RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer);
   Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer);
 
   // Engine-driven consumers: dispatches up to `max` queued items (completion runs and async

@@ -1,0 +1,127 @@
+#include "runtime/verbs_device.h"
+
+#include <cerrno>
+
+namespace cqd::verbs_internal {
+
+int VerbsChannel::GetEvent(void** native_cq) noexcept {
+  ibv_cq* cq = nullptr;
+  void* context = nullptr;
+  if (ibv_get_cq_event(channel_, &cq, &context) != 0) return -1;  // errno from read(2)
+  *native_cq = cq;
+  return 0;
+}
+
+VerbsBackend::VerbsBackend(ibv_context* context, bool owned)
+    : context_(context), owned_(owned), name_(ibv_get_device_name(context->device)) {}
+
+VerbsBackend::~VerbsBackend() {
+  if (owned_) ibv_close_device(context_);
+}
+
+Result<backend::Channel*> VerbsBackend::CreateChannel() {
+  ibv_comp_channel* channel = ibv_create_comp_channel(context_);
+  if (channel == nullptr) return ErrnoStatus("ibv_create_comp_channel(" + name_ + ")", errno);
+  return static_cast<backend::Channel*>(new VerbsChannel(channel));
+}
+
+Status VerbsBackend::DestroyChannel(backend::Channel* channel) {
+  auto* wrapper = static_cast<VerbsChannel*>(channel);
+  if (int rc = ibv_destroy_comp_channel(wrapper->channel()); rc != 0) {
+    return ErrnoStatus("ibv_destroy_comp_channel", rc);  // EBUSY: CQs still use it
+  }
+  delete wrapper;
+  return Status::Ok();
+}
+
+Result<backend::Cq*> VerbsBackend::CreateCq(int depth, backend::Channel* channel) {
+  ibv_comp_channel* ch = channel ? static_cast<VerbsChannel*>(channel)->channel() : nullptr;
+  ibv_cq* cq = ibv_create_cq(context_, depth, nullptr, ch, 0);
+  if (cq == nullptr) {
+    return ErrnoStatus("ibv_create_cq(" + name_ + ", depth " + std::to_string(depth) + ")", errno);
+  }
+  return static_cast<backend::Cq*>(new VerbsCq(cq));
+}
+
+Result<backend::Cq*> VerbsBackend::AdoptCq(void* native_cq, backend::Channel* channel) {
+  auto* cq = static_cast<ibv_cq*>(native_cq);
+  if (cq == nullptr || cq->context != context_) {
+    return InvalidArgument("AdoptCq: the CQ does not belong to device " + name_);
+  }
+  if (cq->channel != static_cast<VerbsChannel*>(channel)->channel()) {
+    return InvalidArgument("AdoptCq: the CQ uses another completion channel (wrong shard)");
+  }
+  return static_cast<backend::Cq*>(new VerbsCq(cq));
+}
+
+void VerbsBackend::ReleaseCq(backend::Cq* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  released_.emplace_back(static_cast<VerbsCq*>(cq));
+}
+
+Status VerbsBackend::DestroyCq(backend::Cq* cq) {
+  auto* wrapper = static_cast<VerbsCq*>(cq);
+  if (int rc = ibv_destroy_cq(wrapper->cq()); rc != 0) {
+    return ErrnoStatus("ibv_destroy_cq", rc);  // EBUSY: QPs still use it
+  }
+  delete wrapper;
+  return Status::Ok();
+}
+
+int VerbsBackend::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
+  *out = backend::AsyncEventRecord{};
+  if (ibv_get_async_event(context_, &out->raw) != 0) return -1;
+  out->type = out->raw.event_type;
+  switch (out->type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      out->qp_num = out->raw.element.qp->qp_num;  // valid until the ack (S13)
+      break;
+    case IBV_EVENT_CQ_ERR:
+      out->native_cq = out->raw.element.cq;
+      break;
+    case IBV_EVENT_PORT_ACTIVE:
+    case IBV_EVENT_PORT_ERR:
+    case IBV_EVENT_LID_CHANGE:
+    case IBV_EVENT_PKEY_CHANGE:
+    case IBV_EVENT_GID_CHANGE:
+    case IBV_EVENT_SM_CHANGE:
+    case IBV_EVENT_CLIENT_REREGISTER:
+      out->port_num = out->raw.element.port_num;
+      break;
+    default:
+      break;
+  }
+  return 0;
+}
+
+Result<ibv_context*> OpenDevice(const std::string& name) {
+  int count = 0;
+  ibv_device** list = ibv_get_device_list(&count);
+  if (list == nullptr) return ErrnoStatus("ibv_get_device_list", errno);
+  ibv_context* context = nullptr;
+  bool found = false;
+  std::string names;
+  for (int i = 0; i < count; ++i) {
+    const char* n = ibv_get_device_name(list[i]);
+    names += (names.empty() ? "" : ", ") + std::string(n);
+    if (name == n) {
+      found = true;
+      context = ibv_open_device(list[i]);
+    }
+  }
+  int err = errno;
+  ibv_free_device_list(list);
+  if (context != nullptr) return context;
+  if (found) return ErrnoStatus("ibv_open_device(" + name + ")", err);
+  return NotFound("no RDMA device \"" + name + "\" (devices: " +
+                  (names.empty() ? "none" : names) + ")");
+}
+
+}  // namespace cqd::verbs_internal

@@ -1,0 +1,83 @@
+// runtime/verbs_device.h: the seam over libibverbs (rxe, mlx5, any rdma-core provider).
+//
+// Each call is the verbs call of the same name; the wrappers add no state on the poll path
+// (Poll is ibv_poll_cq on the wrapped CQ). CQs are keyed by their ibv_cq*, channels by their
+// ibv_comp_channel*.
+#ifndef CQD_RUNTIME_VERBS_DEVICE_H_
+#define CQD_RUNTIME_VERBS_DEVICE_H_
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace cqd::verbs_internal {
+
+class VerbsCq final : public backend::Cq {
+ public:
+  explicit VerbsCq(ibv_cq* cq) : cq_(cq) {}
+  void* native() const noexcept override { return cq_; }
+  int Poll(int n, ibv_wc* wc) noexcept override { return ibv_poll_cq(cq_, n, wc); }
+  int RequestNotify(bool solicited_only) noexcept override {
+    return ibv_req_notify_cq(cq_, solicited_only ? 1 : 0);
+  }
+  ibv_cq* cq() const { return cq_; }
+
+ private:
+  ibv_cq* const cq_;
+};
+
+class VerbsChannel final : public backend::Channel {
+ public:
+  explicit VerbsChannel(ibv_comp_channel* channel) : channel_(channel) {}
+  void* native() const noexcept override { return channel_; }
+  int fd() const noexcept override { return channel_->fd; }
+  int GetEvent(void** native_cq) noexcept override;
+  ibv_comp_channel* channel() const { return channel_; }
+
+ private:
+  ibv_comp_channel* const channel_;
+};
+
+class VerbsBackend final : public backend::Device {
+ public:
+  // `owned`: close the context when the backend is destroyed.
+  VerbsBackend(ibv_context* context, bool owned);
+  ~VerbsBackend() override;
+
+  const std::string& name() const override { return name_; }
+  Result<backend::Channel*> CreateChannel() override;
+  Status DestroyChannel(backend::Channel* channel) override;
+  Result<backend::Cq*> CreateCq(int depth, backend::Channel* channel) override;
+  Result<backend::Cq*> AdoptCq(void* native_cq, backend::Channel* channel) override;
+  void ReleaseCq(backend::Cq* cq) override;
+  Status DestroyCq(backend::Cq* cq) override;
+  void AckCqEvents(backend::Cq* cq, unsigned n) noexcept override {
+    ibv_ack_cq_events(static_cast<VerbsCq*>(cq)->cq(), n);
+  }
+  int async_fd() const noexcept override { return context_->async_fd; }
+  int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override;
+  void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept override {
+    ibv_ack_async_event(&record->raw);
+  }
+  ibv_context* context() const { return context_; }
+
+ private:
+  ibv_context* const context_;
+  const bool owned_;
+  const std::string name_;
+  std::mutex mu_;
+  // Wrappers of released (adopted) CQs: the runtime may still ack a late event through one.
+  std::vector<std::unique_ptr<VerbsCq>> released_;
+};
+
+// Opens the device called `name` ("rxe0", "mlx5_0"); kNotFound lists the devices there are.
+Result<ibv_context*> OpenDevice(const std::string& name);
+
+}  // namespace cqd::verbs_internal
+
+#endif  // CQD_RUNTIME_VERBS_DEVICE_H_
