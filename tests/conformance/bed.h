@@ -36,11 +36,13 @@ class Bed {
   // Makes `n` successful receive completions arrive on the CQ (sent with IBV_SEND_SOLICITED when
   // `solicited`). They may arrive after this returns (real devices are asynchronous).
   virtual Status Receive(int n, bool solicited) = 0;
-  // Makes one error completion with `wr_id` arrive on the CQ.
+  // Makes one unsuccessful receive completion with `wr_id` arrive on the CQ (on verbs: a posted
+  // receive flushed by moving the QP to the error state; the QP stays in error).
   virtual Status FailOne(uint64_t wr_id) = 0;
   // Posts more completions than the CQ holds (S11).
-  virtual Status Overflow(int depth) = 0;
-  // Makes the device raise a QP async event for the QP under test.
+  virtual Status Overflow() = 0;
+  // Makes the device raise a QP async event for the QP under test. Every bed supports
+  // IBV_EVENT_SQ_DRAINED (on verbs: move the QP to SQD and back to RTS).
   virtual Status RaiseQpEvent(ibv_event_type type) = 0;
 };
 

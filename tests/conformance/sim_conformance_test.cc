@@ -30,11 +30,11 @@ class SimBed : public Bed {
     return Status::Ok();
   }
   Status FailOne(uint64_t wr_id) override {
-    return qp_->Complete(wr_id, IBV_WC_RECV, IBV_WC_LOC_PROT_ERR) == 1 ? Status::Ok()
+    return qp_->Complete(wr_id, IBV_WC_RECV, IBV_WC_WR_FLUSH_ERR) == 1 ? Status::Ok()
                                                                        : Internal("CQ full");
   }
-  Status Overflow(int depth) override {
-    std::vector<ibv_wc> wcs(depth + 1);
+  Status Overflow() override {
+    std::vector<ibv_wc> wcs(cq_->depth() + 1);
     for (auto& wc : wcs) wc.qp_num = qp_->qp_num();
     return cq_->Inject(wcs, false, /*overflow=*/true) < 0 ? Status::Ok()
                                                           : Internal("Overflow: CQ did not fail");

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # Runs a program on rxe (soft-RoCE) inside a throwaway VM and reports its output and exit code.
 #
-#   tools/vm/run_in_vm.sh [--timeout SECONDS] [--with FILE]... PROGRAM [ARGS...]
+#   tools/vm/run_in_vm.sh [--timeout SECONDS] [--with FILE]... [--fetch GUEST:HOST]...
+#                         PROGRAM [ARGS...]
 #
 # These machines' kernel has no RDMA support, so the program runs under Debian's own kernel in
 # qemu (TCG; a nested KVM guest hangs here). The initramfs holds busybox, PROGRAM and every shared
 # library it needs, the rxe provider, the `rdma` tool and the kernel modules; /init loads
 # rdma_rxe, creates rxe0 on eth0 (10.0.2.15, GID index 1 is the IPv4-mapped one), runs PROGRAM
 # in /work and prints its exit code on the serial console. Extra programs (--with) are copied
-# with their libraries and put on PATH. Exit code: PROGRAM's, or 97 if the VM did not report one.
+# with their libraries and put on PATH; files PROGRAM writes (--fetch, guest path relative to
+# /work) come back to HOST. Exit code: PROGRAM's, or 97 if the VM did not report one.
 # The kernel comes from tools/vm/fetch_kernel.sh (run by tools/bootstrap.sh).
 set -euo pipefail
 
 VM_DIR=${CQD_VM_DIR:-/var/cache/cqd-vm}
 timeout_s=600
 extra=()
+fetch=()
 while (( $# > 0 )); do
   case $1 in
     --timeout) timeout_s=$2; shift 2 ;;
     --with) extra+=("$2"); shift 2 ;;
+    --fetch) fetch+=("$2"); shift 2 ;;
     --) shift; break ;;
     -*) echo "run_in_vm: unknown option $1" >&2; exit 2 ;;
     *) break ;;
@@ -92,7 +96,12 @@ set --
 while IFS= read -r a; do set -- "\$@" "\$a"; done < /work/args
 echo "cqd-vm: running \$*"
 PATH=/bin:/sbin:/work /work/program "\$@"
-echo "CQD_VM_EXIT=\$?"
+rc=\$?
+for f in $(for f in "${fetch[@]}"; do printf '%s ' "${f%%:*}"; done); do
+  [ -f "\$f" ] || continue
+  echo "cqd-vm-file-begin \$f"; base64 "\$f"; echo "cqd-vm-file-end"
+done
+echo "CQD_VM_EXIT=\$rc"
 poweroff -f
 INIT
 chmod +x "$root/init"
@@ -104,7 +113,8 @@ timeout --foreground "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp 2 
   -nographic -no-reboot -kernel "$kernel" -initrd "$work/initrd.gz" \
   -append "console=ttyS0 panic=-1 quiet" -nic user,model=virtio-net-pci </dev/null |
   tr -d '\r' | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' | tee "$log" |
-  sed -u -n '/^cqd-vm: /,$p' | grep --line-buffered -v '^CQD_VM_EXIT='
+  sed -u -n '/^cqd-vm: /,$p' | sed -u '/^cqd-vm-file-begin /,/^cqd-vm-file-end/d' |
+  grep --line-buffered -v '^CQD_VM_EXIT='
 qemu_rc=${PIPESTATUS[0]}
 set -e
 code=$(grep -o '^CQD_VM_EXIT=[0-9]*' "$log" | tail -1 | cut -d= -f2)
@@ -114,4 +124,10 @@ if [[ -z $code ]]; then
   (( qemu_rc == 124 )) && fail "the VM ran past ${timeout_s}s without reporting an exit code"
   fail "the VM stopped (qemu exit $qemu_rc) without reporting an exit code"
 fi
+for f in "${fetch[@]}"; do
+  guest=${f%%:*}
+  host=${f#*:}
+  sed -n "\|^cqd-vm-file-begin $guest\$|,/^cqd-vm-file-end/p" "$log" | sed '1d;$d' |
+    base64 -d > "$host" 2>/dev/null || echo "run_in_vm: $guest did not come back" >&2
+done
 exit "$code"
