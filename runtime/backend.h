@@ -71,6 +71,9 @@ class Device {
   virtual Status DestroyCq(Cq* cq) = 0;
   // S2/S3: acknowledges `n` events of `cq` in one call (takes a lock).
   virtual void AckCqEvents(Cq* cq, unsigned n) noexcept = 0;
+  // Acknowledges one event read for a CQ that has no Cq wrapper here (a CQ the engine put on a
+  // runtime channel without adopting it): unacked, it would hang the engine's destroy (S2).
+  virtual void AckNativeCqEvent(void* native_cq) noexcept = 0;
 
   virtual int async_fd() const noexcept = 0;
   // S12: returns 0 and fills *out, or -1 with errno set (EAGAIN when O_NONBLOCK, EINTR).

@@ -41,6 +41,9 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
   if (options_.kind == ConsumerKind::kEngineDriven) {
     notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(notify_fd_);
+    // Start "asleep": the first Push makes the fd readable, before any Drain call.
+    parker_.Prepare();
+    maybe_signaled_ = true;
   }
 }
 

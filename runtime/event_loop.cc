@@ -7,6 +7,8 @@
 
 #include <cerrno>
 
+#include "runtime/thread_role.h"
+
 namespace cqd::internal {
 namespace {
 
@@ -105,6 +107,7 @@ void EventLoop::UnmapCq(CqRecord* cq) {
 }
 
 void EventLoop::Run() {
+  MarkRuntimeThread();
   PinAndNameThread(-1, "cqd-events");
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
@@ -148,7 +151,9 @@ void EventLoop::DrainChannel(const Source& source) {
     }
     auto it = cqs_.find(native);
     if (it == cqs_.end()) {
-      // A CQ on our channel the runtime was never given: it cannot be acked here.
+      // A CQ the engine put on our channel without adopting it: ack at once, or its destroy
+      // would wait forever (S2). Nobody polls it because of this event.
+      source.device->backend->AckNativeCqEvent(native);
       stray_events_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
@@ -194,7 +199,8 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
 void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
   if (IsQpEvent(event.type)) {
     const Slot* slot = device->qps.Lookup(event.qp_num);
-    if (slot != nullptr && DeliverToSlot(static_cast<uint32_t>(slot - &slots_.slot(0)), event)) {
+    if (slot != nullptr && DeliverToSlot(static_cast<uint32_t>(slot - &slots_.slot(0)), event,
+                                         device->id)) {
       return;
     }
     if (device->handler != nullptr) device->handler->OnDeviceEvent(event);  // unregistered QP
@@ -215,13 +221,14 @@ void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
     }
     AsyncEvent copy = event;
     copy.qp_num = slot.qp_num.load(std::memory_order_relaxed);
-    DeliverToSlot(i, copy);
+    DeliverToSlot(i, copy, device->id);
   }
 }
 
-bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event) {
-  uint64_t state = slots_.slot(index).state.load(std::memory_order_acquire);
-  if (!StateLive(state)) return false;
+bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId device) {
+  const Slot& slot = slots_.slot(index);
+  uint64_t state = slot.state.load(std::memory_order_acquire);
+  if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
   uint32_t consumer = StateConsumer(state);
   Item item;
   item.event = event;

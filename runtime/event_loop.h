@@ -62,8 +62,9 @@ class EventLoop {
   void DrainChannel(const Source& source);
   void DrainAsync(DeviceRecord* device);
   void Route(DeviceRecord* device, const AsyncEvent& event);
-  // Queues `event` for the handler of `slot` on its consumer; false if the slot is not live.
-  bool DeliverToSlot(uint32_t slot, const AsyncEvent& event);
+  // Queues `event` for the handler of `slot` on its consumer; false unless the slot holds a live
+  // registration of event.qp_num on `device`.
+  bool DeliverToSlot(uint32_t slot, const AsyncEvent& event, DeviceId device);
 
   const uint32_t ack_threshold_;
   std::vector<Consumer*> consumers_;

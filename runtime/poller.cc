@@ -3,6 +3,8 @@
 #include <chrono>
 #include <thread>
 
+#include "runtime/thread_role.h"
+
 namespace cqd::internal {
 
 Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
@@ -39,6 +41,7 @@ void Poller::RunSync(const std::function<void(std::vector<CqRecord*>&)>& fn) {
 }
 
 void Poller::Run() {
+  MarkRuntimeThread();
   PinAndNameThread(options_.poller_cpus.empty() ? -1 : options_.poller_cpus[index_],
                    "cqd-poll" + std::to_string(index_));
   using Clock = std::chrono::steady_clock;
@@ -115,13 +118,14 @@ int Poller::PollAll() noexcept {
 
 void Poller::Route(CqRecord* cq, int n) noexcept {
   const QpTable& table = cq->device->qps;
+  const DeviceId device = cq->device->id;
   const Slot* base = &slots_.slot(0);
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs_[i];
     const Slot* slot = table.Lookup(wc.qp_num);
     if (slot != nullptr) {
       uint64_t state = slot->state.load(std::memory_order_acquire);
-      if (StateLive(state)) {
+      if (StateLive(state) && slot->Holds(device, wc.qp_num)) {
         uint32_t consumer = StateConsumer(state);
         Stage& stage = stages_[consumer];
         if (stage.count == 0) touched_.push_back(consumer);

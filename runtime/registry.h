@@ -39,6 +39,14 @@ struct alignas(64) Slot {
   std::atomic<uint32_t> device{0};
   std::atomic<uint32_t> send_cq{0};
   std::atomic<uint32_t> recv_cq{0};
+
+  // After an acquire load of `state`: true if the slot still holds (device, qp_num). A reader
+  // that looked the slot up may have been overtaken by an unregister and a new registration
+  // reusing it; this tells it so.
+  bool Holds(uint32_t dev, uint32_t qp) const noexcept {
+    return qp_num.load(std::memory_order_relaxed) == qp &&
+           device.load(std::memory_order_relaxed) == dev;
+  }
 };
 
 class QpTable {

@@ -8,6 +8,7 @@
 #include "cqd/sim.h"
 #include "runtime/runtime_impl.h"
 #include "runtime/sim_device.h"
+#include "runtime/thread_role.h"
 #include "runtime/verbs_device.h"
 
 namespace cqd {
@@ -15,6 +16,18 @@ namespace internal {
 namespace {
 
 std::string Str(long long v) { return std::to_string(v); }
+
+// Control calls wait for pollers and the event thread while holding the runtime mutex, so they
+// cannot be made from those threads (an OrphanHandler or a DeviceEventHandler).
+#define CQD_REFUSE_ON_RUNTIME_THREAD(op)                                                  \
+  do {                                                                                    \
+    if (OnRuntimeThread()) {                                                              \
+      return FailedPrecondition(std::string(op) +                                         \
+                                ": called from a cqd poller or event thread (an "         \
+                                "OrphanHandler or DeviceEventHandler), which must not "   \
+                                "call the runtime");                                      \
+    }                                                                                     \
+  } while (0)
 
 Status CheckCpu(const char* what, int cpu) {
   cpu_set_t allowed;
@@ -126,6 +139,7 @@ RuntimeImpl::~RuntimeImpl() {
 
 Result<DeviceId> RuntimeImpl::AddVerbsDevice(ibv_context* context, bool owned,
                                              DeviceEventHandler* events) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("AddVerbsDevice");
   if (context == nullptr) return InvalidArgument("AddVerbsDevice: context is null");
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -145,6 +159,7 @@ Result<DeviceId> RuntimeImpl::AddVerbsDevice(ibv_context* context, bool owned,
 
 Result<DeviceId> RuntimeImpl::AddSimDevice(std::shared_ptr<SimDevice> device,
                                            DeviceEventHandler* events) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("AddSimDevice");
   if (device == nullptr) return InvalidArgument("AddSimDevice: device is null");
   if (std::dynamic_pointer_cast<sim_internal::SimDeviceImpl>(device) == nullptr) {
     return InvalidArgument("AddSimDevice: not a device made by SimDevice::Create");
@@ -191,6 +206,7 @@ Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
 }
 
 Result<ibv_context*> RuntimeImpl::VerbsContext(DeviceId id) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("VerbsContext");
   std::lock_guard<std::mutex> lock(mu_);
   if (id < 1 || id > devices_.size()) return NotFound("VerbsContext: no device " + Str(id));
   if (devices_[id - 1]->verbs == nullptr) {
@@ -216,6 +232,7 @@ Result<DeviceRecord*> RuntimeImpl::FindDevice(const char* op, DeviceId id, int s
 }
 
 Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("CreateCq");
   std::lock_guard<std::mutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice("CreateCq", id, shard);
   if (!device.ok()) return device.status();
@@ -233,6 +250,7 @@ Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
 }
 
 Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard, bool sim) {
+  CQD_REFUSE_ON_RUNTIME_THREAD(op);
   std::lock_guard<std::mutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice(op, id, shard);
   if (!device.ok()) return device.status();
@@ -245,6 +263,7 @@ Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard,
 
 Result<CqHandle> RuntimeImpl::AdoptCq(DeviceId id, int shard, void* native, bool sim,
                                       const CqOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("AdoptCq");
   std::lock_guard<std::mutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice("AdoptCq", id, shard);
   if (!device.ok()) return device.status();
@@ -288,6 +307,7 @@ Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
 }
 
 Status RuntimeImpl::DestroyCq(CqHandle handle) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("DestroyCq");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cqs_.find(handle.id());
   if (it == cqs_.end()) return NotFound("DestroyCq: no CQ " + Str(handle.id()));
@@ -312,7 +332,10 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
     return Status::Ok();
   }
   if (Status s = cq->device->backend->DestroyCq(cq->cq); !s.ok()) {
-    cq->retiring.store(false, std::memory_order_seq_cst);  // still alive: poll it again
+    // Still alive: poll it again. An event read while it was retiring was acked without
+    // clearing `armed`; clear it so the poller re-arms it.
+    cq->retiring.store(false, std::memory_order_seq_cst);
+    cq->armed.store(false, std::memory_order_seq_cst);
     pollers_[cq->shard]->RunSync([&](std::vector<CqRecord*>& cqs) { cqs.push_back(cq); });
     return Status(s.code(), "DestroyCq: " + s.message());
   }
@@ -332,6 +355,7 @@ void RuntimeImpl::RetireCounters(const CqRecord& cq) {
 Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* send_native,
                                              void* recv_native, QpHandler& handler,
                                              ConsumerId consumer) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("RegisterQp");
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
   if (consumer >= consumers_.size()) {
@@ -380,11 +404,12 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* send_native,
   return registration;
 }
 
-void RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
+bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
+  if (OnRuntimeThread()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
   std::unique_lock<std::mutex> lock(mu_);
   Slot& slot = slots_.slot(index);
   uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLive(state) || StateGeneration(state) != generation) return;
+  if (!StateLive(state) || StateGeneration(state) != generation) return true;
   uint32_t consumer = StateConsumer(state);
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
@@ -400,6 +425,7 @@ void RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   consumers_[consumer]->WaitNotDispatching(index);  // without mu_: that handler may want it
   lock.lock();
   slots_.Free(index);
+  return true;
 }
 
 int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
@@ -433,6 +459,7 @@ Stats RuntimeImpl::GetStats() const {
     c.high_water = consumer->high_water();
     stats.consumers.push_back(std::move(c));
   }
+  if (OnRuntimeThread()) return stats;  // the CQ part needs the mutex: see thread_role.h
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, cq] : cqs_) {
     CqStats c;
@@ -457,6 +484,7 @@ Stats RuntimeImpl::GetStats() const {
 }
 
 Status RuntimeImpl::Shutdown() {
+  CQD_REFUSE_ON_RUNTIME_THREAD("Shutdown");
   if (Consumer::OnConsumerThread()) {
     return FailedPrecondition("Shutdown: called from a handler; it would wait for itself");
   }
@@ -561,8 +589,7 @@ Registration& Registration::operator=(Registration&& other) noexcept {
 }
 
 void Registration::Unregister() noexcept {
-  if (impl_ == nullptr) return;
-  std::exchange(impl_, nullptr)->Unregister(slot_, generation_);
+  if (impl_ != nullptr && impl_->Unregister(slot_, generation_)) impl_ = nullptr;
 }
 
 }  // namespace cqd

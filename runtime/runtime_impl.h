@@ -43,7 +43,8 @@ class RuntimeImpl {
   // `send_cq` and `recv_cq` are native CQs (ibv_cq* or SimCq*).
   Result<Registration> RegisterQp(uint32_t qp_num, void* send_cq, void* recv_cq,
                                   QpHandler& handler, ConsumerId consumer);
-  void Unregister(uint32_t slot, uint32_t generation) noexcept;
+  // Returns false (and does nothing) on a poller or the event thread.
+  bool Unregister(uint32_t slot, uint32_t generation) noexcept;
   int Drain(ConsumerId consumer, int max) noexcept;
   Result<int> NotifyFd(ConsumerId consumer);
   Stats GetStats() const;

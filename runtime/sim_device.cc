@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace cqd {
 
@@ -128,14 +129,14 @@ int SimChannelImpl::GetEvent(void** native_cq) noexcept {
 
 void SimChannelImpl::Push(SimCqImpl* cq) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (cq->destroying) return;
+  if (cq->destroying.load(std::memory_order_relaxed)) return;
   events_.push_back(cq);
   pending_.Add();
 }
 
 void SimChannelImpl::Retire(SimCqImpl* cq) {
   std::lock_guard<std::mutex> lock(mu_);
-  cq->destroying = true;
+  cq->destroying.store(true, std::memory_order_relaxed);
   auto it = std::remove(events_.begin(), events_.end(), cq);
   int removed = static_cast<int>(events_.end() - it);
   events_.erase(it, events_.end());
@@ -148,13 +149,13 @@ SimCqImpl::SimCqImpl(SimDeviceImpl* device, int depth, SimChannelImpl* channel)
     : device_(device), channel_(channel), depth_(depth) {
   uint64_t ring = std::bit_ceil(static_cast<uint64_t>(depth));
   mask_ = ring - 1;
-  cells_ = std::make_unique<Cell[]>(ring);
+  ring_ = std::make_unique<ibv_wc[]>(ring);
 }
 
 int SimCqImpl::size() const noexcept {
   uint64_t head = head_.load(std::memory_order_acquire);
-  uint64_t tail = tail_.load(std::memory_order_acquire);
-  return static_cast<int>(tail - head);
+  uint64_t published = published_.load(std::memory_order_acquire);
+  return static_cast<int>(published - head);
 }
 
 bool SimCqImpl::failed() const noexcept {
@@ -187,10 +188,16 @@ int SimCqImpl::Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow
     if (tail_.compare_exchange_weak(pos, pos + n, std::memory_order_relaxed)) break;
   }
   for (uint64_t i = 0; i < n; ++i) {
-    Cell& cell = cells_[(pos + i) & mask_];
-    cell.wc = wcs[i];
-    if (cell.wc.status != IBV_WC_SUCCESS) PoisonInvalidFields(cell.wc);
-    cell.seq.store(pos + i + 1, std::memory_order_release);
+    ibv_wc& wc = ring_[(pos + i) & mask_];
+    wc = wcs[i];
+    if (wc.status != IBV_WC_SUCCESS) PoisonInvalidFields(wc);
+  }
+  // Publish in reservation order: wait for earlier injectors to publish theirs first.
+  for (uint64_t expected = pos;
+       !published_.compare_exchange_weak(expected, pos + n, std::memory_order_release,
+                                         std::memory_order_relaxed);
+       expected = pos) {
+    std::this_thread::yield();
   }
   // Publish-then-check against the poller's arm-then-poll (S6): one of the two sees the other.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -213,13 +220,9 @@ int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
   if (overflowed_.load(std::memory_order_acquire)) return -EIO;  // S11: only destroy works
   if (n < 0) return -EINVAL;
   const uint64_t head = head_.load(std::memory_order_relaxed);
-  int taken = 0;
-  while (taken < n) {
-    Cell& cell = cells_[(head + taken) & mask_];
-    if (cell.seq.load(std::memory_order_acquire) != head + taken + 1) break;
-    wc[taken] = cell.wc;
-    ++taken;
-  }
+  const uint64_t ready = published_.load(std::memory_order_acquire) - head;
+  const int taken = static_cast<int>(std::min<uint64_t>(ready, static_cast<uint64_t>(n)));
+  for (int i = 0; i < taken; ++i) wc[i] = ring_[(head + i) & mask_];
   if (taken > 0) head_.store(head + taken, std::memory_order_release);
   return taken;
 }
@@ -237,9 +240,10 @@ void SimCqImpl::Ack(unsigned n) {
   ack_cv_.notify_all();
 }
 
-void SimCqImpl::WaitAllAcked() {
+bool SimCqImpl::WaitAllAcked() {
   std::unique_lock<std::mutex> lock(ack_mu_);
   ack_cv_.wait(lock, [&] { return acked_ >= reported_.load(std::memory_order_relaxed); });
+  return acked_ == reported_.load(std::memory_order_relaxed);
 }
 
 // ---- device ----
@@ -304,16 +308,21 @@ Status SimDeviceImpl::DestroyCq(SimCq* public_cq) {
       return FailedPrecondition("DestroyCq: " + std::to_string(cq->qp_refs) +
                                 " QPs still use the CQ (EBUSY)");
     }
-    if (cq->destroying) return FailedPrecondition("DestroyCq: already being destroyed");
+    if (cq->destroying.load(std::memory_order_relaxed)) {
+      return FailedPrecondition("DestroyCq: already being destroyed");
+    }
     if (cq->sim_channel() != nullptr) {
       cq->sim_channel()->Retire(cq);  // unread events vanish, as in the kernel
     } else {
-      cq->destroying = true;
+      cq->destroying.store(true, std::memory_order_relaxed);
     }
     PurgeAsyncLocked(cq);
   }
   // S2: wait for every completion event that was read to be acked; S13: same for async events.
-  cq->WaitAllAcked();
+  if (!cq->WaitAllAcked()) {
+    return Internal("DestroyCq: more completion events were acked than were read "
+                    "(verbs would hang here)");
+  }
   std::unique_lock<std::mutex> lock(mu_);
   async_acked_cv_.wait(lock, [&] { return cq->async_unacked == 0; });
   if (cq->sim_channel() != nullptr) --cq->sim_channel()->cq_count;
@@ -325,8 +334,10 @@ Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq) {
   std::lock_guard<std::mutex> lock(mu_);
   auto* send = static_cast<SimCqImpl*>(send_cq);
   auto* recv = static_cast<SimCqImpl*>(recv_cq);
-  if (send_cq == nullptr || recv_cq == nullptr || !cqs_.contains(send) || !cqs_.contains(recv)) {
-    return InvalidArgument("CreateQp: send and recv CQs must be CQs of sim device " +
+  if (send_cq == nullptr || recv_cq == nullptr || !cqs_.contains(send) || !cqs_.contains(recv) ||
+      send->destroying.load(std::memory_order_relaxed) ||
+      recv->destroying.load(std::memory_order_relaxed)) {
+    return InvalidArgument("CreateQp: send and recv CQs must be live CQs of sim device " +
                            options_.name);
   }
   if (fatal()) return Unavailable("CreateQp: sim device " + options_.name + " has failed");

@@ -104,22 +104,21 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   // Event accounting (S2): GetEvent reports, AckCqEvents acks, destroy waits for equality.
   void CountReported() { reported_.fetch_add(1, std::memory_order_relaxed); }
   void Ack(unsigned n);
-  void WaitAllAcked();
+  // Blocks until every reported event was acked; returns false at once if more were acked than
+  // reported (verbs would hang in destroy forever; the simulated device says so instead).
+  bool WaitAllAcked();
 
   SimDeviceImpl* device() const { return device_; }
   SimChannelImpl* sim_channel() const { return channel_; }
   // Guarded by the device mutex.
   int qp_refs = 0;
   int async_unacked = 0;
-  bool destroying = false;  // guarded by the channel mutex
+  // Set under the channel mutex; read by CreateQp under the device mutex.
+  std::atomic<bool> destroying{false};
 
  private:
   static constexpr uint8_t kArmSolicited = 1;
   static constexpr uint8_t kArmNext = 2;
-  struct Cell {
-    std::atomic<uint64_t> seq{0};  // position + 1 once the cell holds that position's completion
-    ibv_wc wc;
-  };
   bool Qualifies(uint8_t armed, std::span<const ibv_wc> added, bool solicited) const;
   void Overflow();
 
@@ -127,9 +126,13 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   SimChannelImpl* const channel_;
   const int depth_;
   uint64_t mask_;
-  std::unique_ptr<Cell[]> cells_;
-  alignas(64) std::atomic<uint64_t> tail_{0};  // next position to reserve (injectors)
-  alignas(64) std::atomic<uint64_t> head_{0};  // next position to poll (the poller)
+  std::unique_ptr<ibv_wc[]> ring_;
+  // Positions: injectors reserve at tail_, write, then publish in reservation order by moving
+  // published_ (so a completion is never visible before an earlier one, as on a device); the
+  // poller takes from head_ up to published_.
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  alignas(64) std::atomic<uint64_t> published_{0};
+  alignas(64) std::atomic<uint64_t> head_{0};
   alignas(64) std::atomic<uint8_t> armed_{0};
   std::atomic<bool> overflowed_{false};
   std::atomic<uint64_t> reported_{0};
@@ -219,6 +222,9 @@ class SimBackend final : public backend::Device {
   void ReleaseCq(backend::Cq*) override {}
   Status DestroyCq(backend::Cq* cq) override;
   void AckCqEvents(backend::Cq* cq, unsigned n) noexcept override;
+  void AckNativeCqEvent(void* native_cq) noexcept override {
+    static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);
+  }
   int async_fd() const noexcept override { return device_->async_fd(); }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override {
     return device_->GetAsyncEvent(out);

@@ -59,6 +59,9 @@ class VerbsBackend final : public backend::Device {
   void AckCqEvents(backend::Cq* cq, unsigned n) noexcept override {
     ibv_ack_cq_events(static_cast<VerbsCq*>(cq)->cq(), n);
   }
+  void AckNativeCqEvent(void* native_cq) noexcept override {
+    ibv_ack_cq_events(static_cast<ibv_cq*>(native_cq), 1);
+  }
   int async_fd() const noexcept override { return context_->async_fd; }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept override {

@@ -1,5 +1,6 @@
 // The runtime's behaviour on the simulated device: engine-driven consumers, adopted CQs, orphans,
 // async event routing (S14), unregistering from a handler, and injected faults.
+#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -54,7 +55,7 @@ TEST(Runtime, EngineDrivenConsumerWithEpoll) {
   ev.events = EPOLLIN;
   ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev), 0);
 
-  EXPECT_EQ(topo.rt->Drain(0, 64), 0);  // nothing yet; the fd is now armed for a wake
+  EXPECT_EQ(epoll_wait(ep, &ev, 1, 0), 0) << "readable with nothing queued";
   for (SimQp* qp : topo.qps) {
     for (uint64_t i = 0; i < 50; ++i) ASSERT_EQ(qp->Complete(i), 1);
   }
@@ -170,6 +171,91 @@ TEST(Runtime, ShutdownFromHandlerIsRefused) {
   CQD_ASSERT_OK(topo.TearDown());
 }
 
+// OrphanHandler and DeviceEventHandler run on runtime threads: calls into the runtime from them are
+// refused with a status instead of deadlocking against a control call waiting for that thread.
+TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
+  class Reentrant : public DeviceEventHandler {
+   public:
+    void OnDeviceEvent(const AsyncEvent&) noexcept override {
+      create = static_cast<int>(rt->CreateCq(dev, 0).status().code());
+      shutdown = static_cast<int>(rt->Shutdown().code());
+      reg->Unregister();
+      still_registered = reg->registered();
+      done.store(true);
+    }
+    Runtime* rt = nullptr;
+    DeviceId dev = 0;
+    Registration* reg = nullptr;
+    int create = -1, shutdown = -1;
+    bool still_registered = false;
+    std::atomic<bool> done{false};
+  };
+  Reentrant handler;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(RuntimeOptions{}));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim, &handler));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler qp_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, qp_handler, 0));
+  handler.rt = rt.get();
+  handler.dev = dev;
+  handler.reg = &reg;
+  CQD_ASSERT_OK(sim->RaiseDeviceEvent(IBV_EVENT_PORT_ACTIVE, 1));
+  ASSERT_TRUE(WaitFor([&] { return handler.done.load(); }));
+  EXPECT_EQ(handler.create, static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_EQ(handler.shutdown, static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_TRUE(handler.still_registered);
+  reg.Unregister();  // from an ordinary thread it works
+  EXPECT_FALSE(reg.registered());
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// An event for a CQ the engine put on a runtime channel without adopting it is acked at once, so
+// the engine's destroy of that CQ returns (S2).
+TEST(Runtime, StrayEventsAreAcked) {
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(RuntimeOptions{}));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(engine_cq, sim->CreateCq(16, channel));
+  for (int i = 0; i < 3; ++i) sim->AddSpuriousEvent(engine_cq);
+  ASSERT_TRUE(WaitFor([&] {
+    pollfd p{engine_cq->channel()->fd(), POLLIN, 0};
+    return poll(&p, 1, 0) == 0;  // all three read by the event thread
+  }));
+  CQD_ASSERT_OK(sim->DestroyCq(engine_cq));  // would wait forever on an unacked event
+}
+
+// A CQ whose destroy fails (a QP still uses it) goes back to its poller and keeps working in
+// event mode, also when an event raced the failed destroy.
+TEST(Runtime, FailedDestroyLeavesCqWorking) {
+  RuntimeOptions options;
+  options.idle_budget = std::chrono::microseconds(0);
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  for (uint64_t i = 0; i < 200; ++i) {
+    ASSERT_EQ(qp->Complete(i), 1);  // may raise an event while the destroy below is retiring
+    Status s = rt->DestroyCq(cq);   // the QP is not registered, but it exists: EBUSY
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    ASSERT_TRUE(WaitFor([&] { return cq.sim()->size() == 0; }))  // polled (as an orphan)
+        << "round " << i << ": the CQ was not polled after a failed destroy";
+  }
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+  ASSERT_EQ(qp->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return handler.received() == 1; }));
+  reg.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
 // S14: every QP event reaches its QP's handler; port and SRQ events reach the device handler.
 TEST(Runtime, AsyncEventsAreRouted) {
   RecordingDeviceHandler device_events;
@@ -248,7 +334,9 @@ TEST(Runtime, CqOverflowFaultsItsQps) {
            device_events.Saw(IBV_EVENT_CQ_ERR);
   }));
   for (const auto& e : a.events()) {
-    if (e.type == IBV_EVENT_CQ_ERR) EXPECT_EQ(e.cq_id, doomed.id());
+    if (e.type == IBV_EVENT_CQ_ERR) {
+      EXPECT_EQ(e.cq_id, doomed.id());
+    }
   }
   EXPECT_TRUE(b.events().empty());
   // The healthy CQ keeps working.

@@ -37,15 +37,18 @@ class QpHandler {
 
 // Takes completions that no handler may receive: an unknown qp_num, or a QP unregistered while
 // its completions were queued (so that, for example, SRQ receive buffers can be recycled). May be
-// called from any poller or consumer thread, concurrently: it must be thread-safe.
+// called from any poller or consumer thread, concurrently: it must be thread-safe. On a poller it
+// must not call the runtime: control calls there return FAILED_PRECONDITION and
+// Registration::Unregister does nothing (hand such work to another thread).
 class OrphanHandler {
  public:
   virtual ~OrphanHandler() = default;
   virtual void OnOrphans(std::span<const ibv_wc> wcs) noexcept = 0;
 };
 
-// Takes device-level async events (port, SRQ, CQ_ERR, DEVICE_FATAL) on the runtime's event
-// thread. It must not block for long: it delays every other event.
+// Takes device-level async events (port, SRQ, CQ_ERR, DEVICE_FATAL, and QP events of QPs that are
+// not registered) on the runtime's event thread. It must not block for long: it delays every
+// other event. Like an OrphanHandler on a poller, it must not call the runtime.
 class DeviceEventHandler {
  public:
   virtual ~DeviceEventHandler() = default;

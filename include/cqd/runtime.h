@@ -14,9 +14,11 @@
 //
 // Threading. Control-path calls (everything returning Status or Result) may be made from any
 // thread, concurrently; they serialize on an internal mutex and may block briefly while a poller
-// or consumer reaches a safe point. They must not be called from a poller. Drain() is called only
-// by the engine thread that drives that consumer. Handlers run on their consumer; a handler may
-// call control-path functions (including Unregister of its own QP), except Shutdown.
+// or consumer reaches a safe point. From the runtime's own pollers and event thread (inside an
+// OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
+// called only by the engine thread that drives that consumer. Handlers run on their consumer; a
+// handler may call control-path functions (including Unregister of its own QP), except Shutdown.
+// Two handlers on different consumers that each unregister the other's QP wait for each other.
 //
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
 // Async events travel through the same consumer queue, so a handler never runs on two threads
@@ -85,7 +87,8 @@ class Registration {
 
   // After this returns, the handler is never called again and may be destroyed. Completions still
   // queued for the QP go to the orphan handler. Idempotent. Called from a handler on another
-  // consumer, it waits until that consumer's current handler call returns.
+  // consumer, it waits until that consumer's current handler call returns. On a poller or the
+  // event thread (OrphanHandler, DeviceEventHandler) it does nothing and registered() stays true.
   void Unregister() noexcept;
   bool registered() const { return impl_ != nullptr; }
   uint32_t qp_num() const { return qp_num_; }

@@ -73,13 +73,17 @@ class Conformance : public ::testing::TestWithParam<BedFactory> {
 
   void TearDown() override {
     if (bed_ == nullptr) return;
-    if (attached_) EXPECT_TRUE(bed_->Detach().ok());
+    if (attached_) {
+      EXPECT_TRUE(bed_->Detach().ok());
+    }
     if (cq_ != nullptr) {
       // Ack whatever the test read but left unacked, then destroy (S2).
       if (unacked_ > 0) dev().AckCqEvents(cq_, unacked_);
       EXPECT_TRUE(dev().DestroyCq(cq_).ok());
     }
-    if (channel_ != nullptr) EXPECT_TRUE(dev().DestroyChannel(channel_).ok());
+    if (channel_ != nullptr) {
+      EXPECT_TRUE(dev().DestroyChannel(channel_).ok());
+    }
   }
 
   backend::Device& dev() { return bed_->device(); }
