@@ -48,7 +48,7 @@ TEST(SimDevice, ConcurrentInjectorsLoseNothing) {
   CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(1024, nullptr));
   CQD_ASSERT_OK_AND_ASSIGN(qp_a, sim->CreateQp(cq, cq));
   CQD_ASSERT_OK_AND_ASSIGN(qp_b, sim->CreateQp(cq, cq));
-  constexpr uint64_t kEach = 200000;
+  constexpr uint64_t kEach = 50000;
   auto inject = [&](SimQp* qp) {
     for (uint64_t i = 0; i < kEach;) {
       if (qp->Complete(i) == 1) ++i;
