@@ -43,7 +43,7 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
     parker_.UseEventFd(notify_fd_);
     // Start "asleep": the first Push makes the fd readable, before any Drain call.
     parker_.Prepare();
-    maybe_signaled_ = true;
+    notify_armed_ = true;
   }
 }
 
@@ -139,6 +139,8 @@ int Consumer::Dispatch(int max) noexcept {
   depth_.fetch_sub(n, std::memory_order_release);
   const Consumer* outer = tls_dispatching_consumer;
   tls_dispatching_consumer = this;
+  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
+  batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
   size_t i = 0;
   while (i < n) {
     const Item& first = batch_[i];
@@ -155,6 +157,7 @@ int Consumer::Dispatch(int max) noexcept {
     DeliverRun(&batch_[i], j - i);
     i = j;
   }
+  batch_seq_.store(seq + 2, std::memory_order_release);
   tls_dispatching_consumer = outer;
   return static_cast<int>(n);
 }
@@ -166,7 +169,6 @@ void Consumer::DeliverRun(const Item* items, size_t n) noexcept {
     wcs = run_.get();
   }
   Slot& slot = slots_.slot(items[0].slot);
-  dispatching_.store(items[0].slot + 1, std::memory_order_seq_cst);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
   if (StateLive(state) && StateGeneration(state) == items[0].generation) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
@@ -174,54 +176,60 @@ void Consumer::DeliverRun(const Item* items, size_t n) noexcept {
   } else {
     orphans_.Take({wcs, n});  // unregistered after it was routed here
   }
-  dispatching_.store(0, std::memory_order_release);
 }
 
 void Consumer::DeliverEvent(const Item& item) noexcept {
   Slot& slot = slots_.slot(item.slot);
-  dispatching_.store(item.slot + 1, std::memory_order_seq_cst);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
   if (StateLive(state) && StateGeneration(state) == item.generation) {
     slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(item.event);
     async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
                            std::memory_order_relaxed);
   }
-  dispatching_.store(0, std::memory_order_release);
 }
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatching_consumer != nullptr; }
 
-void Consumer::WaitNotDispatching(uint32_t slot) const noexcept {
+void Consumer::WaitForBatchInProgress() const noexcept {
   if (tls_dispatching_consumer == this) return;  // a handler of this consumer unregistering
-  while (dispatching_.load(std::memory_order_seq_cst) == slot + 1) std::this_thread::yield();
+  const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
+  if (seq % 2 == 0) return;
+  while (batch_seq_.load(std::memory_order_acquire) == seq) std::this_thread::yield();
 }
 
 void Consumer::Signal() noexcept {
-  if (maybe_signaled_) return;
+  if (self_signaled_) return;
   uint64_t one = 1;
   while (write(notify_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
   }
-  maybe_signaled_ = true;
+  self_signaled_ = true;
 }
 
+// The notify fd is readable iff someone wrote it: a producer's Wake (which also clears the
+// parker's sleeping flag) or our own Signal. Drain reads it only then, and only after
+// dispatching, so an engine spinning on Drain makes no system call until work arrives and none
+// before handing that work to its handlers.
 int Consumer::Drain(int max) noexcept {
-  if (maybe_signaled_) {
+  int n = Dispatch(max);
+  if (self_signaled_ || (notify_armed_ && !parker_.sleeping())) {
     uint64_t value;
     while (read(notify_fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
     }
-    maybe_signaled_ = false;
+    self_signaled_ = false;
+    notify_armed_ = false;
   }
-  int n = Dispatch(max);
   if (depth_.load(std::memory_order_seq_cst) > 0) {
     Signal();  // more is queued: keep the fd readable
     return n;
   }
-  parker_.Prepare();  // from here a producer's Wake writes the fd
-  maybe_signaled_ = true;
-  if (depth_.load(std::memory_order_seq_cst) > 0) {
-    parker_.Cancel();
-    maybe_signaled_ = false;
-    Signal();
+  if (!notify_armed_) {
+    parker_.Prepare();  // from here a producer's Wake writes the fd
+    notify_armed_ = true;
+    if (depth_.load(std::memory_order_seq_cst) > 0) {
+      parker_.Cancel();
+      notify_armed_ = false;
+      Signal();
+    }
   }
   return n;
 }

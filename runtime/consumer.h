@@ -6,10 +6,11 @@
 // `queue_capacity` items from pollers: a full consumer makes pollers stall, never drop.
 //
 // Dispatch() runs on the consumer's thread only (the owned thread, or the engine thread calling
-// Drain). Before calling a handler it publishes the slot it is about to run in `dispatching_`
-// (seq_cst) and then re-reads the slot's state (seq_cst); Unregister stores the dead state
-// (seq_cst) and then waits while `dispatching_` names the slot. So either the consumer sees the
-// registration gone, or Unregister waits for the call to return.
+// Drain). It makes `batch_seq_` odd (seq_cst) before the batch's first handler call and even
+// after its last, and reads each slot's state (seq_cst) right before calling its handler.
+// Unregister stores the dead state (seq_cst), then reads `batch_seq_`: if odd, it waits until the
+// value changes. Either the consumer's state read sees the registration gone, or Unregister sees
+// the batch in progress and waits for it to end; one seq_cst store per batch, not per call.
 #ifndef CQD_RUNTIME_CONSUMER_H_
 #define CQD_RUNTIME_CONSUMER_H_
 
@@ -63,8 +64,9 @@ class Consumer {
   Status Start();  // kOwnedThread: starts the thread
   void Stop();     // kOwnedThread: dispatches what is queued, then joins the thread
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
-  // Waits until no handler of `slot` is running on this consumer, unless called from it.
-  void WaitNotDispatching(uint32_t slot) const noexcept;
+  // Waits until a handler call this consumer may have started before the caller marked a slot
+  // dead has returned, unless called from this consumer itself.
+  void WaitForBatchInProgress() const noexcept;
   // Returns true on a thread that is running some consumer's handlers.
   static bool OnConsumerThread() noexcept;
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
@@ -107,14 +109,17 @@ class Consumer {
   std::unique_ptr<Item[]> batch_;
   std::unique_ptr<ibv_wc[]> run_;
   int notify_fd_ = -1;
-  bool maybe_signaled_ = false;  // engine thread only
+  // Engine thread only: the parker is prepared (a producer's Wake will write the notify fd), and
+  // we wrote the fd ourselves.
+  bool notify_armed_ = false;
+  bool self_signaled_ = false;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   Parker parker_;
 
   alignas(64) std::atomic<uint64_t> depth_{0};
   std::atomic<uint64_t> high_water_{0};
-  alignas(64) std::atomic<uint32_t> dispatching_{0};  // slot + 1 whose handler may be running
+  alignas(64) std::atomic<uint64_t> batch_seq_{0};  // odd while a batch's handlers run
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> async_delivered_{0};
 };

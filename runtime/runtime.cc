@@ -422,7 +422,7 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
     if (it != cqs_.end()) --it->second->registered_qps;
   }
   lock.unlock();
-  consumers_[consumer]->WaitNotDispatching(index);  // without mu_: that handler may want it
+  consumers_[consumer]->WaitForBatchInProgress();  // without mu_: a handler may want it
   lock.lock();
   slots_.Free(index);
   return true;

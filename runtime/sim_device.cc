@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -216,14 +217,50 @@ void SimCqImpl::Overflow() {
   device_->RaiseOverflow(this);
 }
 
+void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept {
+  if (pattern.empty() || total == 0) {
+    replay_left_.store(0, std::memory_order_release);  // stop: the poller only reads the count
+    return;
+  }
+  // Start (no replay running): the poller reads the pattern only after seeing a count > 0.
+  replay_pattern_ = pattern;
+  replay_next_ = 0;
+  replay_left_.store(total, std::memory_order_release);
+}
+
+int SimCqImpl::PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept {
+  const int taken = static_cast<int>(std::min<uint64_t>(left, static_cast<uint64_t>(n)));
+  const size_t size = replay_pattern_.size();
+  for (int i = 0; i < taken; ++i) {
+    wc[i] = replay_pattern_[replay_next_];
+    if (++replay_next_ == size) replay_next_ = 0;
+  }
+  // A concurrent Replay({}, 0) wins: what was copied is dropped, as if never produced.
+  if (!replay_left_.compare_exchange_strong(left, left - taken, std::memory_order_relaxed)) {
+    return 0;
+  }
+  return taken;
+}
+
 int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
   if (overflowed_.load(std::memory_order_acquire)) return -EIO;  // S11: only destroy works
   if (n < 0) return -EINVAL;
+  if (uint64_t left = replay_left_.load(std::memory_order_acquire); left > 0) {
+    return PollReplay(n, wc, left);
+  }
   const uint64_t head = head_.load(std::memory_order_relaxed);
   const uint64_t ready = published_.load(std::memory_order_acquire) - head;
   const int taken = static_cast<int>(std::min<uint64_t>(ready, static_cast<uint64_t>(n)));
   for (int i = 0; i < taken; ++i) wc[i] = ring_[(head + i) & mask_];
-  if (taken > 0) head_.store(head + taken, std::memory_order_release);
+  if (taken > 0) {
+    head_.store(head + taken, std::memory_order_release);
+    if (stamp_poll_time_.load(std::memory_order_relaxed)) {
+      auto now = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::steady_clock::now().time_since_epoch())
+                                           .count());
+      for (int i = 0; i < taken; ++i) wc[i].src_qp = now;
+    }
+  }
   return taken;
 }
 

@@ -93,6 +93,13 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   int Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow) noexcept override;
   int size() const noexcept override;
   bool failed() const noexcept override;
+  void Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept override;
+  uint64_t replay_left() const noexcept override {
+    return replay_left_.load(std::memory_order_relaxed);
+  }
+  void StampPollTime(bool on) noexcept override {
+    stamp_poll_time_.store(on, std::memory_order_relaxed);
+  }
 
   // backend::Cq
   void* native() const noexcept override {
@@ -136,6 +143,13 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   alignas(64) std::atomic<uint8_t> armed_{0};
   std::atomic<bool> overflowed_{false};
   std::atomic<uint64_t> reported_{0};
+  // Replay (benchmarks): the pattern is published by the release store of replay_left_.
+  std::span<const ibv_wc> replay_pattern_;
+  size_t replay_next_ = 0;  // the poller's
+  std::atomic<uint64_t> replay_left_{0};
+  std::atomic<bool> stamp_poll_time_{false};
+  // Poll's replay path, kept out of line so the common path stays small.
+  int PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept;
   std::mutex ack_mu_;
   std::condition_variable ack_cv_;
   uint64_t acked_ = 0;  // guarded by ack_mu_

@@ -20,6 +20,8 @@ PACKAGES=(
   cpio                   # ... its initramfs
   iproute2               # `ip` and `rdma link add` inside the VM
   kmod
+  perftest               # ib_send_lat / ib_send_bw, the rxe baseline for benchmarks/rxe
+  gnuplot-nox            # benchmark plots
 )
 # ------------------------------------------------
 
