@@ -46,6 +46,7 @@ Result<ibv_qp*> CreateRcQp(ibv_pd* pd, ibv_cq* send_cq, ibv_cq* recv_cq, int dep
   attr.cap.max_recv_wr = depth;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
+  attr.cap.max_inline_data = 64;  // PostSend inlines messages up to 64 bytes, as perftest does
   ibv_qp* qp = ibv_create_qp(pd, &attr);
   if (qp == nullptr) return ErrnoStatus("ibv_create_qp", errno);
   ibv_qp_attr init{};
@@ -129,14 +130,15 @@ Status Post(ibv_qp* qp, ibv_send_wr& wr) {
 }  // namespace
 
 Status PostSend(ibv_qp* qp, uint64_t wr_id, const Buffers& buffers, int slot, uint32_t length,
-                bool solicited) {
+                bool solicited, bool signaled) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(buffers.slot(slot)), length, buffers.mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED | (solicited ? IBV_SEND_SOLICITED : 0);
+  wr.send_flags = (signaled ? IBV_SEND_SIGNALED : 0) | (solicited ? IBV_SEND_SOLICITED : 0);
+  if (length <= 64) wr.send_flags |= IBV_SEND_INLINE;
   return Post(qp, wr);
 }
 

@@ -43,9 +43,10 @@ Status ConnectLoopback(ibv_qp* qp, uint32_t remote_qpn, int gid_index);
 Status MoveToError(ibv_qp* qp);
 
 Status PostRecv(ibv_qp* qp, uint64_t wr_id, const Buffers& buffers, int slot);
-// Posts a signaled SEND of `length` bytes from `slot`, optionally solicited.
+// Posts a SEND of `length` bytes from `slot`, optionally solicited; signaled unless `signaled`
+// is false (then it completes silently, as part of a later signaled one).
 Status PostSend(ibv_qp* qp, uint64_t wr_id, const Buffers& buffers, int slot, uint32_t length,
-                bool solicited);
+                bool solicited, bool signaled = true);
 // Posts a signaled RDMA WRITE WITH IMM of `length` bytes into the peer's `remote_slot`.
 Status PostWriteImm(ibv_qp* qp, uint64_t wr_id, const Buffers& local, int slot, uint32_t length,
                     const Buffers& remote, int remote_slot, uint32_t imm_host_order);

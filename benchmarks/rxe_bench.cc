@@ -1,0 +1,235 @@
+// cqd on rxe: a ping-pong and a stream between two RC QPs, both dispatched by one cqd runtime,
+// for comparison with perftest's ib_send_lat and ib_send_bw in the same VM (benchmarks/rxe.sh).
+//
+//   rxe_bench pingpong SIZE ITERS adaptive|busy   prints "pingpong <mode> <t_typical_us>
+//                                                 <t_avg_us> <p99_us> <idle_cpu_percent>"
+//   rxe_bench stream SIZE COUNT                   prints "stream <Mmsg_per_s>"
+//
+// One-way latency is half the round trip, as ib_send_lat reports it. adaptive: the poller arms
+// and sleeps after 50 us idle (the default); busy: it never sleeps. Both QPs' CQs are on one
+// poller shard. The device is $CQD_RDMA_DEVICE or rxe0.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "tests/rxe/verbs_util.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace cqd;
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  fprintf(stderr, "rxe_bench: %s\n", what.c_str());
+  exit(1);
+}
+
+template <typename T>
+T Check(Result<T> r, const char* what) {
+  if (!r.ok()) Die(std::string(what) + ": " + r.status().ToString());
+  return std::move(r).value();
+}
+
+void Check(Status s, const char* what) {
+  if (!s.ok()) Die(std::string(what) + ": " + s.ToString());
+}
+
+constexpr int kSlots = 512;
+constexpr int kWindow = 128;  // receives kept posted, sends in flight (stream)
+
+// Two connected QPs with their own CQs on two shards, dispatched by one runtime.
+struct Link {
+  explicit Link(const RuntimeOptions& options) {
+    rt = Check(Runtime::Create(options), "Runtime::Create");
+    dev = Check(rt->OpenVerbsDevice(rxe::DeviceName()), "OpenVerbsDevice");
+    ibv_context* context = Check(rt->VerbsContext(dev), "VerbsContext");
+    pd = ibv_alloc_pd(context);
+    if (pd == nullptr) Die("ibv_alloc_pd");
+    Check(buffers.Register(pd, kSlots, 4096), "register memory");
+    client_cq = Check(rt->CreateCq(dev, 0, CqOptions{.depth = 1024}), "CreateCq");
+    server_cq = Check(rt->CreateCq(dev, options.pollers > 1 ? 1 : 0, CqOptions{.depth = 1024}),
+                      "CreateCq");
+    client = Check(rxe::CreateRcQp(pd, client_cq.verbs(), client_cq.verbs(), 2 * kWindow), "qp");
+    server = Check(rxe::CreateRcQp(pd, server_cq.verbs(), server_cq.verbs(), 2 * kWindow), "qp");
+    int gid = rxe::FindGidIndex(context);
+    Check(rxe::ConnectLoopback(client, server->qp_num, gid), "connect");
+    Check(rxe::ConnectLoopback(server, client->qp_num, gid), "connect");
+  }
+  ~Link() {
+    client_reg.Unregister();
+    server_reg.Unregister();
+    ibv_destroy_qp(client);
+    ibv_destroy_qp(server);
+    (void)rt->DestroyCq(client_cq);
+    (void)rt->DestroyCq(server_cq);
+    ibv_dereg_mr(buffers.mr);
+    buffers.mr = nullptr;
+    ibv_dealloc_pd(pd);
+  }
+  std::unique_ptr<Runtime> rt;
+  DeviceId dev = 0;
+  ibv_pd* pd = nullptr;
+  rxe::Buffers buffers;
+  CqHandle client_cq, server_cq;
+  ibv_qp* client = nullptr;
+  ibv_qp* server = nullptr;
+  Registration client_reg, server_reg;
+};
+
+// Server side of both tests: every receive is reposted; with `echo`, answered with a send.
+class Server : public QpHandler {
+ public:
+  Server(Link& link, uint32_t size, bool echo) : link_(link), size_(size), echo_(echo) {}
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    for (const ibv_wc& wc : wcs) {
+      if (wc.status != IBV_WC_SUCCESS) Die(ibv_wc_status_str(wc.status));
+      if (!(wc.opcode & IBV_WC_RECV)) continue;  // our own send completions
+      received.fetch_add(1, std::memory_order_relaxed);
+      (void)rxe::PostRecv(link_.server, wc.wr_id, link_.buffers, static_cast<int>(wc.wr_id));
+      if (echo_) (void)rxe::PostSend(link_.server, 0, link_.buffers, 300, size_, false);
+    }
+  }
+  std::atomic<uint64_t> received{0};
+
+ private:
+  Link& link_;
+  uint32_t size_;
+  bool echo_;
+};
+
+// Client side of the ping-pong: each reply is timed and triggers the next ping.
+class Client : public QpHandler {
+ public:
+  Client(Link& link, uint32_t size, int iters) : link_(link), size_(size), rtt_ns_(iters) {}
+  void Ping() {
+    sent_at_ = Clock::now();
+    (void)rxe::PostSend(link_.client, 0, link_.buffers, 301, size_, false);
+  }
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    for (const ibv_wc& wc : wcs) {
+      if (wc.status != IBV_WC_SUCCESS) Die(ibv_wc_status_str(wc.status));
+      if (!(wc.opcode & IBV_WC_RECV)) continue;
+      size_t i = done.load(std::memory_order_relaxed);
+      rtt_ns_[i] = std::chrono::duration<double, std::nano>(Clock::now() - sent_at_).count();
+      (void)rxe::PostRecv(link_.client, wc.wr_id, link_.buffers, static_cast<int>(wc.wr_id));
+      done.store(i + 1, std::memory_order_release);
+      if (i + 1 < rtt_ns_.size()) Ping();
+    }
+  }
+  std::vector<double> rtt_ns_;
+  std::atomic<size_t> done{0};
+
+ private:
+  Link& link_;
+  uint32_t size_;
+  Clock::time_point sent_at_;
+};
+
+void PingPong(uint32_t size, int iters, bool busy) {
+  // One poller and one consumer: the VM has 2 vCPUs, and rxe's own packet work needs one.
+  RuntimeOptions options;
+  options.pollers = 1;
+  options.consumers.assign(1, ConsumerOptions{});
+  if (const char* spin = getenv("CQD_BENCH_SPIN_US")) {
+    options.consumers[0].idle_spin = std::chrono::microseconds(atoi(spin));
+  }
+  if (const char* budget = getenv("CQD_BENCH_IDLE_US")) {
+    options.idle_budget = std::chrono::microseconds(atoi(budget));
+  }
+  if (busy) options.busy_poll = true;
+  Link link(options);
+  Server server(link, size, /*echo=*/true);
+  Client client(link, size, iters);
+  for (int i = 0; i < kWindow; ++i) {
+    Check(rxe::PostRecv(link.server, i, link.buffers, i), "post recv");
+    Check(rxe::PostRecv(link.client, kWindow + i, link.buffers, kWindow + i), "post recv");
+  }
+  link.server_reg = Check(link.rt->RegisterQp(link.server, server, 0), "RegisterQp");
+  link.client_reg = Check(link.rt->RegisterQp(link.client, client, 0), "RegisterQp");
+  client.Ping();
+  while (client.done.load(std::memory_order_acquire) < static_cast<size_t>(iters)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<double> one_way = client.rtt_ns_;
+  for (double& v : one_way) v /= 2000.0;  // ns round trip -> us one way
+  std::vector<double> sorted = one_way;
+  std::sort(sorted.begin(), sorted.end());
+  double avg = 0;
+  for (double v : one_way) avg += v;
+  avg /= one_way.size();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  double c0 = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  double idle_cpu = 100.0 * (CpuSeconds() - c0) / 2.0;
+  printf("pingpong %s %.2f %.2f %.2f %.2f\n", busy ? "busy" : "adaptive",
+         sorted[sorted.size() / 2], avg, sorted[sorted.size() * 99 / 100], idle_cpu);
+}
+
+void Stream(uint32_t size, uint64_t count) {
+  RuntimeOptions options;
+  options.pollers = 1;
+  options.consumers.assign(1, ConsumerOptions{});
+  Link link(options);
+  Server server(link, size, /*echo=*/false);
+  // Every kSignal-th send is signaled (as perftest does); its completion frees kSignal slots of
+  // the window.
+  constexpr uint64_t kSignal = 32;
+  struct Sender : QpHandler {
+    void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+      for (const ibv_wc& wc : wcs) {
+        if (wc.status != IBV_WC_SUCCESS) Die(ibv_wc_status_str(wc.status));
+      }
+      completed.fetch_add(wcs.size() * kSignal, std::memory_order_release);
+    }
+    std::atomic<uint64_t> completed{0};
+  } sender;
+  for (int i = 0; i < 2 * kWindow; ++i) {
+    Check(rxe::PostRecv(link.server, i, link.buffers, i % kSlots), "post recv");
+  }
+  link.server_reg = Check(link.rt->RegisterQp(link.server, server, 0), "RegisterQp");
+  link.client_reg = Check(link.rt->RegisterQp(link.client, sender, 0), "RegisterQp");
+  Clock::time_point start = Clock::now();
+  uint64_t posted = 0;
+  while (server.received.load(std::memory_order_relaxed) < count) {
+    while (posted < count && posted - sender.completed.load(std::memory_order_acquire) < kWindow) {
+      bool signaled = (posted + 1) % kSignal == 0 || posted + 1 == count;
+      Check(rxe::PostSend(link.client, posted, link.buffers, 300, size, false, signaled),
+            "post send");
+      ++posted;
+    }
+    std::this_thread::yield();
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  while (sender.completed.load() < posted - posted % kSignal) std::this_thread::yield();
+  printf("stream %.4f\n", count / seconds / 1e6);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 5 && strcmp(argv[1], "pingpong") == 0) {
+    PingPong(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "busy") == 0);
+    return 0;
+  }
+  if (argc == 4 && strcmp(argv[1], "stream") == 0) {
+    Stream(atoi(argv[2]), strtoull(argv[3], nullptr, 10));
+    return 0;
+  }
+  fprintf(stderr, "usage: rxe_bench pingpong SIZE ITERS adaptive|busy | stream SIZE COUNT\n");
+  return 2;
+}

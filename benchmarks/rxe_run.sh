@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# bazel run -c opt //benchmarks:rxe [-- SIZE ITERS STREAM_COUNT]: boots the rxe VM once and runs
+# perftest and cqd's rxe_bench side by side in it (benchmarks/rxe.sh); writes docs/perf/rxe.json.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+runfiles=${RUNFILES_DIR:-$0.runfiles}/cqd
+bench=$runfiles/benchmarks/rxe_bench
+script=$runfiles/benchmarks/rxe.sh
+runner=$runfiles/tools/vm/run_in_vm.sh
+out=${BUILD_WORKSPACE_DIRECTORY:-$here}/docs/perf
+mkdir -p "$out"
+exec "$runner" --timeout 900 --with "$bench" --with "$(command -v ib_send_lat)" \
+  --with "$(command -v ib_send_bw)" --fetch "/work/rxe.json:$out/rxe.json" "$script" "$@"
