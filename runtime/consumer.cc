@@ -72,33 +72,33 @@ void Consumer::Run() {
   PinAndNameThread(options_.cpu, "cqd-" + options_.name);
   using Clock = std::chrono::steady_clock;
   Clock::time_point idle_since;
-  bool idle = false;
+  uint32_t idle_loops = 0;  // the clock is read once per 64 idle loops
   for (;;) {
     if (Dispatch(options_.dispatch_batch) > 0) {
-      idle = false;
+      idle_loops = 0;
       continue;
     }
     if (stop_.load(std::memory_order_acquire)) {
       if (depth_.load(std::memory_order_acquire) == 0) return;
       continue;  // items reserved but not yet visible: they are about to be
     }
-    Clock::time_point now = Clock::now();
-    if (!idle) {
-      idle = true;
-      idle_since = now;
-      continue;
-    }
-    if (now - idle_since < options_.idle_spin) {
+    if (idle_loops++ % 64 != 0) {
       CpuRelax();
       continue;
     }
+    Clock::time_point now = Clock::now();
+    if (idle_loops == 1) {
+      idle_since = now;
+      continue;
+    }
+    if (now - idle_since < options_.idle_spin) continue;
     uint32_t ticket = parker_.Prepare();
     if (depth_.load(std::memory_order_seq_cst) > 0 || stop_.load(std::memory_order_seq_cst)) {
       parker_.Cancel();
     } else {
       parker_.Park(ticket);
     }
-    idle = false;
+    idle_loops = 0;
   }
 }
 
@@ -133,6 +133,9 @@ void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noe
 }
 
 int Consumer::Dispatch(int max) noexcept {
+  // An idle consumer spins here, on the one line producers write once per slice, rather than in
+  // the queue, whose lines the producers need.
+  if (depth_.load(std::memory_order_relaxed) == 0) return 0;
   size_t want = static_cast<size_t>(std::clamp(max, 0, options_.dispatch_batch));
   size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), want);
   if (n == 0) return 0;
