@@ -7,12 +7,14 @@
 // DIR/latency_cdf.png (DIR defaults to docs/perf in the workspace). Parts:
 //   throughput  completions/s delivered to handlers, per pipeline (see pipelines.h), poll batch
 //               1..64, 1 and 1000 QPs, 1 and 2 consumers; one poller thread, so this is also the
-//               rate per poller core
+//               rate per poller core; median of 3 runs, threads pinned alike for every pipeline
 //   latency     from a completion entering the CQ to its handler's entry, at a low fixed rate,
 //               cqd busy-polling and in event mode, beside a two-thread eventfd ping-pong (the
 //               cost of one wake: the floor for event mode)
 //   idle CPU    CPU time of the whole process over a few seconds with no traffic
 //   acks        ibv_ack_cq_events calls per completion event for several thresholds
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
@@ -49,9 +51,24 @@ uint64_t NowNs() {
 
 void SleepFor(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
+// Pins the calling thread to `cpu` (latency runs: one side on CPU 0, the other on CPU 1).
+void PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu % std::max(1u, std::thread::hardware_concurrency()), &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+void Unpin() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (unsigned i = 0; i < std::thread::hardware_concurrency(); ++i) CPU_SET(i, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 struct Flags {
   bool quick = false;
-  double seconds = 0.5;
+  double seconds = 0.3;
   std::string out;
 };
 
@@ -67,7 +84,7 @@ struct ThroughputRow {
   double mcps = 0;  // million completions per second delivered
 };
 
-double MeasureThroughput(const PipelineConfig& config, double seconds) {
+double MeasureOnce(const PipelineConfig& config, double seconds) {
   std::unique_ptr<Pipeline> pipeline = StartPipeline(config);
   SleepFor(std::min(0.2, seconds / 2));  // warm up: queues fill, caches settle
   uint64_t d0 = pipeline->Delivered();
@@ -77,6 +94,14 @@ double MeasureThroughput(const PipelineConfig& config, double seconds) {
   double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   pipeline->Stop();
   return (d1 - d0) / elapsed / 1e6;
+}
+
+// The median of three runs: single runs on a small shared machine are noisy.
+double MeasureThroughput(const PipelineConfig& config, double seconds) {
+  double runs[3];
+  for (double& r : runs) r = MeasureOnce(config, seconds);
+  std::sort(runs, runs + 3);
+  return runs[1];
 }
 
 std::vector<ThroughputRow> RunThroughput(const Flags& flags) {
@@ -164,15 +189,23 @@ double CpuSeconds() {
 LatencyResult RunCqdLatency(bool busy, size_t samples, double rate, double idle_seconds) {
   RuntimeOptions options;
   options.pollers = 1;
+  options.poller_cpus = {0};
   options.consumers.assign(1, ConsumerOptions{});
   if (busy) {
     options.busy_poll = true;
     options.consumers[0].kind = ConsumerKind::kEngineDriven;
   } else {
+    options.consumers[0].cpu = 1 % std::max(1u, std::thread::hardware_concurrency());
     options.idle_budget = std::chrono::microseconds(0);
     options.consumers[0].idle_spin = std::chrono::microseconds(0);
   }
-  auto rt = Runtime::Create(options).value();
+  auto created = Runtime::Create(options);
+  if (!created.ok()) {
+    fprintf(stderr, "latency: %s\n", created.status().ToString().c_str());
+    exit(1);
+  }
+  auto rt = std::move(created).value();
+  if (busy) PinTo(1);  // this thread is the consumer
   auto sim = SimDevice::Create();
   DeviceId dev = rt->AddSimDevice(sim).value();
   CqHandle cq = rt->CreateCq(dev, 0).value();
@@ -219,6 +252,7 @@ LatencyResult RunCqdLatency(bool busy, size_t samples, double rate, double idle_
   reg.Unregister();
   (void)sim->DestroyQp(qp);
   (void)rt->DestroyCq(cq);
+  Unpin();
   return result;
 }
 
@@ -229,6 +263,7 @@ LatencyResult RunEventfdPingPong(size_t samples, double rate) {
   std::atomic<uint64_t> stamp{0};
   std::vector<uint64_t> lat(samples);
   std::thread receiver([&] {
+    PinTo(1);
     uint64_t v;
     for (size_t i = 0; i < samples; ++i) {
       if (read(ping, &v, sizeof(v)) != sizeof(v)) std::abort();
@@ -237,6 +272,7 @@ LatencyResult RunEventfdPingPong(size_t samples, double rate) {
       if (write(pong, &v, sizeof(v)) != sizeof(v)) std::abort();
     }
   });
+  PinTo(0);
   std::mt19937 rng(1);
   const double period = 1.0 / rate;
   Clock::time_point next = Clock::now();
@@ -250,6 +286,7 @@ LatencyResult RunEventfdPingPong(size_t samples, double rate) {
     if (read(pong, &v, sizeof(v)) != sizeof(v)) std::abort();
   }
   receiver.join();
+  Unpin();
   close(ping);
   close(pong);
   LatencyResult result;
@@ -267,6 +304,7 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
   std::vector<uint64_t> lat(samples);
   std::atomic<bool> ready{false};
   std::thread receiver([&] {
+    PinTo(1);
     ready.store(true);
     for (size_t i = 0; i < samples; ++i) {
       uint64_t s;
@@ -277,6 +315,7 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
     }
   });
   while (!ready.load()) std::this_thread::yield();
+  PinTo(0);
   std::mt19937 rng(1);
   const double period = 1.0 / rate;
   Clock::time_point next = Clock::now();
@@ -289,6 +328,7 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
     }
   }
   receiver.join();
+  Unpin();
   LatencyResult result;
   result.mode = "spin_handoff";
   result.samples = lat;

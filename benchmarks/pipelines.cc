@@ -2,6 +2,9 @@
 
 #include <oneapi/tbb/concurrent_queue.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -67,6 +70,14 @@ struct Source {
   uint32_t base = 0;
 };
 
+void Pin(bool pin, int cpu) {
+  if (!pin) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 int PollSim(SimCq* cq, int n, ibv_wc* wc) {
   return static_cast<sim_internal::SimCqImpl*>(cq)->Poll(n, wc);
 }
@@ -78,7 +89,8 @@ class LimitPipeline : public Pipeline {
   explicit LimitPipeline(const PipelineConfig& c)
       : sim_(SimDevice::Create()), source_(*sim_, sim_->CreateCq(4096, nullptr).value(), c.qps) {
     source_.StartReplay();
-    thread_ = std::thread([this, batch = c.batch] {
+    thread_ = std::thread([this, batch = c.batch, pin = c.pin] {
+      Pin(pin, 0);
       std::vector<ibv_wc> wcs(batch);
       while (!stop_.load(std::memory_order_relaxed)) {
         int n = PollSim(source_.cq, batch, wcs.data());
@@ -110,7 +122,11 @@ class CqdPipeline : public Pipeline {
     options.poll_batch = c.batch;
     options.busy_poll = true;
     options.consumers.assign(c.consumers, ConsumerOptions{});
-    for (auto& consumer : options.consumers) consumer.queue_capacity = c.queue_capacity;
+    for (int i = 0; i < c.consumers; ++i) {
+      options.consumers[i].queue_capacity = c.queue_capacity;
+      if (c.pin) options.consumers[i].cpu = ConsumerCpu(i);
+    }
+    if (c.pin) options.poller_cpus = {0};
     rt_ = Runtime::Create(options).value();
     sim_ = SimDevice::Create();
     DeviceId dev = rt_->AddSimDevice(sim_).value();
@@ -212,6 +228,7 @@ class HandoffPipeline : public Pipeline {
 
  private:
   void Poll() {
+    Pin(config_.pin, 0);
     const int consumers = config_.consumers;
     std::vector<ibv_wc> wcs(config_.batch);
     std::vector<std::vector<ibv_wc>> staged(consumers);
@@ -252,6 +269,7 @@ class HandoffPipeline : public Pipeline {
   }
 
   void Consume(int index) {
+    Pin(config_.pin, ConsumerCpu(index));
     ibv_wc buffer[kDispatchBatch];
     for (;;) {
       size_t n = 0;
@@ -292,6 +310,11 @@ class HandoffPipeline : public Pipeline {
 };
 
 }  // namespace
+
+int ConsumerCpu(int i) {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  return cpus > 1 ? (1 + i) % cpus : 0;
+}
 
 std::unique_ptr<Pipeline> StartPipeline(const PipelineConfig& config) {
   if (config.impl == "limit") return std::make_unique<LimitPipeline>(config);

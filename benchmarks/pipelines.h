@@ -39,7 +39,13 @@ struct PipelineConfig {
   int qps = 1;
   int consumers = 1;    // ignored by limit
   size_t queue_capacity = 1 << 16;
+  // CPU placement, the same for every pipeline: the polling thread on CPU 0, consumer i on CPU
+  // (1 + i) % cpus. Off: the scheduler places them.
+  bool pin = true;
 };
+
+// Returns the CPU for consumer `i` under PipelineConfig::pin.
+int ConsumerCpu(int i);
 
 // A running pipeline; Delivered() may be read from any thread while it runs.
 class Pipeline {

@@ -1,5 +1,9 @@
 // The simulated device beyond the S1-S13 suite: what it adds to verbs (fault injection) and the
 // verbs misuse it reports instead of hanging.
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "cqd/sim.h"
 #include "runtime/sim_device.h"
 #include "tests/test_util.h"
@@ -72,6 +76,51 @@ TEST(SimDevice, ConcurrentInjectorsLoseNothing) {
   EXPECT_EQ(disorder, 0u);
   CQD_ASSERT_OK(sim->DestroyQp(qp_a));
   CQD_ASSERT_OK(sim->DestroyQp(qp_b));
+  CQD_ASSERT_OK(sim->DestroyCq(cq));
+}
+
+// Replay (benchmarks): an endless source cycling through a pattern, for exactly `total`
+// completions, and stoppable at any time.
+TEST(SimDevice, ReplayCyclesThroughThePatternAndStops) {
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(8, nullptr));
+  auto* polled = static_cast<sim_internal::SimCqImpl*>(cq);
+  std::vector<ibv_wc> pattern(3);
+  for (int i = 0; i < 3; ++i) pattern[i].wr_id = 10 + i;
+  cq->Replay(pattern, 7);
+  ibv_wc wc[16];
+  ASSERT_EQ(polled->Poll(5, wc), 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(wc[i].wr_id, 10u + i % 3);
+  ASSERT_EQ(polled->Poll(16, wc), 2);  // 7 in all
+  EXPECT_EQ(wc[0].wr_id, 12u);
+  EXPECT_EQ(polled->Poll(16, wc), 0);
+  cq->Replay(pattern, 1000);
+  EXPECT_EQ(polled->Poll(4, wc), 4);
+  cq->Replay({}, 0);
+  EXPECT_EQ(cq->replay_left(), 0u);
+  EXPECT_EQ(polled->Poll(4, wc), 0);
+  // Injected completions are back once the replay ended.
+  ibv_wc one{};
+  one.wr_id = 99;
+  ASSERT_EQ(cq->Inject({&one, 1}), 1);
+  ASSERT_EQ(polled->Poll(4, wc), 1);
+  EXPECT_EQ(wc[0].wr_id, 99u);
+  CQD_ASSERT_OK(sim->DestroyCq(cq));
+}
+
+TEST(SimDevice, StampPollTimeWritesTheClockIntoSrcQp) {
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(8, nullptr));
+  auto* polled = static_cast<sim_internal::SimCqImpl*>(cq);
+  cq->StampPollTime(true);
+  ibv_wc in{};
+  ASSERT_EQ(cq->Inject({&in, 1}), 1);
+  auto before = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now().time_since_epoch())
+                                          .count());
+  ibv_wc out;
+  ASSERT_EQ(polled->Poll(1, &out), 1);
+  EXPECT_LT(out.src_qp - before, 1'000'000'000u) << "stamped at poll time (mod 2^32 ns)";
   CQD_ASSERT_OK(sim->DestroyCq(cq));
 }
 
