@@ -18,7 +18,9 @@
 // OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
 // called only by the engine thread that drives that consumer. Handlers run on their consumer; a
 // handler may call control-path functions (including Unregister of its own QP), except Shutdown.
-// Two handlers on different consumers that each unregister the other's QP wait for each other.
+// A handler that unregisters a QP of another consumer waits until that consumer finishes its
+// current dispatch batch: two handlers on two consumers doing that to each other at the same time
+// wait for each other.
 //
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
 // Async events travel through the same consumer queue, so a handler never runs on two threads
@@ -86,9 +88,10 @@ class Registration {
   ~Registration() { Unregister(); }
 
   // After this returns, the handler is never called again and may be destroyed. Completions still
-  // queued for the QP go to the orphan handler. Idempotent. Called from a handler on another
-  // consumer, it waits until that consumer's current handler call returns. On a poller or the
-  // event thread (OrphanHandler, DeviceEventHandler) it does nothing and registered() stays true.
+  // queued for the QP go to the orphan handler. Idempotent. It waits while the QP's consumer is in
+  // the middle of a dispatch batch (up to dispatch_batch handler calls), unless called from one of
+  // that consumer's handlers. On a poller or the event thread (OrphanHandler, DeviceEventHandler)
+  // it does nothing and registered() stays true.
   void Unregister() noexcept;
   bool registered() const { return impl_ != nullptr; }
   uint32_t qp_num() const { return qp_num_; }
