@@ -12,8 +12,20 @@
 namespace cqd::internal {
 namespace {
 
-// The consumer whose Dispatch is running on this thread, if any.
-thread_local const Consumer* tls_dispatching_consumer = nullptr;
+// The consumers whose Dispatch is running on this thread, innermost first (a handler of one
+// engine-driven consumer may Drain another).
+struct DispatchFrame {
+  const Consumer* consumer;
+  const DispatchFrame* outer;
+};
+thread_local const DispatchFrame* tls_dispatch_frames = nullptr;
+
+bool DispatchingOnThisThread(const Consumer* consumer) {
+  for (const DispatchFrame* f = tls_dispatch_frames; f != nullptr; f = f->outer) {
+    if (f->consumer == consumer) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -37,6 +49,7 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
       queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (producers + 1)),
       consumer_token_(queue_),
       batch_(std::make_unique<Item[]>(options.dispatch_batch)),
+      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)),
       run_(std::make_unique<ibv_wc[]>(options.dispatch_batch)) {
   if (options_.kind == ConsumerKind::kEngineDriven) {
     notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -140,8 +153,16 @@ int Consumer::Dispatch(int max) noexcept {
   size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), want);
   if (n == 0) return 0;
   depth_.fetch_sub(n, std::memory_order_release);
-  const Consumer* outer = tls_dispatching_consumer;
-  tls_dispatching_consumer = this;
+  const DispatchFrame frame{this, tls_dispatch_frames};
+  tls_dispatch_frames = &frame;
+  // Publish which slots this batch may call (see the header), then make the sequence odd.
+  uint32_t listed = 0;
+  for (size_t k = 0; k < n; ++k) {
+    if (listed == 0 || batch_[k].slot != batch_[k - 1].slot) {
+      batch_slots_[listed++].store(batch_[k].slot, std::memory_order_release);
+    }
+  }
+  batch_slot_count_.store(listed, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
   size_t i = 0;
@@ -161,7 +182,7 @@ int Consumer::Dispatch(int max) noexcept {
     i = j;
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
-  tls_dispatching_consumer = outer;
+  tls_dispatch_frames = frame.outer;
   return static_cast<int>(n);
 }
 
@@ -191,46 +212,69 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
   }
 }
 
-bool Consumer::OnConsumerThread() noexcept { return tls_dispatching_consumer != nullptr; }
+bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
 
-void Consumer::WaitForBatchInProgress() const noexcept {
-  if (tls_dispatching_consumer == this) return;  // a handler of this consumer unregistering
+bool Consumer::DispatchingHere() const noexcept { return DispatchingOnThisThread(this); }
+
+void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
+  if (DispatchingOnThisThread(this)) return;  // a handler of this consumer unregistering
   const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
-  if (seq % 2 == 0) return;
+  if (seq % 2 == 0) return;  // between batches: later batches see the slot dead
+  bool listed = false;
+  const uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
+  for (uint32_t k = 0; k < count && !listed; ++k) {
+    listed = batch_slots_[k].load(std::memory_order_acquire) == slot;
+  }
+  // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
+  // over. A batch that does not list the slot calls none of its handlers.
+  if (!listed) return;
   while (batch_seq_.load(std::memory_order_acquire) == seq) std::this_thread::yield();
 }
 
+// The notify fd counts two kinds of writes: a producer's Wake adds 1 (after taking the parker's
+// sleeping flag), the consumer's own Signal adds kSelfToken. Drain knows which writes it is owed
+// and reads the fd only then, after dispatching, so an engine spinning on Drain makes no system
+// call until work arrives and none before handing that work to its handlers. It re-arms the
+// parker only once it has read every write it is owed; re-arming earlier could leave a late
+// write behind, a readable fd with nothing queued, and a level-triggered epoll spinning on it.
+namespace {
+constexpr uint64_t kSelfToken = uint64_t{1} << 32;
+}  // namespace
+
 void Consumer::Signal() noexcept {
   if (self_signaled_) return;
-  uint64_t one = 1;
-  while (write(notify_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  uint64_t token = kSelfToken;
+  while (write(notify_fd_, &token, sizeof(token)) < 0 && errno == EINTR) {
   }
   self_signaled_ = true;
 }
 
-// The notify fd is readable iff someone wrote it: a producer's Wake (which also clears the
-// parker's sleeping flag) or our own Signal. Drain reads it only then, and only after
-// dispatching, so an engine spinning on Drain makes no system call until work arrives and none
-// before handing that work to its handlers.
 int Consumer::Drain(int max) noexcept {
   int n = Dispatch(max);
-  if (self_signaled_ || (notify_armed_ && !parker_.sleeping())) {
-    uint64_t value;
-    while (read(notify_fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
-    }
-    self_signaled_ = false;
+  if (notify_armed_ && !parker_.sleeping()) {  // a producer took the arm: its write is owed
     notify_armed_ = false;
+    wake_owed_ = true;
+  }
+  if (wake_owed_ || self_signaled_) {
+    uint64_t value = 0;
+    ssize_t got;
+    while ((got = read(notify_fd_, &value, sizeof(value))) < 0 && errno == EINTR) {
+    }
+    if (got == sizeof(value)) {
+      if (value % kSelfToken != 0) wake_owed_ = false;
+      if (value / kSelfToken != 0) self_signaled_ = false;
+    }
   }
   if (depth_.load(std::memory_order_seq_cst) > 0) {
     Signal();  // more is queued: keep the fd readable
     return n;
   }
-  if (!notify_armed_) {
+  if (!notify_armed_ && !wake_owed_) {
     parker_.Prepare();  // from here a producer's Wake writes the fd
     notify_armed_ = true;
     if (depth_.load(std::memory_order_seq_cst) > 0) {
-      parker_.Cancel();
       notify_armed_ = false;
+      if (!parker_.TryCancel()) wake_owed_ = true;  // a producer's Wake beat the cancel
       Signal();
     }
   }

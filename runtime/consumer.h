@@ -6,11 +6,13 @@
 // `queue_capacity` items from pollers: a full consumer makes pollers stall, never drop.
 //
 // Dispatch() runs on the consumer's thread only (the owned thread, or the engine thread calling
-// Drain). It makes `batch_seq_` odd (seq_cst) before the batch's first handler call and even
-// after its last, and reads each slot's state (seq_cst) right before calling its handler.
-// Unregister stores the dead state (seq_cst), then reads `batch_seq_`: if odd, it waits until the
-// value changes. Either the consumer's state read sees the registration gone, or Unregister sees
-// the batch in progress and waits for it to end; one seq_cst store per batch, not per call.
+// Drain). Before a batch's first handler call it lists the batch's slots in `batch_slots_`
+// (release) and makes `batch_seq_` odd (seq_cst); after the last call it makes it even. It reads
+// each slot's state (seq_cst) right before calling its handler. Unregister stores the dead state
+// (seq_cst), then reads `batch_seq_`: if odd and the batch lists the slot, it waits for the value
+// to change. Either the consumer's state read sees the registration gone, or Unregister sees the
+// batch that may call it and waits for its end. One seq_cst store per batch, not per call, and no
+// wait on handlers of other QPs.
 #ifndef CQD_RUNTIME_CONSUMER_H_
 #define CQD_RUNTIME_CONSUMER_H_
 
@@ -64,9 +66,11 @@ class Consumer {
   Status Start();  // kOwnedThread: starts the thread
   void Stop();     // kOwnedThread: dispatches what is queued, then joins the thread
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
-  // Waits until a handler call this consumer may have started before the caller marked a slot
-  // dead has returned, unless called from this consumer itself.
-  void WaitForBatchInProgress() const noexcept;
+  // Call after marking `slot` dead: waits until a handler call of it that this consumer may have
+  // started has returned, unless this thread is running this consumer's handlers.
+  void WaitForBatchInProgress(uint32_t slot) const noexcept;
+  // Returns true if this thread is inside this consumer's Dispatch.
+  bool DispatchingHere() const noexcept;
   // Returns true on a thread that is running some consumer's handlers.
   static bool OnConsumerThread() noexcept;
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
@@ -107,11 +111,15 @@ class Consumer {
   ItemQueue queue_;
   moodycamel::ConsumerToken consumer_token_;
   std::unique_ptr<Item[]> batch_;
+  // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
+  std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
+  std::atomic<uint32_t> batch_slot_count_{0};
   std::unique_ptr<ibv_wc[]> run_;
   int notify_fd_ = -1;
-  // Engine thread only: the parker is prepared (a producer's Wake will write the notify fd), and
-  // we wrote the fd ourselves.
+  // Engine thread only (see Drain): the parker is prepared, so a producer's Wake will write the
+  // notify fd; a producer's write is owed and not yet read; we wrote the fd ourselves.
   bool notify_armed_ = false;
+  bool wake_owed_ = false;
   bool self_signaled_ = false;
   std::thread thread_;
   std::atomic<bool> stop_{false};

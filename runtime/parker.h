@@ -32,6 +32,8 @@ class Parker {
   }
   // Sleeper: the re-check found work.
   void Cancel() noexcept { sleeping_.store(false, std::memory_order_relaxed); }
+  // Sleeper: as Cancel; returns false if a waker got there first (and so wakes, or has woken).
+  bool TryCancel() noexcept { return sleeping_.exchange(false, std::memory_order_acq_rel); }
   // Sleeper: blocks until a Wake() after Prepare() returned `ticket`.
   void Park(uint32_t ticket) noexcept {
     while (seq_.load(std::memory_order_acquire) == ticket) {
@@ -46,7 +48,7 @@ class Parker {
     if (!sleeping_.exchange(false, std::memory_order_acq_rel)) return false;
     seq_.fetch_add(1, std::memory_order_release);
     if (event_fd_ >= 0) {
-      uint64_t one = 1;
+      uint64_t one = 1;  // kWakeToken
       while (write(event_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
       }
     } else {

@@ -422,7 +422,7 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
     if (it != cqs_.end()) --it->second->registered_qps;
   }
   lock.unlock();
-  consumers_[consumer]->WaitForBatchInProgress();  // without mu_: a handler may want it
+  consumers_[consumer]->WaitForBatchInProgress(index);  // without mu_: a handler may want it
   lock.lock();
   slots_.Free(index);
   return true;
@@ -432,6 +432,7 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   if (consumer >= consumers_.size()) return -EINVAL;
   Consumer& c = *consumers_[consumer];
   if (c.kind() != ConsumerKind::kEngineDriven) return -EINVAL;
+  if (c.DispatchingHere()) return -EBUSY;  // from one of its own handlers
   return max <= 0 ? 0 : c.Drain(max);
 }
 

@@ -200,16 +200,20 @@ int SimCqImpl::Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow
        expected = pos) {
     std::this_thread::yield();
   }
+  NotifyIfArmed(wcs.first(n), solicited);
+  return static_cast<int>(n);
+}
+
+void SimCqImpl::NotifyIfArmed(std::span<const ibv_wc> added, bool solicited) {
   // Publish-then-check against the poller's arm-then-poll (S6): one of the two sees the other.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   uint8_t armed = armed_.load(std::memory_order_seq_cst);
-  while (armed != 0 && Qualifies(armed, wcs.first(n), solicited)) {
+  while (armed != 0 && Qualifies(armed, added, solicited)) {
     if (armed_.compare_exchange_weak(armed, 0, std::memory_order_seq_cst)) {
       channel_->Push(this);
       break;
     }
   }
-  return static_cast<int>(n);
 }
 
 void SimCqImpl::Overflow() {
@@ -218,28 +222,42 @@ void SimCqImpl::Overflow() {
 }
 
 void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept {
-  if (pattern.empty() || total == 0) {
-    replay_left_.store(0, std::memory_order_release);  // stop: the poller only reads the count
-    return;
+  replay_left_.store(0, std::memory_order_seq_cst);  // stops the one running, if any
+  if (pattern.empty() || total == 0) return;
+  // A fresh record per start: a poller still copying from the previous one keeps valid memory.
+  auto record = std::make_unique<ReplayRecord>(ReplayRecord{pattern, 0});
+  replay_.store(record.get(), std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(ack_mu_);  // not hot: guards the record list only
+    replay_records_.push_back(std::move(record));
   }
-  // Start (no replay running): the poller reads the pattern only after seeing a count > 0.
-  replay_pattern_ = pattern;
-  replay_next_ = 0;
-  replay_left_.store(total, std::memory_order_release);
+  replay_left_.store(total, std::memory_order_seq_cst);
+  // As a device would, raise the event a sleeping, armed poller waits for.
+  if (channel_ != nullptr) NotifyIfArmed(pattern.first(1), false);
 }
 
 int SimCqImpl::PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept {
+  ReplayRecord& replay = *replay_.load(std::memory_order_acquire);
   const int taken = static_cast<int>(std::min<uint64_t>(left, static_cast<uint64_t>(n)));
-  const size_t size = replay_pattern_.size();
+  const size_t size = replay.pattern.size();
   for (int i = 0; i < taken; ++i) {
-    wc[i] = replay_pattern_[replay_next_];
-    if (++replay_next_ == size) replay_next_ = 0;
+    wc[i] = replay.pattern[replay.next];
+    if (++replay.next == size) replay.next = 0;
   }
-  // A concurrent Replay({}, 0) wins: what was copied is dropped, as if never produced.
-  if (!replay_left_.compare_exchange_strong(left, left - taken, std::memory_order_relaxed)) {
+  // A concurrent Replay wins: what was copied is dropped, as if never produced.
+  if (!replay_left_.compare_exchange_strong(left, left - taken, std::memory_order_acq_rel)) {
     return 0;
   }
+  StampIfAsked(wc, taken);
   return taken;
+}
+
+void SimCqImpl::StampIfAsked(ibv_wc* wc, int n) noexcept {
+  if (n <= 0 || !stamp_poll_time_.load(std::memory_order_relaxed)) return;
+  auto now = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now().time_since_epoch())
+                                       .count());
+  for (int i = 0; i < n; ++i) wc[i].src_qp = now;
 }
 
 int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
@@ -249,18 +267,12 @@ int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
     return PollReplay(n, wc, left);
   }
   const uint64_t head = head_.load(std::memory_order_relaxed);
-  const uint64_t ready = published_.load(std::memory_order_acquire) - head;
+  // seq_cst: this load follows the poller's arm (S6) in the single total order.
+  const uint64_t ready = published_.load(std::memory_order_seq_cst) - head;
   const int taken = static_cast<int>(std::min<uint64_t>(ready, static_cast<uint64_t>(n)));
   for (int i = 0; i < taken; ++i) wc[i] = ring_[(head + i) & mask_];
-  if (taken > 0) {
-    head_.store(head + taken, std::memory_order_release);
-    if (stamp_poll_time_.load(std::memory_order_relaxed)) {
-      auto now = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                           std::chrono::steady_clock::now().time_since_epoch())
-                                           .count());
-      for (int i = 0; i < taken; ++i) wc[i].src_qp = now;
-    }
-  }
+  if (taken > 0) head_.store(head + taken, std::memory_order_release);
+  StampIfAsked(wc, taken);
   return taken;
 }
 

@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "cqd/sim.h"
 #include "runtime/backend.h"
@@ -143,13 +144,21 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   alignas(64) std::atomic<uint8_t> armed_{0};
   std::atomic<bool> overflowed_{false};
   std::atomic<uint64_t> reported_{0};
-  // Replay (benchmarks): the pattern is published by the release store of replay_left_.
-  std::span<const ibv_wc> replay_pattern_;
-  size_t replay_next_ = 0;  // the poller's
+  // Replay (benchmarks): each start makes a record, kept until the CQ is destroyed; `next` is the
+  // poller's.
+  struct ReplayRecord {
+    std::span<const ibv_wc> pattern;
+    size_t next;
+  };
+  std::atomic<ReplayRecord*> replay_{nullptr};
+  std::vector<std::unique_ptr<ReplayRecord>> replay_records_;  // guarded by ack_mu_
   std::atomic<uint64_t> replay_left_{0};
   std::atomic<bool> stamp_poll_time_{false};
   // Poll's replay path, kept out of line so the common path stays small.
   int PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept;
+  void StampIfAsked(ibv_wc* wc, int n) noexcept;
+  // Raises the CQ's event if it is armed for completions like `added` (S6-S8).
+  void NotifyIfArmed(std::span<const ibv_wc> added, bool solicited);
   std::mutex ack_mu_;
   std::condition_variable ack_cv_;
   uint64_t acked_ = 0;  // guarded by ack_mu_

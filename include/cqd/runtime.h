@@ -18,9 +18,9 @@
 // OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
 // called only by the engine thread that drives that consumer. Handlers run on their consumer; a
 // handler may call control-path functions (including Unregister of its own QP), except Shutdown.
-// A handler that unregisters a QP of another consumer waits until that consumer finishes its
-// current dispatch batch: two handlers on two consumers doing that to each other at the same time
-// wait for each other.
+// Unregister of a QP whose handler is running (or about to run in its consumer's current batch)
+// waits for that batch to end, so a handler must not unregister, or hold a lock while another
+// thread unregisters, a QP whose handler waits for it.
 //
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
 // Async events travel through the same consumer queue, so a handler never runs on two threads
@@ -89,9 +89,9 @@ class Registration {
 
   // After this returns, the handler is never called again and may be destroyed. Completions still
   // queued for the QP go to the orphan handler. Idempotent. It waits while the QP's consumer is in
-  // the middle of a dispatch batch (up to dispatch_batch handler calls), unless called from one of
-  // that consumer's handlers. On a poller or the event thread (OrphanHandler, DeviceEventHandler)
-  // it does nothing and registered() stays true.
+  // a dispatch batch that includes this QP, unless called from one of that consumer's handlers.
+  // On a poller or the event thread (OrphanHandler, DeviceEventHandler) it does nothing and
+  // registered() stays true.
   void Unregister() noexcept;
   bool registered() const { return impl_ != nullptr; }
   uint32_t qp_num() const { return qp_num_; }
@@ -152,7 +152,8 @@ class Runtime {
 
   // Engine-driven consumers: dispatches up to `max` queued items (completion runs and async
   // events) to their handlers on the calling thread. Returns the number of completions and events
-  // dispatched, or -EINVAL if `consumer` is not an engine-driven consumer of this runtime.
+  // dispatched, -EINVAL if `consumer` is not an engine-driven consumer of this runtime, or -EBUSY
+  // when called from one of that consumer's own handlers (a handler may Drain another consumer).
   int Drain(ConsumerId consumer, int max) noexcept;
   // Returns a non-blocking fd that is readable while `consumer` has queued work, for the engine's
   // epoll set (level- or edge-triggered). Valid until the runtime is destroyed.

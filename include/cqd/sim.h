@@ -45,15 +45,16 @@ class SimCq {
   // Returns completions added and not yet polled.
   virtual int size() const noexcept = 0;
   // Benchmarks: from now on the CQ behaves as a device producing `total` more completions as fast
-  // as they are polled, taken round and round from `pattern` (which must outlive the replay).
-  // Start it only while no replay runs; Replay({}, 0) ends it at any time. Injected completions
-  // are not returned meanwhile, and no events are raised for replayed ones.
+  // as they are polled, taken round and round from `pattern` (which must outlive the CQ). A new
+  // call replaces the running replay; Replay({}, 0) ends it. Injected completions are not
+  // returned meanwhile. Starting raises the event a next-completion arm waits for (replayed
+  // completions count as successful, unsolicited receives).
   virtual void Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept = 0;
   // Returns how many replayed completions are left.
   virtual uint64_t replay_left() const noexcept = 0;
   // Benchmarks: while on, Poll writes the low 32 bits of the steady-clock time in ns into each
-  // completion it returns, in src_qp (a field RC completions do not use), so that a handler can
-  // tell how long after the poll it runs.
+  // completion it returns, in src_qp (meaningful only for UD, whose value it then replaces), so
+  // that a handler can tell how long after the poll it runs.
   virtual void StampPollTime(bool on) noexcept = 0;
   // Returns true once the CQ overflowed or the device failed.
   virtual bool failed() const noexcept = 0;

@@ -1,0 +1,127 @@
+// Handlers that call back into the runtime: Drain from handlers, and Unregister while other
+// handlers of the same consumer are blocked. A deadlock here shows as the test's timeout.
+#include <functional>
+#include <mutex>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::WaitFor;
+
+class FunctionHandler : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    if (on_completions) on_completions(wcs);
+    count.fetch_add(wcs.size());
+  }
+  std::function<void(std::span<const ibv_wc>)> on_completions;
+  std::atomic<uint64_t> count{0};
+};
+
+// One CQ; QP i registered on consumer owners[i].
+struct OneCq {
+  OneCq(const RuntimeOptions& options, std::vector<ConsumerId> owners) {
+    rt = Runtime::Create(options).value();
+    sim = SimDevice::Create();
+    cq = rt->CreateCq(rt->AddSimDevice(sim).value(), 0).value();
+    for (ConsumerId c : owners) {
+      qps.push_back(sim->CreateQp(cq.sim(), cq.sim()).value());
+      handlers.push_back(std::make_unique<FunctionHandler>());
+      registrations.push_back(rt->RegisterQp(*qps.back(), *handlers.back(), c).value());
+    }
+  }
+  ~OneCq() {
+    registrations.clear();
+    for (SimQp* qp : qps) EXPECT_TRUE(sim->DestroyQp(qp).ok());
+    EXPECT_TRUE(rt->DestroyCq(cq).ok());
+  }
+  uint64_t Queued(ConsumerId c) const { return rt->GetStats().consumers[c].queue_depth; }
+
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim;
+  CqHandle cq;
+  std::vector<SimQp*> qps;
+  std::vector<std::unique_ptr<FunctionHandler>> handlers;
+  std::vector<Registration> registrations;
+};
+
+RuntimeOptions EngineDriven(int consumers) {
+  RuntimeOptions options;
+  options.consumers.assign(consumers, ConsumerOptions{});
+  for (auto& c : options.consumers) c.kind = ConsumerKind::kEngineDriven;
+  return options;
+}
+
+TEST(Reentrancy, DrainFromOwnHandlerIsRefused) {
+  OneCq s(EngineDriven(1), {0, 0});
+  int inner = 0;
+  s.handlers[0]->on_completions = [&](auto) { inner = s.rt->Drain(0, 64); };
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(s.qps[0]->Complete(i), 1);
+    ASSERT_EQ(s.qps[1]->Complete(i), 1);
+  }
+  ASSERT_TRUE(WaitFor([&] { return s.Queued(0) == 8; }));
+  while (s.rt->Drain(0, 3) > 0) {
+  }
+  EXPECT_EQ(inner, -EBUSY);
+  EXPECT_EQ(s.handlers[0]->count.load(), 4u);
+  EXPECT_EQ(s.handlers[1]->count.load(), 4u);
+}
+
+// The engine thread drives consumers 0 and 1; a handler of 0 drains 1, whose handler unregisters
+// an idle QP of consumer 0 (whose batch is in progress on this very thread).
+TEST(Reentrancy, NestedDrainOfAnotherConsumerThenUnregister) {
+  OneCq s(EngineDriven(2), {0, 1, 0});
+  s.handlers[0]->on_completions = [&](auto) { EXPECT_GE(s.rt->Drain(1, 64), 0); };
+  s.handlers[1]->on_completions = [&](auto) { s.registrations[2].Unregister(); };
+  ASSERT_EQ(s.qps[1]->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return s.Queued(1) == 1; }));
+  ASSERT_EQ(s.qps[0]->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return s.Queued(0) == 1; }));
+  EXPECT_EQ(s.rt->Drain(0, 64), 1);
+  EXPECT_EQ(s.handlers[1]->count.load(), 1u);
+  EXPECT_FALSE(s.registrations[2].registered());
+}
+
+// Unregister(Q) must not wait for an unrelated QP's handler: here that handler waits for a lock
+// the unregistering thread holds.
+TEST(Reentrancy, UnregisterDoesNotWaitForOtherQpsHandlers) {
+  OneCq s(testing::OwnedConsumers(1, 1), {0, 0});
+  std::mutex engine_lock;
+  std::atomic<bool> entered{false};
+  s.handlers[1]->on_completions = [&](auto) {
+    entered.store(true);
+    std::lock_guard<std::mutex> lock(engine_lock);
+  };
+  std::unique_lock<std::mutex> held(engine_lock);
+  ASSERT_EQ(s.qps[1]->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return entered.load(); }));
+  s.registrations[0].Unregister();  // QP 0 is not in the batch that is blocked
+  EXPECT_FALSE(s.registrations[0].registered());
+  held.unlock();
+  ASSERT_TRUE(WaitFor([&] { return s.handlers[1]->count.load() == 1; }));
+}
+
+// Starting a replay raises the event an armed, sleeping poller waits for.
+TEST(Reentrancy, ReplayWakesASleepingPoller) {
+  RuntimeOptions options = testing::OwnedConsumers(1, 1);
+  options.idle_budget = std::chrono::microseconds(0);
+  OneCq s(options, {0});
+  ASSERT_TRUE(WaitFor([&] { return s.rt->GetStats().pollers[0].sleeps > 0; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<ibv_wc> pattern(16);
+  for (auto& wc : pattern) {
+    wc.qp_num = s.qps[0]->qp_num();
+    wc.opcode = IBV_WC_RECV;
+  }
+  s.cq.sim()->Replay(pattern, 1000);
+  EXPECT_TRUE(WaitFor([&] { return s.handlers[0]->count.load() == 1000; }))
+      << "delivered " << s.handlers[0]->count.load() << " of 1000";
+}
+
+}  // namespace
+}  // namespace cqd
