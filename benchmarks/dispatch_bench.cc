@@ -175,6 +175,23 @@ struct LatencyResult {
   double idle_cpu = -1;  // % of one core over the idle window after traffic
 };
 
+// Sleeps until arrival times `rate` per second apart on average, each interval jittered by
+// +-50 %, so that samples do not lock onto a timer or a poller's rhythm.
+class Arrivals {
+ public:
+  explicit Arrivals(double rate) : period_(1.0 / rate), next_(Clock::now()) {}
+  void SleepUntilNext() {
+    next_ += std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(period_ * (0.5 + (rng_() % 1000) / 1000.0)));
+    std::this_thread::sleep_until(next_);
+  }
+
+ private:
+  const double period_;
+  Clock::time_point next_;
+  std::mt19937 rng_{1};
+};
+
 // Process CPU time (user + system), seconds.
 double CpuSeconds() {
   rusage u{};
@@ -214,13 +231,9 @@ LatencyResult RunCqdLatency(bool busy, size_t samples, double rate, double idle_
   LatencyHandler handler(samples);
   Registration reg = rt->RegisterQp(*qp, handler, 0).value();
 
-  std::mt19937 rng(1);
-  const double period = 1.0 / rate;
-  Clock::time_point next = Clock::now();
+  Arrivals arrivals(rate);
   for (size_t i = 0; i < samples; ++i) {
-    next += std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(period * (0.5 + (rng() % 1000) / 1000.0)));
-    std::this_thread::sleep_until(next);
+    arrivals.SleepUntilNext();
     ibv_wc wc{};
     wc.qp_num = qp->qp_num();
     wc.opcode = IBV_WC_RECV;
@@ -273,13 +286,9 @@ LatencyResult RunEventfdPingPong(size_t samples, double rate) {
     }
   });
   PinTo(0);
-  std::mt19937 rng(1);
-  const double period = 1.0 / rate;
-  Clock::time_point next = Clock::now();
+  Arrivals arrivals(rate);
   for (size_t i = 0; i < samples; ++i) {
-    next += std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(period * (0.5 + (rng() % 1000) / 1000.0)));
-    std::this_thread::sleep_until(next);
+    arrivals.SleepUntilNext();
     uint64_t v = 1;
     stamp.store(NowNs(), std::memory_order_release);
     if (write(ping, &v, sizeof(v)) != sizeof(v)) std::abort();
@@ -316,13 +325,9 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
   });
   while (!ready.load()) std::this_thread::yield();
   PinTo(0);
-  std::mt19937 rng(1);
-  const double period = 1.0 / rate;
-  Clock::time_point next = Clock::now();
+  Arrivals arrivals(rate);
   for (size_t i = 0; i < samples; ++i) {
-    next += std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(period * (0.5 + (rng() % 1000) / 1000.0)));
-    std::this_thread::sleep_until(next);
+    arrivals.SleepUntilNext();
     stamp.store(NowNs(), std::memory_order_release);
     while (stamp.load(std::memory_order_acquire) != 0) {
     }

@@ -12,22 +12,6 @@
 namespace cqd::internal {
 namespace {
 
-bool IsQpEvent(ibv_event_type type) {
-  switch (type) {
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return true;
-    default:
-      return false;
-  }
-}
-
 Status SetNonBlocking(int fd) {
   int flags = fcntl(fd, F_GETFL);
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -197,7 +181,7 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
 }
 
 void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
-  if (IsQpEvent(event.type)) {
+  if (backend::IsQpEvent(event.type)) {
     const Slot* slot = device->qps.Lookup(event.qp_num);
     if (slot != nullptr && DeliverToSlot(static_cast<uint32_t>(slot - &slots_.slot(0)), event,
                                          device->id)) {

@@ -34,22 +34,6 @@ std::shared_ptr<SimDevice> SimDevice::Create(const SimDeviceOptions& options) {
 namespace sim_internal {
 namespace {
 
-bool IsQpEvent(ibv_event_type type) {
-  switch (type) {
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // S10: on an error completion only wr_id, status, qp_num and vendor_err are valid. The simulated
 // device fills the rest with garbage so that code reading them is caught.
 void PoisonInvalidFields(ibv_wc& wc) {
@@ -421,7 +405,7 @@ Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
 }
 
 Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
-  if (!IsQpEvent(type)) return InvalidArgument("RaiseQpEvent: not a QP event type");
+  if (!backend::IsQpEvent(type)) return InvalidArgument("RaiseQpEvent: not a QP event type");
   std::lock_guard<std::mutex> lock(mu_);
   auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
   if (it == qps_.end() || it->second.get() != public_qp) {
@@ -432,23 +416,12 @@ Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
 }
 
 Status SimDeviceImpl::RaiseDeviceEvent(ibv_event_type type, int port_num) {
-  switch (type) {
-    case IBV_EVENT_PORT_ACTIVE:
-    case IBV_EVENT_PORT_ERR:
-    case IBV_EVENT_LID_CHANGE:
-    case IBV_EVENT_PKEY_CHANGE:
-    case IBV_EVENT_GID_CHANGE:
-    case IBV_EVENT_SM_CHANGE:
-    case IBV_EVENT_CLIENT_REREGISTER:
-      if (port_num < 1 || port_num > options_.ports) {
-        return InvalidArgument("RaiseDeviceEvent: no port " + std::to_string(port_num));
-      }
-      break;
-    case IBV_EVENT_SRQ_ERR:
-    case IBV_EVENT_SRQ_LIMIT_REACHED:
-      break;
-    default:
-      return InvalidArgument("RaiseDeviceEvent: use RaiseQpEvent, RaiseDeviceFatal or overflow");
+  if (backend::IsPortEvent(type)) {
+    if (port_num < 1 || port_num > options_.ports) {
+      return InvalidArgument("RaiseDeviceEvent: no port " + std::to_string(port_num));
+    }
+  } else if (type != IBV_EVENT_SRQ_ERR && type != IBV_EVENT_SRQ_LIMIT_REACHED) {
+    return InvalidArgument("RaiseDeviceEvent: use RaiseQpEvent, RaiseDeviceFatal or overflow");
   }
   std::lock_guard<std::mutex> lock(mu_);
   PushAsyncLocked({type, nullptr, nullptr, port_num});
@@ -531,7 +504,7 @@ int SimDeviceImpl::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
 void SimDeviceImpl::AckAsyncEvent(backend::AsyncEventRecord* record) noexcept {
   if (record->sim_object == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (IsQpEvent(record->type)) {
+  if (backend::IsQpEvent(record->type)) {
     --static_cast<SimQpImpl*>(record->sim_object)->async_unacked;
   } else {
     --static_cast<SimCqImpl*>(record->sim_object)->async_unacked;

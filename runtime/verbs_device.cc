@@ -72,31 +72,12 @@ int VerbsBackend::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
   *out = backend::AsyncEventRecord{};
   if (ibv_get_async_event(context_, &out->raw) != 0) return -1;
   out->type = out->raw.event_type;
-  switch (out->type) {
-    case IBV_EVENT_QP_FATAL:
-    case IBV_EVENT_QP_REQ_ERR:
-    case IBV_EVENT_QP_ACCESS_ERR:
-    case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED:
-    case IBV_EVENT_PATH_MIG:
-    case IBV_EVENT_PATH_MIG_ERR:
-    case IBV_EVENT_QP_LAST_WQE_REACHED:
-      out->qp_num = out->raw.element.qp->qp_num;  // valid until the ack (S13)
-      break;
-    case IBV_EVENT_CQ_ERR:
-      out->native_cq = out->raw.element.cq;
-      break;
-    case IBV_EVENT_PORT_ACTIVE:
-    case IBV_EVENT_PORT_ERR:
-    case IBV_EVENT_LID_CHANGE:
-    case IBV_EVENT_PKEY_CHANGE:
-    case IBV_EVENT_GID_CHANGE:
-    case IBV_EVENT_SM_CHANGE:
-    case IBV_EVENT_CLIENT_REREGISTER:
-      out->port_num = out->raw.element.port_num;
-      break;
-    default:
-      break;
+  if (backend::IsQpEvent(out->type)) {
+    out->qp_num = out->raw.element.qp->qp_num;  // valid until the ack (S13)
+  } else if (out->type == IBV_EVENT_CQ_ERR) {
+    out->native_cq = out->raw.element.cq;
+  } else if (backend::IsPortEvent(out->type)) {
+    out->port_num = out->raw.element.port_num;
   }
   return 0;
 }
