@@ -14,25 +14,8 @@ namespace {
 using testing::SimTopology;
 using testing::WaitFor;
 
-uint64_t TotalSleeps(const Stats& s) {
-  uint64_t n = 0;
-  for (const auto& p : s.pollers) n += p.sleeps;
-  return n;
-}
-uint64_t TotalPolls(const Stats& s) {
-  uint64_t n = 0;
-  for (const auto& p : s.pollers) n += p.polls;
-  return n;
-}
-
-// Waits until every poller is asleep: no poll for 20 ms.
-bool WaitForPollersAsleep(const Runtime& rt) {
-  return WaitFor([&] {
-    uint64_t before = TotalPolls(rt.GetStats());
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return TotalPolls(rt.GetStats()) == before;
-  });
-}
+using testing::SumPollers;
+using testing::WaitForPollersAsleep;
 
 TEST(EventMode, IdlePollersSleepAndWakeForTraffic) {
   RuntimeOptions options = testing::OwnedConsumers(2, 1);
@@ -41,10 +24,10 @@ TEST(EventMode, IdlePollersSleepAndWakeForTraffic) {
   CQD_ASSERT_OK(topo.Build(options, 2, 2));
   // Both pollers go to sleep: their poll counts stop moving.
   ASSERT_TRUE(WaitForPollersAsleep(*topo.rt));
-  uint64_t polls = TotalPolls(topo.rt->GetStats());
+  uint64_t polls = SumPollers(topo.rt->GetStats(), &PollerStats::polls);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(TotalPolls(topo.rt->GetStats()), polls) << "an idle poller kept polling";
-  uint64_t sleeps = TotalSleeps(topo.rt->GetStats());
+  EXPECT_EQ(SumPollers(topo.rt->GetStats(), &PollerStats::polls), polls) << "an idle poller kept polling";
+  uint64_t sleeps = SumPollers(topo.rt->GetStats(), &PollerStats::sleeps);
 
   for (int round = 0; round < 3; ++round) {
     for (size_t q = 0; q < topo.qps.size(); ++q) ASSERT_EQ(topo.qps[q]->Complete(round), 1);
@@ -52,7 +35,7 @@ TEST(EventMode, IdlePollersSleepAndWakeForTraffic) {
   }
   Stats s = topo.rt->GetStats();
   EXPECT_GT(s.cq_events, 0u);
-  EXPECT_GT(TotalSleeps(s), sleeps);
+  EXPECT_GT(SumPollers(s, &PollerStats::sleeps), sleeps);
   for (const auto& p : s.pollers) EXPECT_GT(p.arms, 0u);
   CQD_ASSERT_OK(topo.TearDown());
 }

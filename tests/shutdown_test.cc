@@ -10,11 +10,7 @@ namespace {
 using testing::SimTopology;
 using testing::WaitFor;
 
-uint64_t Polled(const Stats& s) {
-  uint64_t n = 0;
-  for (const auto& p : s.pollers) n += p.completions;
-  return n;
-}
+uint64_t Polled(const Stats& s) { return testing::SumPollers(s, &PollerStats::completions); }
 
 TEST(Shutdown, UnderFullLoadLosesNothingPolled) {
   testing::CountingOrphans orphans;

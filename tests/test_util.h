@@ -153,6 +153,22 @@ struct SimTopology {
   }
 };
 
+// Returns the sum of one counter over all pollers, e.g. SumPollers(s, &PollerStats::sleeps).
+inline uint64_t SumPollers(const Stats& s, uint64_t PollerStats::*counter) {
+  uint64_t n = 0;
+  for (const auto& p : s.pollers) n += p.*counter;
+  return n;
+}
+
+// Waits until every poller of `rt` is asleep: no poll for 30 ms.
+inline bool WaitForPollersAsleep(const Runtime& rt) {
+  return WaitFor([&] {
+    uint64_t before = SumPollers(rt.GetStats(), &PollerStats::polls);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    return SumPollers(rt.GetStats(), &PollerStats::polls) == before;
+  });
+}
+
 // Options with `consumers` runtime-owned consumers.
 inline RuntimeOptions OwnedConsumers(int pollers, int consumers) {
   RuntimeOptions options;

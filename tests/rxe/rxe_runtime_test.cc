@@ -119,18 +119,7 @@ class Rxe : public ::testing::Test {
     return pairs_.back().get();
   }
 
-  uint64_t TotalPolls() const {
-    uint64_t n = 0;
-    for (const auto& p : rt_->GetStats().pollers) n += p.polls;
-    return n;
-  }
-  bool WaitForPollersAsleep() {
-    return WaitFor([&] {
-      uint64_t before = TotalPolls();
-      std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      return TotalPolls() == before;
-    });
-  }
+  bool WaitForPollersAsleep() { return testing::WaitForPollersAsleep(*rt_); }
 
   std::unique_ptr<Runtime> rt_;
   DeviceId dev_ = 0;
