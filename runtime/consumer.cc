@@ -115,14 +115,17 @@ void Consumer::Run() {
   }
 }
 
-bool Consumer::TryReserve(size_t n) noexcept {
+size_t Consumer::ReserveUpTo(size_t n) noexcept {
+  const uint64_t capacity = options_.queue_capacity;
   uint64_t depth = depth_.load(std::memory_order_relaxed);
+  uint64_t take;
   do {
-    if (depth != 0 && depth + n > options_.queue_capacity) return false;
-  } while (!depth_.compare_exchange_weak(depth, depth + n, std::memory_order_seq_cst,
+    if (depth >= capacity) return 0;
+    take = std::min<uint64_t>(n, capacity - depth);
+  } while (!depth_.compare_exchange_weak(depth, depth + take, std::memory_order_seq_cst,
                                          std::memory_order_relaxed));
-  NoteDepth(depth + n);
-  return true;
+  NoteDepth(depth + take);
+  return take;
 }
 
 void Consumer::Reserve(size_t n) noexcept {
@@ -203,13 +206,20 @@ void Consumer::DeliverRun(const Item* items, size_t n) noexcept {
 }
 
 void Consumer::DeliverEvent(const Item& item) noexcept {
+  EventJoin* join = item.join;
+  if (!join->ReleasePart()) return;  // the other poller's part is still on its way
   Slot& slot = slots_.slot(item.slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
   if (StateLive(state) && StateGeneration(state) == item.generation) {
-    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(item.event);
+    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
     async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
                            std::memory_order_relaxed);
   }
+  delete join;
+}
+
+void Consumer::DropEventPart(const Item& item) noexcept {
+  if (item.join->ReleasePart()) delete item.join;
 }
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
@@ -287,7 +297,11 @@ void Consumer::OrphanRemaining() noexcept {
     if (n == 0) return;
     depth_.fetch_sub(n, std::memory_order_release);
     for (size_t k = 0; k < n; ++k) {
-      if (batch_[k].kind == ItemKind::kCompletion) orphans_.Take({&batch_[k].wc, 1});
+      if (batch_[k].kind == ItemKind::kCompletion) {
+        orphans_.Take({&batch_[k].wc, 1});
+      } else {
+        DropEventPart(batch_[k]);
+      }
     }
   }
 }

@@ -1,9 +1,12 @@
 // runtime/consumer.h: a consumer's queue and the dispatch of queued items to handlers.
 //
-// Producers (pollers, the event thread) each hold a moodycamel ProducerToken per consumer and
-// hand over slices with one bulk enqueue. Depth is reserved before enqueue (TryReserve) and
-// released after dequeue, so `depth` never undercounts and the queue never holds more than
-// `queue_capacity` items from pollers: a full consumer makes pollers stall, never drop.
+// Producers are the pollers only: each holds a moodycamel ProducerToken per consumer and hands
+// over slices from its outbox (outbox.h) with bulk enqueues. Async events reach the consumer
+// through the pollers of the QP's CQs too, so that one producer's FIFO order puts an event
+// behind every completion that poller took off the QP's CQ before it. Depth is reserved before
+// enqueue (ReserveUpTo) and released after dequeue, so `depth` never undercounts and the queue
+// never holds more than `queue_capacity` items (Shutdown's final hand-over excepted): a full
+// consumer makes pollers keep items in their outboxes, never drop them.
 //
 // Dispatch() runs on the consumer's thread only (the owned thread, or the engine thread calling
 // Drain). Before a batch's first handler call it lists the batch's slots in `batch_slots_`
@@ -35,12 +38,24 @@ namespace cqd::internal {
 
 enum class ItemKind : uint32_t { kCompletion, kAsyncEvent };
 
-// One queued completion or async event, tagged with the registration it was routed to.
+// One async event for one registration, travelling as one part per poller of the QP's CQs (one,
+// or two when its send and recv CQs are on different shards). Each part follows what its poller
+// took off the CQs before it; the consumer delivers the event when it dequeues the last part, so
+// after everything either poller had taken. Made by the event thread; freed by whoever releases
+// the last part (the consumer, or a poller purging a dead registration's items).
+struct EventJoin {
+  AsyncEvent event;
+  std::atomic<int> parts{0};
+  // Returns true for the caller that released the last part (it must delete the join).
+  bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+};
+
+// One queued completion or async-event part, tagged with the registration it was routed to.
 struct Item {
   Item() : wc{} {}
   union {
     ibv_wc wc;
-    AsyncEvent event;
+    EventJoin* join;  // kAsyncEvent
   };
   uint32_t slot = 0;
   uint32_t generation = 0;
@@ -75,10 +90,12 @@ class Consumer {
   static bool OnConsumerThread() noexcept;
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
   void OrphanRemaining() noexcept;
+  // Any thread: releases an event part without delivering it (its registration is gone).
+  static void DropEventPart(const Item& item) noexcept;
 
-  // Producers. TryReserve returns false when `n` more items would exceed the capacity (an empty
-  // queue always accepts). Reserve always succeeds (shutdown flush, async events).
-  bool TryReserve(size_t n) noexcept;
+  // Producers. ReserveUpTo reserves room for at most `n` items and returns how many (0 when the
+  // queue holds queue_capacity items). Reserve always succeeds (Shutdown's final hand-over).
+  size_t ReserveUpTo(size_t n) noexcept;
   void Reserve(size_t n) noexcept;
   // Enqueues `n` reserved items and wakes the consumer if it sleeps.
   void Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept;

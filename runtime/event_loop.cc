@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <new>
 
 #include "runtime/thread_role.h"
 
@@ -22,15 +23,12 @@ Status SetNonBlocking(int fd) {
 
 }  // namespace
 
-EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Consumer*>& consumers,
-                     const std::vector<Poller*>& pollers, const SlotPool& slots)
+EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers,
+                     const SlotPool& slots)
     : ack_threshold_(ack_threshold),
-      consumers_(consumers),
       pollers_(pollers),
       slots_(slots),
-      wake_shard_(pollers.size(), false) {
-  for (Consumer* consumer : consumers_) tokens_.push_back(consumer->MakeProducerToken());
-}
+      wake_shard_(pollers.size(), false) {}
 
 EventLoop::~EventLoop() {
   Stop();
@@ -43,7 +41,7 @@ Status EventLoop::Start() {
   if (epoll_fd_ < 0) return ErrnoStatus("event loop: epoll_create1", errno);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return ErrnoStatus("event loop: eventfd", errno);
-  if (Status s = Watch(wake_fd_, {SourceKind::kWake, nullptr, nullptr}); !s.ok()) return s;
+  if (Status s = Watch(wake_fd_, {SourceKind::kWake, nullptr, nullptr, -1}); !s.ok()) return s;
   mailbox_.Open();
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
@@ -78,11 +76,18 @@ Status EventLoop::Watch(int fd, Source source) {
 }
 
 Status EventLoop::WatchDevice(DeviceRecord* device) {
-  for (backend::Channel* channel : device->channels) {
-    Status s = Watch(channel->fd(), {SourceKind::kChannel, device, channel});
+  for (size_t shard = 0; shard < device->channels.size(); ++shard) {
+    backend::Channel* channel = device->channels[shard];
+    Status s = Watch(channel->fd(), {SourceKind::kChannel, device, channel,
+                                     static_cast<int>(shard)});
     if (!s.ok()) return s;
   }
-  return Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr});
+  return Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr, -1});
+}
+
+void EventLoop::Unwatch(int fd) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  failed_fds_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void EventLoop::UnmapCq(CqRecord* cq) {
@@ -131,7 +136,12 @@ void EventLoop::DrainChannel(const Source& source) {
     void* native = nullptr;
     if (source.channel->GetEvent(&native) != 0) {
       if (errno == EINTR) continue;
-      return;  // EAGAIN: drained (S4)
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // drained (S4)
+      // The channel is broken (the device is gone): stop watching it, and have the poller stop
+      // waiting for its events.
+      Unwatch(source.channel->fd());
+      pollers_[source.shard]->NotificationsBroken();
+      return;
     }
     auto it = cqs_.find(native);
     if (it == cqs_.end()) {
@@ -158,6 +168,7 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
     backend::AsyncEventRecord record;
     if (device->backend->GetAsyncEvent(&record) != 0) {
       if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) Unwatch(device->backend->async_fd());
       return;
     }
     async_events_.fetch_add(1, std::memory_order_relaxed);
@@ -183,8 +194,7 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
 void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
   if (backend::IsQpEvent(event.type)) {
     const Slot* slot = device->qps.Lookup(event.qp_num);
-    if (slot != nullptr && DeliverToSlot(static_cast<uint32_t>(slot - &slots_.slot(0)), event,
-                                         device->id)) {
+    if (slot != nullptr && DeliverToSlot(slot->index, event, device->id)) {
       return;
     }
     if (device->handler != nullptr) device->handler->OnDeviceEvent(event);  // unregistered QP
@@ -194,7 +204,8 @@ void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
   if (device->handler != nullptr) device->handler->OnDeviceEvent(event);
   if (event.type != IBV_EVENT_CQ_ERR && event.type != IBV_EVENT_DEVICE_FATAL) return;
   // Fan out to every QP the event takes down: rare, so a scan of the slots is fine.
-  for (uint32_t i = 0; i < slots_.capacity(); ++i) {
+  const uint32_t slots = slots_.allocated();
+  for (uint32_t i = 0; i < slots; ++i) {
     const Slot& slot = slots_.slot(i);
     if (!StateLive(slot.state.load(std::memory_order_acquire))) continue;
     if (slot.device.load(std::memory_order_relaxed) != device->id) continue;
@@ -213,14 +224,20 @@ bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId 
   const Slot& slot = slots_.slot(index);
   uint64_t state = slot.state.load(std::memory_order_acquire);
   if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
-  uint32_t consumer = StateConsumer(state);
+  const int send_shard = slot.send_shard.load(std::memory_order_relaxed);
+  const int recv_shard = slot.recv_shard.load(std::memory_order_relaxed);
+  auto* join = new (std::nothrow) EventJoin;
+  if (join == nullptr) return false;  // out of memory: the device handler gets it instead
+  join->event = event;
+  join->parts.store(send_shard == recv_shard ? 1 : 2, std::memory_order_relaxed);
   Item item;
-  item.event = event;
+  item.join = join;
   item.slot = index;
   item.generation = StateGeneration(state);
   item.kind = ItemKind::kAsyncEvent;
-  consumers_[consumer]->Reserve(1);  // async events are rare: they may exceed the capacity
-  consumers_[consumer]->Push(tokens_[consumer], &item, 1);
+  const uint32_t consumer = StateConsumer(state);
+  pollers_[send_shard]->PostEvent(consumer, item);
+  if (recv_shard != send_shard) pollers_[recv_shard]->PostEvent(consumer, item);
   return true;
 }
 

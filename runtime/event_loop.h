@@ -4,9 +4,15 @@
 // wake eventfd, all non-blocking and level-triggered, and drains each ready fd until EAGAIN
 // (retrying EINTR). For a completion event it counts the event against its CQ, acks in batches
 // of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard's poller.
-// Async events are copied, acked (S13) and routed: QP events to the QP's handler through its
-// consumer queue; CQ_ERR and DEVICE_FATAL to the device handler and to every QP they affect;
-// port and SRQ events (and QP events of unregistered QPs) to the device handler.
+// Async events are copied, acked (S13) and routed: QP events to the QP's handler; CQ_ERR and
+// DEVICE_FATAL to the device handler and to every QP they affect; port and SRQ events (and QP
+// events of unregistered QPs) to the device handler. An event for a QP travels through the
+// pollers of the QP's CQs (Poller::PostEvent, EventJoin), so it reaches the handler after every
+// completion those pollers took off the QP's CQs before the event was read.
+//
+// An fd that fails with anything but EAGAIN or EINTR (a device gone) is taken out of the epoll
+// set, so that the level-triggered loop cannot spin on it; for a completion channel the shard's
+// poller is told to stop relying on events (it then sleeps in bounded steps).
 //
 // Threading: the native-CQ map and the epoll set belong to the event thread; other threads change
 // them through RunSync (see mailbox.h).
@@ -31,8 +37,7 @@ namespace cqd::internal {
 
 class EventLoop {
  public:
-  EventLoop(uint32_t ack_threshold, const std::vector<Consumer*>& consumers,
-            const std::vector<Poller*>& pollers, const SlotPool& slots);
+  EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers, const SlotPool& slots);
   ~EventLoop();
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -49,6 +54,8 @@ class EventLoop {
 
   uint64_t async_events() const { return async_events_.load(std::memory_order_relaxed); }
   uint64_t stray_events() const { return stray_events_.load(std::memory_order_relaxed); }
+  // fds taken out of the epoll set because they kept failing.
+  uint64_t failed_fds() const { return failed_fds_.load(std::memory_order_relaxed); }
 
  private:
   enum class SourceKind { kWake, kChannel, kAsync };
@@ -56,21 +63,22 @@ class EventLoop {
     SourceKind kind;
     DeviceRecord* device;
     backend::Channel* channel;
+    int shard;
   };
   void Run();
   Status Watch(int fd, Source source);
   void DrainChannel(const Source& source);
   void DrainAsync(DeviceRecord* device);
   void Route(DeviceRecord* device, const AsyncEvent& event);
-  // Queues `event` for the handler of `slot` on its consumer; false unless the slot holds a live
-  // registration of event.qp_num on `device`.
+  // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
+  // holds a live registration of event.qp_num on `device`.
   bool DeliverToSlot(uint32_t slot, const AsyncEvent& event, DeviceId device);
+  // Takes a failing fd out of the epoll set.
+  void Unwatch(int fd);
 
   const uint32_t ack_threshold_;
-  std::vector<Consumer*> consumers_;
   std::vector<Poller*> pollers_;
   const SlotPool& slots_;
-  std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
@@ -81,6 +89,7 @@ class EventLoop {
   std::vector<bool> wake_shard_;
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};
+  std::atomic<uint64_t> failed_fds_{0};
 };
 
 }  // namespace cqd::internal

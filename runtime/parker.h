@@ -6,7 +6,7 @@
 // wakes it) or the sleeper's re-check sees the work. Wake costs one load when nobody sleeps.
 //
 // The wake goes through a futex, or, with UseEventFd(), an eventfd the sleeper watches in its own
-// epoll set (engine-driven consumers): then Park() is not used.
+// epoll set (engine-driven consumers): then Park() and ParkFor() are not used.
 #ifndef CQD_RUNTIME_PARKER_H_
 #define CQD_RUNTIME_PARKER_H_
 
@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <cerrno>
 #include <cstdint>
 
@@ -38,6 +40,16 @@ class Parker {
   void Park(uint32_t ticket) noexcept {
     while (seq_.load(std::memory_order_acquire) == ticket) {
       syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq_), FUTEX_WAIT_PRIVATE, ticket, nullptr,
+              nullptr, 0);
+    }
+    sleeping_.store(false, std::memory_order_relaxed);
+  }
+  // Sleeper: as Park, but returns after `timeout` at the latest.
+  void ParkFor(uint32_t ticket, std::chrono::nanoseconds timeout) noexcept {
+    timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+                static_cast<long>(timeout.count() % 1000000000)};
+    if (seq_.load(std::memory_order_acquire) == ticket) {
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&seq_), FUTEX_WAIT_PRIVATE, ticket, &ts,
               nullptr, 0);
     }
     sleeping_.store(false, std::memory_order_relaxed);

@@ -1,11 +1,14 @@
 #include "runtime/poller.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "runtime/thread_role.h"
 
 namespace cqd::internal {
+
+using Clock = std::chrono::steady_clock;
 
 Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
                const SlotPool& slots, OrphanSink& orphans)
@@ -15,11 +18,12 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       slots_(slots),
       orphans_(orphans),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)) {
-  for (Consumer* consumer : consumers_) {
-    tokens_.push_back(consumer->MakeProducerToken());
-    stages_.push_back(Stage{std::make_unique<Item[]>(options.poll_batch), 0});
+  for (size_t c = 0; c < consumers_.size(); ++c) {
+    tokens_.push_back(consumers_[c]->MakeProducerToken());
+    outboxes_.push_back(std::make_unique<Outbox>(
+        static_cast<uint32_t>(options.consumers[c].spill_capacity)));
   }
-  touched_.reserve(consumers_.size());
+  listed_.reserve(consumers_.size());
 }
 
 Poller::~Poller() { Stop(); }
@@ -36,35 +40,124 @@ void Poller::Stop() {
   thread_.join();
 }
 
-void Poller::RunSync(const std::function<void(std::vector<CqRecord*>&)>& fn) {
-  mailbox_.RunSync([&] { fn(cqs_); }, [this] { parker_.Wake(); });
+void Poller::RunSync(const std::function<void()>& fn) {
+  mailbox_.RunSync(fn, [this] { parker_.Wake(); });
+}
+
+void Poller::AddCq(CqRecord* cq) {
+  RunSync([&] { cqs_.push_back(cq); });
+}
+
+void Poller::ReturnCq(CqRecord* cq) { AddCq(cq); }
+
+uint64_t Poller::RemoveCq(CqRecord* cq) {
+  uint64_t taken = 0;
+  RunSync([&] {
+    std::erase(cqs_, cq);
+    if (cq->poll_failed) return;
+    // No live registration uses it (the control path checked): everything left is an orphan.
+    for (;;) {
+      int n = cq->cq->Poll(options_.poll_batch, wcs_.get());
+      if (n <= 0) break;
+      Count(cq->completions, n);
+      Count(completions_, n);
+      orphans_.Take({wcs_.get(), static_cast<size_t>(n)});
+      taken += n;
+    }
+  });
+  return taken;
+}
+
+void Poller::AddUse(CqRecord* cq, uint32_t consumer) {
+  RunSync([&] {
+    for (CqRecord::Use& use : cq->uses) {
+      if (use.consumer == consumer) {
+        ++use.count;
+        return;
+      }
+    }
+    cq->uses.push_back({consumer, 1});
+  });
+}
+
+void Poller::DropUse(CqRecord* cq, uint32_t consumer) {
+  RunSync([&] {
+    for (size_t i = 0; i < cq->uses.size(); ++i) {
+      if (cq->uses[i].consumer == consumer && --cq->uses[i].count == 0) {
+        cq->uses.erase(cq->uses.begin() + i);
+        return;
+      }
+    }
+  });
+}
+
+void Poller::PurgeDead(uint32_t consumer) {
+  RunSync([&] {
+    auto live = [&](const Item& item) {
+      uint64_t state = slots_.slot(item.slot).state.load(std::memory_order_acquire);
+      return StateLive(state) && StateGeneration(state) == item.generation;
+    };
+    outboxes_[consumer]->Filter([&](const Item& item) {
+      if (live(item)) return true;
+      if (item.kind == ItemKind::kCompletion) {
+        orphans_.Take({&item.wc, 1});
+      } else {
+        Consumer::DropEventPart(item);
+      }
+      return false;
+    });
+    std::erase_if(deferred_, [&](const PostedEvent& posted) {
+      if (posted.consumer != consumer || live(posted.item)) return false;
+      Consumer::DropEventPart(posted.item);
+      return true;
+    });
+    NoteOutbox(consumer);
+  });
+}
+
+void Poller::PostEvent(uint32_t consumer, const Item& item) {
+  std::unique_lock<std::mutex> lock(inbox_mu_);
+  if (!inbox_open_) {
+    // The thread has stopped (Shutdown): nothing it polled is still held, so hand it over now.
+    Item copy = item;
+    consumers_[consumer]->Reserve(1);
+    consumers_[consumer]->Push(tokens_[consumer], &copy, 1);
+    return;
+  }
+  inbox_.push_back({consumer, item});
+  inbox_pending_.store(true, std::memory_order_seq_cst);
+  lock.unlock();
+  parker_.Wake();
+}
+
+void Poller::NotificationsBroken() noexcept {
+  notifications_broken_.store(true, std::memory_order_seq_cst);
+  parker_.Wake();
 }
 
 void Poller::Run() {
   MarkRuntimeThread();
   PinAndNameThread(options_.poller_cpus.empty() ? -1 : options_.poller_cpus[index_],
                    "cqd-poll" + std::to_string(index_));
-  using Clock = std::chrono::steady_clock;
   Clock::time_point idle_since;
   bool idle = false;
-  uint32_t stalls = 0;
   for (;;) {
     if (mailbox_.pending()) mailbox_.RunPosted();
     if (stop_.load(std::memory_order_acquire)) break;
-    if (staged_) {
-      if (!Flush(false)) {
-        Count(stalls_, 1);
-        Backoff(++stalls);
-        continue;
-      }
-      staged_ = false;
-      stalls = 0;
+    bool worked = false;
+    if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
+      worked |= PlaceEvents();
     }
-    if (PollAll() > 0 || staged_) {
+    if (!listed_.empty()) worked |= Flush(false);
+    if (PollAll() > 0) worked = true;
+    if (worked) {
       idle = false;
       continue;
     }
-    if (options_.busy_poll) continue;
+    if (options_.busy_poll) {
+      if (!listed_.empty()) CpuRelax();  // waiting for a full consumer
+      continue;
+    }
     Clock::time_point now = Clock::now();
     if (!idle) {
       idle = true;
@@ -74,26 +167,60 @@ void Poller::Run() {
       idle = false;
     }
   }
-  // Everything polled so far reaches a consumer (they outlive the pollers' shutdown).
-  Flush(true);
+  // Everything taken off the CQs so far, and every posted event, reaches a consumer (they
+  // outlive the pollers' shutdown). PostEvent waits on inbox_mu_ meanwhile and afterwards hands
+  // events over directly, behind everything this flush moved.
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
+  inbox_.clear();
+  for (PostedEvent& posted : deferred_) AppendTo(posted.consumer) = posted.item;
+  deferred_.clear();
+  Flush(/*force=*/true);
+  inbox_open_ = false;
   mailbox_.Close();
 }
 
-void Poller::Backoff(uint32_t stalls) noexcept {
-  if (stalls < 64) {
-    CpuRelax();
-  } else if (stalls < 1024) {
-    std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));  // an engine not draining
+bool Poller::PlaceEvents() {
+  if (inbox_pending_.exchange(false, std::memory_order_acq_rel)) {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    deferred_.insert(deferred_.end(), inbox_.begin(), inbox_.end());
+    inbox_.clear();
   }
+  // In posting order; one that finds its outbox full stays, and so do later ones for the same
+  // consumer (nothing frees room in between), which keeps each consumer's events in order.
+  bool moved = false;
+  size_t kept = 0;
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    PostedEvent& posted = deferred_[i];
+    if (outboxes_[posted.consumer]->full()) {
+      deferred_[kept++] = posted;
+      continue;
+    }
+    AppendTo(posted.consumer) = posted.item;
+    moved = true;
+  }
+  deferred_.resize(kept);
+  return moved;
+}
+
+int Poller::RoomFor(const CqRecord& cq) noexcept {
+  int room = options_.poll_batch;
+  for (const CqRecord::Use& use : cq.uses) {
+    room = std::min<int>(room, static_cast<int>(outboxes_[use.consumer]->room()));
+  }
+  return room;
 }
 
 int Poller::PollAll() noexcept {
   int found = 0;
   for (CqRecord* cq : cqs_) {
     if (cq->poll_failed) continue;
-    int n = cq->cq->Poll(options_.poll_batch, wcs_.get());
+    int room = RoomFor(*cq);
+    if (room == 0) {  // a consumer it shares is stalled: leave the completions in the CQ
+      Count(skipped_, 1);
+      continue;
+    }
+    int n = cq->cq->Poll(room, wcs_.get());
     Count(polls_, 1);
     if (n == 0) {
       Count(empty_polls_, 1);
@@ -108,30 +235,33 @@ int Poller::PollAll() noexcept {
     Count(completions_, n);
     found += n;
     Route(cq, n);
-    if (!Flush(false)) {
-      staged_ = true;  // stop polling until the consumer has room
-      break;
-    }
+    Flush(false);
   }
   return found;
+}
+
+Item& Poller::AppendTo(uint32_t consumer) noexcept {
+  Outbox& outbox = *outboxes_[consumer];
+  if (outbox.full()) FlushOne(consumer, /*force=*/true);  // a QP on a CQ it did not register
+  if (!outbox.listed) {
+    outbox.listed = true;
+    listed_.push_back(consumer);
+  }
+  return outbox.Append();
 }
 
 void Poller::Route(CqRecord* cq, int n) noexcept {
   const QpTable& table = cq->device->qps;
   const DeviceId device = cq->device->id;
-  const Slot* base = &slots_.slot(0);
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs_[i];
     const Slot* slot = table.Lookup(wc.qp_num);
     if (slot != nullptr) {
       uint64_t state = slot->state.load(std::memory_order_acquire);
       if (StateLive(state) && slot->Holds(device, wc.qp_num)) {
-        uint32_t consumer = StateConsumer(state);
-        Stage& stage = stages_[consumer];
-        if (stage.count == 0) touched_.push_back(consumer);
-        Item& item = stage.items[stage.count++];
+        Item& item = AppendTo(StateConsumer(state));
         item.wc = wc;
-        item.slot = static_cast<uint32_t>(slot - base);
+        item.slot = slot->index;
         item.generation = StateGeneration(state);
         item.kind = ItemKind::kCompletion;
         continue;
@@ -142,40 +272,95 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
 }
 
 bool Poller::Flush(bool force) noexcept {
+  bool moved = false;
   size_t kept = 0;
-  for (uint32_t consumer : touched_) {
-    Stage& stage = stages_[consumer];
-    Consumer& c = *consumers_[consumer];
-    if (force) {
-      c.Reserve(stage.count);
-    } else if (!c.TryReserve(stage.count)) {
-      touched_[kept++] = consumer;
-      continue;
+  for (size_t i = 0; i < listed_.size(); ++i) {
+    uint32_t consumer = listed_[i];
+    moved |= FlushOne(consumer, force);
+    Outbox& outbox = *outboxes_[consumer];
+    NoteOutbox(consumer);
+    if (outbox.empty()) {
+      outbox.listed = false;
+    } else {
+      listed_[kept++] = consumer;
     }
-    c.Push(tokens_[consumer], stage.items.get(), stage.count);
-    stage.count = 0;
   }
-  touched_.resize(kept);
-  return kept == 0;
+  listed_.resize(kept);
+  return moved;
+}
+
+bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
+  Outbox& outbox = *outboxes_[consumer];
+  Consumer& c = *consumers_[consumer];
+  bool moved = false;
+  while (!outbox.empty()) {
+    uint32_t n;
+    Item* items = outbox.Front(outbox.size(), &n);
+    size_t take = n;
+    if (force) {
+      c.Reserve(n);
+    } else {
+      take = c.ReserveUpTo(n);
+      if (take == 0) break;
+    }
+    c.Push(tokens_[consumer], items, take);
+    outbox.PopFront(static_cast<uint32_t>(take));
+    moved = true;
+  }
+  return moved;
+}
+
+void Poller::NoteOutbox(uint32_t consumer) noexcept {
+  Outbox& outbox = *outboxes_[consumer];
+  uint64_t size = outbox.size();
+  outbox.depth_stat.store(size, std::memory_order_relaxed);
+  if (size > outbox.high_water.load(std::memory_order_relaxed)) {
+    outbox.high_water.store(size, std::memory_order_relaxed);
+  }
+  if (outbox.full() != outbox.stalled) {  // a stall starts or ends: rare, so read the clock
+    Clock::time_point now = Clock::now();
+    outbox.stalled = outbox.full();
+    if (outbox.stalled) {
+      outbox.full_since = now;
+      Count(outbox.stalls, 1);
+    } else {
+      Count(outbox.stalled_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   now - outbox.full_since)
+                                   .count());
+    }
+  }
 }
 
 void Poller::TrySleep() noexcept {
   uint32_t ticket = parker_.Prepare();
+  arm_failed_ = false;
   for (CqRecord* cq : cqs_) {
     if (cq->poll_failed || cq->device->failed.load(std::memory_order_relaxed)) continue;
     if (cq->armed.load(std::memory_order_seq_cst)) continue;  // a notification is pending (S7)
     cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
-    cq->cq->RequestNotify(cq->solicited_only);          // on failure stay "armed": no retry loop
     Count(arms_, 1);
+    if (cq->cq->RequestNotify(cq->solicited_only) != 0) {
+      // Not armed: no event will come. Clear the mark so the next sleep tries again, and sleep
+      // only briefly meanwhile.
+      cq->armed.store(false, std::memory_order_seq_cst);
+      Count(arm_failures_, 1);
+      arm_failed_ = true;
+    }
   }
   // S6: completions that arrived before arming raise no event: poll once more.
-  if (PollAll() > 0 || staged_ || mailbox_.pending() ||
+  if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
       stop_.load(std::memory_order_seq_cst)) {
     parker_.Cancel();
     return;
   }
   Count(sleeps_, 1);
-  parker_.Park(ticket);
+  if (arm_failed_ || notifications_broken_.load(std::memory_order_relaxed)) {
+    parker_.ParkFor(ticket, kRecheckUnarmed);
+  } else if (!listed_.empty() || !deferred_.empty()) {
+    parker_.ParkFor(ticket, kRecheckStalled);
+  } else {
+    parker_.Park(ticket);
+  }
 }
 
 PollerStats Poller::stats() const {
@@ -185,9 +370,19 @@ PollerStats Poller::stats() const {
   s.empty_polls = empty_polls_.load(std::memory_order_relaxed);
   s.completions = completions_.load(std::memory_order_relaxed);
   s.arms = arms_.load(std::memory_order_relaxed);
+  s.arm_failures = arm_failures_.load(std::memory_order_relaxed);
   s.sleeps = sleeps_.load(std::memory_order_relaxed);
-  s.backpressure_stalls = stalls_.load(std::memory_order_relaxed);
+  s.backpressure_stalls = skipped_.load(std::memory_order_relaxed);
   return s;
+}
+
+void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
+  const Outbox& outbox = *outboxes_[consumer];
+  out.spill_depth += outbox.depth_stat.load(std::memory_order_relaxed);
+  out.spill_high_water = std::max(out.spill_high_water,
+                                  outbox.high_water.load(std::memory_order_relaxed));
+  out.stalls += outbox.stalls.load(std::memory_order_relaxed);
+  out.stalled_ns += outbox.stalled_ns.load(std::memory_order_relaxed);
 }
 
 }  // namespace cqd::internal

@@ -1,24 +1,36 @@
 // runtime/poller.h: one poller thread, owning one CQ shard.
 //
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
-// cannot starve the others), routes each completion by qp_num through its device's QpTable, stages
-// it per destination consumer and hands each consumer its slice with one bulk enqueue. When a
-// consumer is full it keeps the slice and stops polling until there is room (backpressure: the
-// completions stay in the CQ, none is dropped).
+// cannot starve the others), routes each completion by qp_num through its device's QpTable into
+// the destination consumer's outbox (outbox.h) and moves outboxes into consumer queues while
+// they have room. Async events reach it from the event thread (PostEvent) and join the same
+// outboxes, behind what the poller had already taken off its CQs.
 //
-// Idle: after `idle_budget` without completions it arms every CQ not already armed (S7), polls
-// once more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
-// Wake() for each event; Parker orders the sleep against the wake.
+// Slow consumers: a consumer whose queue is full leaves its items in this poller's outbox. Each
+// CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
+// as many completions as the fullest of those outboxes has room for, and skipped while one is
+// full. CQs that a stalled consumer does not share are polled as usual. Unregistering a QP
+// purges its items from the outboxes (completions to the orphan sink), so a consumer whose QPs
+// are all gone stops holding anything back.
 //
-// Threading: the CQ list and staging buffers belong to the poller thread. Other threads change
-// the CQ list only through RunSync, which runs a function on the poller thread at the top of its
-// loop (or inline once the thread has stopped) and waits for it.
+// Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
+// more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
+// Wake() for each event; Parker orders the sleep against the wake. The sleep is bounded while an
+// outbox holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or
+// the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification
+// costs latency, never a hang.
+//
+// Threading: the CQ list, the outboxes and CqRecord::uses belong to the poller thread. Other
+// threads change them only through the control calls below, which run on the poller thread
+// between two passes (or inline once it has stopped) and wait for it. PostEvent and Wake may be
+// called from any thread.
 #ifndef CQD_RUNTIME_POLLER_H_
 #define CQD_RUNTIME_POLLER_H_
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -27,6 +39,7 @@
 #include "runtime/consumer.h"
 #include "runtime/mailbox.h"
 #include "runtime/orphans.h"
+#include "runtime/outbox.h"
 #include "runtime/parker.h"
 #include "runtime/records.h"
 #include "runtime/registry.h"
@@ -42,31 +55,65 @@ class Poller {
   Poller& operator=(const Poller&) = delete;
 
   void Start();
-  // Stops polling, hands everything already polled to the consumers, and joins.
+  // Stops polling, hands everything it holds (outboxes, posted events) to the consumers, and
+  // joins. Events posted afterwards go straight to their consumer.
   void Stop();
-  // Runs `fn` on the poller thread between two passes and waits for it.
-  void RunSync(const std::function<void(std::vector<CqRecord*>&)>& fn);
+
+  // Control path (each waits for the poller thread).
+  void AddCq(CqRecord* cq);
+  // Stops polling `cq` and polls it empty: what it still holds goes to the orphan sink (no live
+  // registration uses it). Returns the number of completions taken.
+  uint64_t RemoveCq(CqRecord* cq);
+  // Puts `cq` back after RemoveCq (its destroy failed).
+  void ReturnCq(CqRecord* cq);
+  // A registration on `consumer` starts or stops using `cq` (a CQ of this shard).
+  void AddUse(CqRecord* cq, uint32_t consumer);
+  void DropUse(CqRecord* cq, uint32_t consumer);
+  // Moves the items of dead registrations out of `consumer`'s outbox: completions to the orphan
+  // sink, event parts released.
+  void PurgeDead(uint32_t consumer);
+
+  // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
+  // everything this poller already took off its CQs.
+  void PostEvent(uint32_t consumer, const Item& item);
   // Event thread: a CQ of this shard got an event.
   void Wake() noexcept { parker_.Wake(); }
+  // Event thread: the shard's completion channel failed; never sleep unbounded again.
+  void NotificationsBroken() noexcept;
+
   PollerStats stats() const;
+  // Adds this poller's outbox figures for `consumer` to `out`.
+  void AddSpillStats(uint32_t consumer, ConsumerStats& out) const;
   int index() const { return index_; }
 
  private:
-  struct Stage {
-    std::unique_ptr<Item[]> items;
-    uint32_t count = 0;
+  struct PostedEvent {
+    uint32_t consumer;
+    Item item;
   };
   void Run();
+  void RunSync(const std::function<void()>& fn);
   // Polls every CQ once; returns the number of completions taken.
   int PollAll() noexcept;
+  // Returns how many completions `cq` may be polled for now (0: skip it).
+  int RoomFor(const CqRecord& cq) noexcept;
   void Route(CqRecord* cq, int n) noexcept;
-  // Hands staged slices to their consumers; returns false if one was full (it stays staged).
+  // Moves outboxes into their consumers' queues; returns true if anything moved. With `force`,
+  // everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
+  bool FlushOne(uint32_t consumer, bool force) noexcept;
+  Item& AppendTo(uint32_t consumer) noexcept;
+  void NoteOutbox(uint32_t consumer) noexcept;
+  // Moves posted events into outboxes that have room; returns true if any moved.
+  bool PlaceEvents();
   void TrySleep() noexcept;
-  void Backoff(uint32_t stalls) noexcept;
   void Count(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
+
+  // How long a bounded sleep lasts (see the header comment).
+  static constexpr std::chrono::microseconds kRecheckStalled{200};
+  static constexpr std::chrono::microseconds kRecheckUnarmed{1000};
 
   const int index_;
   const RuntimeOptions& options_;
@@ -75,23 +122,32 @@ class Poller {
   OrphanSink& orphans_;
   std::vector<CqRecord*> cqs_;
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
-  std::vector<Stage> stages_;                      // one per consumer
-  std::vector<uint32_t> touched_;                  // consumers with a staged slice
+  std::vector<std::unique_ptr<Outbox>> outboxes_;  // one per consumer
+  std::vector<uint32_t> listed_;                   // consumers whose outbox is not empty
   std::unique_ptr<ibv_wc[]> wcs_;
-  bool staged_ = false;  // a slice is waiting for room
+  std::vector<PostedEvent> deferred_;  // posted events waiting for outbox room
+  bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> notifications_broken_{false};
   Parker parker_;
   Mailbox mailbox_;
+
+  // Events posted by the event thread, taken by the poller thread.
+  std::mutex inbox_mu_;
+  std::vector<PostedEvent> inbox_;  // guarded by inbox_mu_
+  bool inbox_open_ = true;          // guarded by inbox_mu_; false once the thread has stopped
+  std::atomic<bool> inbox_pending_{false};
 
   // Stats, written by the poller thread only.
   std::atomic<uint64_t> polls_{0};
   std::atomic<uint64_t> empty_polls_{0};
   std::atomic<uint64_t> completions_{0};
   std::atomic<uint64_t> arms_{0};
+  std::atomic<uint64_t> arm_failures_{0};
   std::atomic<uint64_t> sleeps_{0};
-  std::atomic<uint64_t> stalls_{0};
+  std::atomic<uint64_t> skipped_{0};
 };
 
 }  // namespace cqd::internal

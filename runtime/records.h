@@ -55,8 +55,15 @@ struct CqRecord {
   bool solicited_only = false;
   int registered_qps = 0;  // control path
 
-  // Poller-owned.
+  // Poller-owned (changed by the control path only through Poller's calls).
   bool poll_failed = false;
+  // Consumers of the QPs registered on this CQ, with how many QPs each: the outboxes whose room
+  // bounds a poll of this CQ (see poller.h).
+  struct Use {
+    uint32_t consumer;
+    uint32_t count;
+  };
+  std::vector<Use> uses;
 
   // Set by the poller before it arms, cleared by the event thread when the CQ's event arrives:
   // the poller arms only while it is clear, so at most once per notification (S7).

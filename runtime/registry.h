@@ -1,8 +1,9 @@
 // runtime/registry.h: QP registrations and the qp_num -> registration lookup.
 //
-// A Slot holds one registration. Slots live in one array for the runtime's lifetime and are
-// recycled, never freed, so a poller or consumer holding a stale slot index reads valid memory;
-// the generation in Slot::state tells a stale item from a live one. Slot fields are atomics:
+// A Slot holds one registration. Slots live in chunks of 4096 that are allocated the first time a
+// registration needs one and kept for the runtime's lifetime; slots are recycled, never freed,
+// so a poller or consumer holding a stale slot index reads valid memory; the generation in
+// Slot::state tells a stale item from a live one. Slot fields are atomics:
 // control writes them with relaxed stores and publishes with a release store of `state`; readers
 // load `state` with acquire first.
 //
@@ -34,11 +35,15 @@ inline constexpr uint32_t StateConsumer(uint64_t s) {
 
 struct alignas(64) Slot {
   std::atomic<uint64_t> state{0};
+  uint32_t index = 0;  // this slot's index in its SlotPool; set once, before it is published
   std::atomic<QpHandler*> handler{nullptr};
   std::atomic<uint32_t> qp_num{0};
   std::atomic<uint32_t> device{0};
   std::atomic<uint32_t> send_cq{0};
   std::atomic<uint32_t> recv_cq{0};
+  std::atomic<uint16_t> send_shard{0};
+  std::atomic<uint16_t> recv_shard{0};
+  std::atomic<void*> qp{nullptr};  // the native QP (ibv_qp* or SimQp*), for teardown
 
   // After an acquire load of `state`: true if the slot still holds (device, qp_num). A reader
   // that looked the slot up may have been overtaken by an unregister and a new registration
@@ -76,21 +81,35 @@ class QpTable {
   std::array<std::atomic<Page*>, kPageSize> pages_{};
 };
 
-// The slot array and its free list. Control path only (under the runtime's mutex), except slot(),
-// which any thread may call for an index it got from an item or a table.
+// The slots and their free list. Control path only (under the runtime's mutex), except slot()
+// and allocated(), which any thread may call: slot() for an index it got from an item or a table.
 class SlotPool {
  public:
+  static constexpr uint32_t kChunkBits = 12;
+  static constexpr uint32_t kChunkSize = 1u << kChunkBits;
+
   explicit SlotPool(uint32_t capacity);
-  // Returns a free slot index, or -1 when all are in use. Slots are reused first-in first-out,
+  ~SlotPool();
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+
+  // Returns a free slot index, -1 when all `capacity` are in use, or -2 when memory for a new
+  // chunk could not be had. Freed slots are reused first-in first-out once enough have gathered,
   // so a just-freed slot is not handed out again soon.
-  int64_t Allocate();
+  int64_t Allocate() noexcept;
   void Free(uint32_t index);
-  Slot& slot(uint32_t index) const noexcept { return slots_[index]; }
+  Slot& slot(uint32_t index) const noexcept {
+    return chunks_[index >> kChunkBits].load(std::memory_order_acquire)[index & (kChunkSize - 1)];
+  }
+  // Returns how many slots exist (indexes below it are valid); grows, never shrinks.
+  uint32_t allocated() const noexcept { return allocated_.load(std::memory_order_acquire); }
   uint32_t capacity() const { return capacity_; }
 
  private:
   const uint32_t capacity_;
-  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<std::atomic<Slot*>[]> chunks_;
+  std::atomic<uint32_t> allocated_{0};  // slots in allocated chunks
+  uint32_t next_fresh_ = 0;             // next never-used index
   std::deque<uint32_t> free_;
 };
 

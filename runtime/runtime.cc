@@ -3,7 +3,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <new>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "cqd/sim.h"
 #include "runtime/runtime_impl.h"
@@ -78,6 +82,10 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
       return InvalidArgument(who + ".queue_capacity is " + Str(c.queue_capacity) +
                              ", must be in 1..67108864");
     }
+    if (c.spill_capacity < 1 || c.spill_capacity > (1u << 20)) {
+      return InvalidArgument(who + ".spill_capacity is " + Str(c.spill_capacity) +
+                             ", must be in 1..1048576");
+    }
     if (c.dispatch_batch < 1 || c.dispatch_batch > 1024) {
       return InvalidArgument(who + ".dispatch_batch is " + Str(c.dispatch_batch) +
                              ", must be in 1..1024");
@@ -90,8 +98,15 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
   return Status::Ok();
 }
 
+namespace {
+std::atomic<uint64_t> next_runtime_serial{1};
+}  // namespace
+
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
-    : options_(options), slots_(options.max_registrations), orphans_(options.orphan_handler) {
+    : options_(options),
+      serial_(next_runtime_serial.fetch_add(1, std::memory_order_relaxed)),
+      slots_(options.max_registrations),
+      orphans_(options.orphan_handler) {
   std::vector<Consumer*> consumers;
   for (size_t i = 0; i < options_.consumers.size(); ++i) {
     ConsumerOptions c = options_.consumers[i];
@@ -105,7 +120,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     pollers_.push_back(std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
     pollers.push_back(pollers_.back().get());
   }
-  events_ = std::make_unique<EventLoop>(options_.ack_threshold, consumers, pollers, slots_);
+  events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
 }
 
 Status RuntimeImpl::Start() {
@@ -120,8 +135,10 @@ Status RuntimeImpl::Start() {
 RuntimeImpl::~RuntimeImpl() {
   (void)Shutdown();
   for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
-  // The threads are gone: flush every CQ's unacked events (S2) so destroy cannot hang.
+  // The threads are gone: poll every CQ empty (to the orphan sink), flush its unacked events
+  // (S2) so destroy cannot hang, and destroy or release it.
   for (auto& [id, cq] : cqs_) {
+    pollers_[cq->shard]->RemoveCq(cq.get());
     cq->Ack(cq->acks.TakeAll());
     if (cq->adopted) {
       cq->device->backend->ReleaseCq(cq->cq);
@@ -139,8 +156,13 @@ RuntimeImpl::~RuntimeImpl() {
 
 Result<DeviceId> RuntimeImpl::AddVerbsDevice(ibv_context* context, bool owned,
                                              DeviceEventHandler* events) {
-  CQD_REFUSE_ON_RUNTIME_THREAD("AddVerbsDevice");
   if (context == nullptr) return InvalidArgument("AddVerbsDevice: context is null");
+  // Made first: from here the record's backend closes an owned context on every path, once.
+  auto record = std::make_unique<DeviceRecord>();
+  record->verbs = context;
+  record->backend = std::make_unique<verbs_internal::VerbsBackend>(context, owned);
+  record->handler = events;
+  CQD_REFUSE_ON_RUNTIME_THREAD("AddVerbsDevice");
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& d : devices_) {
@@ -150,10 +172,6 @@ Result<DeviceId> RuntimeImpl::AddVerbsDevice(ibv_context* context, bool owned,
       }
     }
   }
-  auto record = std::make_unique<DeviceRecord>();
-  record->verbs = context;
-  record->backend = std::make_unique<verbs_internal::VerbsBackend>(context, owned);
-  record->handler = events;
   return AddDevice(std::move(record));
 }
 
@@ -291,10 +309,11 @@ Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
   cq->native = cq->cq->native();
   // Map before the poller can arm it, so that its first event is already known.
   events_->RunSync([&] { events_->MapCq(cq); });
-  pollers_[cq->shard]->RunSync([&](std::vector<CqRecord*>& cqs) { cqs.push_back(cq); });
+  pollers_[cq->shard]->AddCq(cq);
   cqs_by_native_[cq->native] = cq;
   cqs_[cq->id] = std::move(record);
   CqHandle handle;
+  handle.runtime_ = serial_;
   handle.id_ = cq->id;
   handle.shard_ = cq->shard;
   handle.device_ = cq->device->id;
@@ -309,24 +328,31 @@ Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
 Status RuntimeImpl::DestroyCq(CqHandle handle) {
   CQD_REFUSE_ON_RUNTIME_THREAD("DestroyCq");
   std::lock_guard<std::mutex> lock(mu_);
+  if (!handle.valid()) return InvalidArgument("DestroyCq: the handle is empty");
+  if (handle.runtime_ != serial_) {
+    return InvalidArgument("DestroyCq: CQ " + Str(handle.id()) +
+                           " was created or adopted by another runtime");
+  }
   auto it = cqs_.find(handle.id());
-  if (it == cqs_.end()) return NotFound("DestroyCq: no CQ " + Str(handle.id()));
+  if (it == cqs_.end()) {
+    return NotFound("DestroyCq: no CQ " + Str(handle.id()) + " (already destroyed or released)");
+  }
   CqRecord* cq = it->second.get();
   if (cq->registered_qps > 0) {
     return FailedPrecondition("DestroyCq: CQ " + Str(cq->id) + " still has " +
                               Str(cq->registered_qps) + " registered QP uses");
   }
-  auto remove = [&](std::vector<CqRecord*>& cqs) { std::erase(cqs, cq); };
-  pollers_[cq->shard]->RunSync(remove);
-  // From here the poller neither polls nor arms it. Flush the acks (see CqRecord::retiring).
+  // From here the poller neither polls nor arms it; what the CQ still holds went to the orphan
+  // sink. Flush the acks (see CqRecord::retiring).
+  pollers_[cq->shard]->RemoveCq(cq);
   cq->retiring.store(true, std::memory_order_seq_cst);
   cq->Ack(cq->acks.TakeAll());
   if (cq->adopted) {
     // Keep the record mapped: an event still in flight for it gets acked by the event thread
-    // rather than leaving the engine's ibv_destroy_cq waiting forever.
+    // rather than leaving the engine's ibv_destroy_cq waiting forever. Its counters stay live
+    // in GetStats (released_).
     cq->device->backend->ReleaseCq(cq->cq);
     cqs_by_native_.erase(cq->native);
-    RetireCounters(*cq);
     released_.push_back(std::move(it->second));
     cqs_.erase(it);
     return Status::Ok();
@@ -336,7 +362,7 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
     // clearing `armed`; clear it so the poller re-arms it.
     cq->retiring.store(false, std::memory_order_seq_cst);
     cq->armed.store(false, std::memory_order_seq_cst);
-    pollers_[cq->shard]->RunSync([&](std::vector<CqRecord*>& cqs) { cqs.push_back(cq); });
+    pollers_[cq->shard]->ReturnCq(cq);
     return Status(s.code(), "DestroyCq: " + s.message());
   }
   events_->RunSync([&] { events_->UnmapCq(cq); });
@@ -352,9 +378,9 @@ void RuntimeImpl::RetireCounters(const CqRecord& cq) {
   gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
 }
 
-Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* send_native,
-                                             void* recv_native, QpHandler& handler,
-                                             ConsumerId consumer) {
+Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
+                                             void* send_native, void* recv_native,
+                                             QpHandler& handler, ConsumerId consumer) {
   CQD_REFUSE_ON_RUNTIME_THREAD("RegisterQp");
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
@@ -381,10 +407,11 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* send_native,
     return AlreadyExists("RegisterQp: qp_num " + Str(qp_num) + " is already registered");
   }
   int64_t index = slots_.Allocate();
-  if (index < 0) {
+  if (index == -1) {
     return ResourceExhausted("RegisterQp: all " + Str(slots_.capacity()) +
                              " registrations (max_registrations) are in use");
   }
+  if (index < 0) return ResourceExhausted("RegisterQp: out of memory for registration slots");
   Slot& slot = slots_.slot(static_cast<uint32_t>(index));
   uint32_t generation = StateGeneration(slot.state.load(std::memory_order_relaxed));
   slot.handler.store(&handler, std::memory_order_relaxed);
@@ -392,6 +419,12 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* send_native,
   slot.device.store(device->id, std::memory_order_relaxed);
   slot.send_cq.store(send->id, std::memory_order_relaxed);
   slot.recv_cq.store(recv->id, std::memory_order_relaxed);
+  slot.send_shard.store(static_cast<uint16_t>(send->shard), std::memory_order_relaxed);
+  slot.recv_shard.store(static_cast<uint16_t>(recv->shard), std::memory_order_relaxed);
+  slot.qp.store(native_qp, std::memory_order_relaxed);
+  // The pollers learn which consumer the CQs serve before the first completion can be routed.
+  pollers_[send->shard]->AddUse(send, consumer);
+  if (recv != send) pollers_[recv->shard]->AddUse(recv, consumer);
   slot.state.store(MakeState(generation, consumer, true), std::memory_order_release);
   device->qps.Set(qp_num, &slot);
   ++send->registered_qps;
@@ -416,10 +449,21 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
   uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
-  for (uint32_t id : {slot.send_cq.load(std::memory_order_relaxed),
-                      slot.recv_cq.load(std::memory_order_relaxed)}) {
+  const uint32_t send_id = slot.send_cq.load(std::memory_order_relaxed);
+  const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
+  for (uint32_t id : {send_id, recv_id}) {
     auto it = cqs_.find(id);
-    if (it != cqs_.end()) --it->second->registered_qps;
+    if (it == cqs_.end()) continue;
+    CqRecord* cq = it->second.get();
+    --cq->registered_qps;
+    if (id == recv_id && recv_id == send_id) continue;  // one CQ for both: one use
+    pollers_[cq->shard]->DropUse(cq, consumer);
+  }
+  // What the pollers still hold for this registration becomes orphans now, so that a consumer
+  // that stopped draining does not keep CQs of others held back for QPs that are gone.
+  for (uint16_t shard : {slot.send_shard.load(std::memory_order_relaxed),
+                         slot.recv_shard.load(std::memory_order_relaxed)}) {
+    pollers_[shard]->PurgeDead(consumer);
   }
   lock.unlock();
   consumers_[consumer]->WaitForBatchInProgress(index);  // without mu_: a handler may want it
@@ -458,6 +502,7 @@ Stats RuntimeImpl::GetStats() const {
     c.async_events = consumer->async_delivered();
     c.queue_depth = consumer->depth();
     c.high_water = consumer->high_water();
+    for (const auto& poller : pollers_) poller->AddSpillStats(consumer->index(), c);
     stats.consumers.push_back(std::move(c));
   }
   if (OnRuntimeThread()) return stats;  // the CQ part needs the mutex: see thread_role.h
@@ -476,11 +521,17 @@ Stats RuntimeImpl::GetStats() const {
     stats.cq_acked_events += c.acked_events;
     stats.cq_ack_calls += c.ack_calls;
   }
+  for (const auto& cq : released_) {  // adopted, released, still acked if an event comes
+    stats.cq_events += cq->events.load(std::memory_order_relaxed);
+    stats.cq_acked_events += cq->acked_events.load(std::memory_order_relaxed);
+    stats.cq_ack_calls += cq->ack_calls.load(std::memory_order_relaxed);
+  }
   stats.cq_events += gone_events_;
   stats.cq_acked_events += gone_acked_;
   stats.cq_ack_calls += gone_ack_calls_;
   stats.orphans = orphans_.total();
   stats.async_events = events_->async_events();
+  stats.failed_fds = events_->failed_fds();
   return stats;
 }
 
@@ -495,10 +546,11 @@ Status RuntimeImpl::Shutdown() {
     if (shut_down_) return Status::Ok();
     shut_down_ = true;
   }
-  // Pollers first: they hand what they polled to the consumers. Then the event thread, then the
-  // owned consumers, which dispatch everything queued before they exit.
-  for (auto& poller : pollers_) poller->Stop();
+  // The event thread first: what it read it already posted to the pollers. Then the pollers:
+  // they hand everything they hold to the consumers. Then the owned consumers, which dispatch
+  // everything queued before they exit.
   events_->Stop();
+  for (auto& poller : pollers_) poller->Stop();
   for (auto& consumer : consumers_) consumer->Stop();
   return Status::Ok();
 }
@@ -507,70 +559,112 @@ Status RuntimeImpl::Shutdown() {
 
 // ---- public API: forwards to RuntimeImpl ----
 
-Result<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeOptions& options) {
-  if (Status s = internal::RuntimeImpl::Validate(options); !s.ok()) {
-    return Status(s.code(), "Runtime::Create: " + s.message());
+namespace {
+
+// The control path never throws across the library boundary: memory or thread exhaustion in a
+// control call comes back as a status.
+template <typename Fn>
+auto Guarded(const char* op, Fn&& fn) noexcept -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(std::string(op) + ": out of memory");
+  } catch (const std::system_error& e) {
+    return ResourceExhausted(std::string(op) + ": " + e.what());
+  } catch (const std::exception& e) {
+    return Internal(std::string(op) + ": " + e.what());
   }
-  auto impl = std::make_unique<internal::RuntimeImpl>(options);
-  if (Status s = impl->Start(); !s.ok()) return s;
-  return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Runtime>> Runtime::Create(const RuntimeOptions& options) {
+  return Guarded("Runtime::Create", [&]() -> Result<std::unique_ptr<Runtime>> {
+    if (Status s = internal::RuntimeImpl::Validate(options); !s.ok()) {
+      return Status(s.code(), "Runtime::Create: " + s.message());
+    }
+    auto impl = std::make_unique<internal::RuntimeImpl>(options);
+    if (Status s = impl->Start(); !s.ok()) return s;
+    return std::unique_ptr<Runtime>(new Runtime(std::move(impl)));
+  });
 }
 
 Runtime::Runtime(std::unique_ptr<internal::RuntimeImpl> impl) : impl_(std::move(impl)) {}
 Runtime::~Runtime() = default;
 
 Result<DeviceId> Runtime::AddVerbsDevice(ibv_context* context, DeviceEventHandler* events) {
-  return impl_->AddVerbsDevice(context, /*owned=*/false, events);
+  return Guarded("AddVerbsDevice",
+                 [&] { return impl_->AddVerbsDevice(context, /*owned=*/false, events); });
 }
 Result<DeviceId> Runtime::OpenVerbsDevice(const std::string& name, DeviceEventHandler* events) {
-  Result<ibv_context*> context = verbs_internal::OpenDevice(name);
-  if (!context.ok()) {
-    return Status(context.status().code(), "OpenVerbsDevice: " + context.status().message());
-  }
-  Result<DeviceId> id = impl_->AddVerbsDevice(*context, /*owned=*/true, events);
-  if (!id.ok()) ibv_close_device(*context);
-  return id;
+  return Guarded("OpenVerbsDevice", [&]() -> Result<DeviceId> {
+    Result<ibv_context*> context = verbs_internal::OpenDevice(name);
+    if (!context.ok()) {
+      return Status(context.status().code(), "OpenVerbsDevice: " + context.status().message());
+    }
+    // Owned from here: the runtime closes the context, on failure too.
+    return impl_->AddVerbsDevice(*context, /*owned=*/true, events);
+  });
 }
-Result<ibv_context*> Runtime::VerbsContext(DeviceId device) { return impl_->VerbsContext(device); }
+Result<ibv_context*> Runtime::VerbsContext(DeviceId device) {
+  return Guarded("VerbsContext", [&] { return impl_->VerbsContext(device); });
+}
 Result<DeviceId> Runtime::AddSimDevice(std::shared_ptr<SimDevice> device,
                                        DeviceEventHandler* events) {
-  return impl_->AddSimDevice(std::move(device), events);
+  return Guarded("AddSimDevice", [&] { return impl_->AddSimDevice(std::move(device), events); });
 }
 Result<CqHandle> Runtime::CreateCq(DeviceId device, int shard, const CqOptions& options) {
-  return impl_->CreateCq(device, shard, options);
+  return Guarded("CreateCq", [&] { return impl_->CreateCq(device, shard, options); });
 }
 Result<ibv_comp_channel*> Runtime::VerbsChannelFor(DeviceId device, int shard) {
-  Result<void*> channel = impl_->NativeChannel("VerbsChannelFor", device, shard, false);
-  if (!channel.ok()) return channel.status();
-  return static_cast<ibv_comp_channel*>(*channel);
+  return Guarded("VerbsChannelFor", [&]() -> Result<ibv_comp_channel*> {
+    Result<void*> channel = impl_->NativeChannel("VerbsChannelFor", device, shard, false);
+    if (!channel.ok()) return channel.status();
+    return static_cast<ibv_comp_channel*>(*channel);
+  });
 }
 Result<SimChannel*> Runtime::SimChannelFor(DeviceId device, int shard) {
-  Result<void*> channel = impl_->NativeChannel("SimChannelFor", device, shard, true);
-  if (!channel.ok()) return channel.status();
-  return static_cast<SimChannel*>(*channel);
+  return Guarded("SimChannelFor", [&]() -> Result<SimChannel*> {
+    Result<void*> channel = impl_->NativeChannel("SimChannelFor", device, shard, true);
+    if (!channel.ok()) return channel.status();
+    return static_cast<SimChannel*>(*channel);
+  });
 }
 Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, ibv_cq* cq,
                                   const CqOptions& options) {
-  return impl_->AdoptCq(device, shard, cq, /*sim=*/false, options);
+  return Guarded("AdoptCq",
+                 [&] { return impl_->AdoptCq(device, shard, cq, /*sim=*/false, options); });
 }
 Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, SimCq* cq,
                                   const CqOptions& options) {
-  return impl_->AdoptCq(device, shard, cq, /*sim=*/true, options);
+  return Guarded("AdoptCq",
+                 [&] { return impl_->AdoptCq(device, shard, cq, /*sim=*/true, options); });
 }
-Status Runtime::DestroyCq(CqHandle cq) { return impl_->DestroyCq(cq); }
+Status Runtime::DestroyCq(CqHandle cq) {
+  return Guarded("DestroyCq", [&] { return impl_->DestroyCq(cq); });
+}
 Result<Registration> Runtime::RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer) {
   if (qp == nullptr) return InvalidArgument("RegisterQp: qp is null");
-  return impl_->RegisterQp(qp->qp_num, qp->send_cq, qp->recv_cq, handler, consumer);
+  return Guarded("RegisterQp", [&] {
+    return impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer);
+  });
 }
 Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler,
                                          ConsumerId consumer) {
-  return impl_->RegisterQp(qp.qp_num(), static_cast<void*>(qp.send_cq()),
-                           static_cast<void*>(qp.recv_cq()), handler, consumer);
+  return Guarded("RegisterQp", [&] {
+    return impl_->RegisterQp(qp.qp_num(), const_cast<SimQp*>(&qp),
+                             static_cast<void*>(qp.send_cq()), static_cast<void*>(qp.recv_cq()),
+                             handler, consumer);
+  });
 }
 int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
-Result<int> Runtime::NotifyFd(ConsumerId consumer) { return impl_->NotifyFd(consumer); }
+Result<int> Runtime::NotifyFd(ConsumerId consumer) {
+  return Guarded("NotifyFd", [&] { return impl_->NotifyFd(consumer); });
+}
 Stats Runtime::GetStats() const { return impl_->GetStats(); }
-Status Runtime::Shutdown() { return impl_->Shutdown(); }
+Status Runtime::Shutdown() {
+  return Guarded("Shutdown", [&] { return impl_->Shutdown(); });
+}
 
 Registration::Registration(Registration&& other) noexcept
     : impl_(std::exchange(other.impl_, nullptr)),

@@ -40,8 +40,8 @@ class RuntimeImpl {
   Result<CqHandle> AdoptCq(DeviceId device, int shard, void* native, bool sim,
                            const CqOptions& options);
   Status DestroyCq(CqHandle handle);
-  // `send_cq` and `recv_cq` are native CQs (ibv_cq* or SimCq*).
-  Result<Registration> RegisterQp(uint32_t qp_num, void* send_cq, void* recv_cq,
+  // `qp` is the native QP (ibv_qp* or SimQp*); `send_cq` and `recv_cq` are native CQs.
+  Result<Registration> RegisterQp(uint32_t qp_num, void* qp, void* send_cq, void* recv_cq,
                                   QpHandler& handler, ConsumerId consumer);
   // Returns false (and does nothing) on a poller or the event thread.
   bool Unregister(uint32_t slot, uint32_t generation) noexcept;
@@ -55,10 +55,11 @@ class RuntimeImpl {
   Result<DeviceRecord*> FindDevice(const char* op, DeviceId id, int shard);
   Result<DeviceId> AddDevice(std::unique_ptr<DeviceRecord> record);
   Result<CqHandle> AddCq(std::unique_ptr<CqRecord> record);
-  // Moves a CQ's event counters into the runtime totals as it leaves cqs_.
+  // Moves a destroyed CQ's event counters into the runtime totals.
   void RetireCounters(const CqRecord& cq);
 
   const RuntimeOptions options_;
+  const uint64_t serial_;  // tells this runtime's CqHandles from another's
   mutable std::mutex mu_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by mu_
@@ -71,9 +72,10 @@ class RuntimeImpl {
   std::vector<std::unique_ptr<DeviceRecord>> devices_;           // id - 1
   std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;            // by id
   std::unordered_map<void*, CqRecord*> cqs_by_native_;
-  std::vector<std::unique_ptr<CqRecord>> released_;  // adopted, released: still acked if signalled
+  // Adopted, released: still acked (and counted) if an event comes.
+  std::vector<std::unique_ptr<CqRecord>> released_;
   uint32_t next_cq_id_ = 1;
-  // Event counters of CQs no longer in cqs_ (guarded by mu_).
+  // Event counters of destroyed CQs (guarded by mu_).
   uint64_t gone_events_ = 0;
   uint64_t gone_acked_ = 0;
   uint64_t gone_ack_calls_ = 0;

@@ -91,6 +91,7 @@ bool InjectedErrno::Fire() {
 // ---- channel ----
 
 int SimChannelImpl::GetEvent(void** native_cq) noexcept {
+  get_event_calls_.fetch_add(1, std::memory_order_relaxed);
   if (injected_errno_.Fire()) return -1;
   for (;;) {
     {
@@ -262,6 +263,7 @@ int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
 
 int SimCqImpl::RequestNotify(bool solicited_only) noexcept {
   if (device_->fatal() || overflowed_.load(std::memory_order_acquire)) return EIO;
+  if (notify_errno_.Fire()) return errno;
   // S7: a pending request absorbs a repeat; S8: next wins over solicited.
   armed_.fetch_or(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
   return 0;
@@ -454,6 +456,10 @@ void SimDeviceImpl::FailGetEvent(SimChannel* channel, int err, int times) {
 }
 
 void SimDeviceImpl::FailGetAsyncEvent(int err, int times) { async_errno_.Set(err, times); }
+
+void SimDeviceImpl::FailRequestNotify(SimCq* cq, int err, int times) {
+  static_cast<SimCqImpl*>(cq)->notify_errno().Set(err, times);
+}
 
 void SimDeviceImpl::PushAsyncLocked(const PendingAsync& event) {
   async_events_.push_back(event);

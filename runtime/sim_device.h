@@ -62,6 +62,9 @@ class SimChannelImpl final : public SimChannel, public backend::Channel {
  public:
   explicit SimChannelImpl(SimDeviceImpl* device) : device_(device) {}
   int fd() const noexcept override { return pending_.fd(); }
+  uint64_t get_event_calls() const noexcept override {
+    return get_event_calls_.load(std::memory_order_relaxed);
+  }
   void* native() const noexcept override {
     return static_cast<SimChannel*>(const_cast<SimChannelImpl*>(this));
   }
@@ -82,6 +85,7 @@ class SimChannelImpl final : public SimChannel, public backend::Channel {
   std::deque<SimCqImpl*> events_;
   PendingFd pending_;
   InjectedErrno injected_errno_;
+  std::atomic<uint64_t> get_event_calls_{0};
 };
 
 class SimCqImpl final : public SimCq, public backend::Cq {
@@ -118,6 +122,7 @@ class SimCqImpl final : public SimCq, public backend::Cq {
 
   SimDeviceImpl* device() const { return device_; }
   SimChannelImpl* sim_channel() const { return channel_; }
+  InjectedErrno& notify_errno() { return notify_errno_; }
   // Guarded by the device mutex.
   int qp_refs = 0;
   int async_unacked = 0;
@@ -144,6 +149,7 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   alignas(64) std::atomic<uint8_t> armed_{0};
   std::atomic<bool> overflowed_{false};
   std::atomic<uint64_t> reported_{0};
+  InjectedErrno notify_errno_;
   // Replay (benchmarks): each start makes a record, kept until the CQ is destroyed; `next` is the
   // poller's.
   struct ReplayRecord {
@@ -199,6 +205,7 @@ class SimDeviceImpl final : public SimDevice {
   void AddSpuriousEvent(SimCq* cq) override;
   void FailGetEvent(SimChannel* channel, int err, int times) override;
   void FailGetAsyncEvent(int err, int times) override;
+  void FailRequestNotify(SimCq* cq, int err, int times) override;
 
   // Returns the CQ if `native` is a live SimCq of this device, else nullptr.
   SimCqImpl* FindCq(void* native);

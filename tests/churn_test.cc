@@ -121,9 +121,12 @@ TEST(Churn, UnregisterUnderTrafficIsExactlyOnce) {
   SimTrafficSource source(traffic);
   source.Start();
 
+  // A fixed number of churns, and as many more as the traffic lasts: what is checked is the
+  // outcome, never how many churns fit into the traffic.
+  constexpr uint64_t kMinChurns = 200;
   std::mt19937 rng(7);
   uint64_t churns = 0;
-  while (source.injected() < source.total()) {
+  while (churns < kMinChurns || source.injected() < source.total()) {
     int i = static_cast<int>(rng() % kQps);
     live[i].registration.Unregister();
     live[i].handler->MarkUnregistered();
@@ -143,7 +146,6 @@ TEST(Churn, UnregisterUnderTrafficIsExactlyOnce) {
   EXPECT_EQ(book.duplicates(), 0u);
   EXPECT_EQ(book.bogus(), 0u);
   EXPECT_EQ(g_late_calls.load(), 0u);
-  EXPECT_GT(churns, 100u);
   for (auto& l : live) EXPECT_EQ(l.handler->out_of_order(), 0u);
 
   for (auto& l : live) l.registration.Unregister();

@@ -85,10 +85,70 @@ class SequenceHandler : public QpHandler {
 class CountingOrphans : public OrphanHandler {
  public:
   void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
-    count.fetch_add(wcs.size(), std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const ibv_wc& wc : wcs) wr_ids_.push_back(wc.wr_id);
+    count.fetch_add(wcs.size(), std::memory_order_release);
+  }
+  std::vector<uint64_t> wr_ids() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return wr_ids_;
   }
   std::atomic<uint64_t> count{0};
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<uint64_t> wr_ids_;
 };
+
+// Logs what a QP's handler receives, in order: completions by wr_id, events by type.
+class RecordingHandler : public QpHandler {
+ public:
+  struct Entry {
+    bool event;
+    uint64_t wr_id;        // completions
+    ibv_wc_status status;  // completions
+    ibv_event_type type;   // events
+  };
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const ibv_wc& wc : wcs) log_.push_back({false, wc.wr_id, wc.status, {}});
+    completions_.fetch_add(wcs.size(), std::memory_order_release);
+  }
+  void OnAsyncEvent(const AsyncEvent& event) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    log_.push_back({true, 0, IBV_WC_SUCCESS, event.type});
+    events_.fetch_add(1, std::memory_order_release);
+  }
+  std::vector<Entry> log() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+  uint64_t completions() const { return completions_.load(std::memory_order_acquire); }
+  uint64_t events() const { return events_.load(std::memory_order_acquire); }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Entry> log_;
+  std::atomic<uint64_t> completions_{0};
+  std::atomic<uint64_t> events_{0};
+};
+
+// Injects `n` receive completions with wr_ids first, first+1, ... for `qp`; returns false if the
+// CQ had no room.
+inline bool InjectRecvs(SimQp* qp, uint64_t first, int n, bool solicited = false) {
+  for (int i = 0; i < n; ++i) {
+    if (qp->Complete(first + i, IBV_WC_RECV, IBV_WC_SUCCESS, solicited) != 1) return false;
+  }
+  return true;
+}
+
+// Drains engine-driven `consumer` until `done()` holds; false after 30 s.
+inline bool DrainUntil(Runtime& rt, ConsumerId consumer, const std::function<bool()>& done) {
+  return WaitFor([&] {
+    rt.Drain(consumer, 1024);
+    return done();
+  });
+}
 
 // A runtime on a simulated device with `cqs` CQs (round robin over the shards) and `qps` QPs
 // (round robin over the CQs and the consumers), each registered with a SequenceHandler.
@@ -167,6 +227,15 @@ inline bool WaitForPollersAsleep(const Runtime& rt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     return SumPollers(rt.GetStats(), &PollerStats::polls) == before;
   });
+}
+
+// Options with one engine-driven consumer (0) and one runtime-owned consumer (1).
+inline RuntimeOptions EngineAndOwned(int pollers) {
+  RuntimeOptions options;
+  options.pollers = pollers;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  return options;
 }
 
 // Options with `consumers` runtime-owned consumers.

@@ -22,7 +22,14 @@ struct ConsumerOptions {
   ConsumerKind kind = ConsumerKind::kOwnedThread;
   std::string name;                  // shown in stats and thread names; defaults to "consumer<i>"
   int cpu = -1;                      // kOwnedThread: CPU to pin to, -1 for none
-  std::size_t queue_capacity = 1 << 16;  // items; pollers stall (never drop) when it is reached
+  // Items (completions and async events) queued for this consumer at most; the bound holds
+  // except at Shutdown, when pollers hand over everything they hold.
+  std::size_t queue_capacity = 1 << 16;
+  // Items each poller holds for this consumer while its queue is full (1..1<<20). When they are
+  // full too, that poller stops polling the CQs this consumer's QPs use until there is room
+  // again; completions stay in those CQs, none is dropped. CQs the consumer does not use are not
+  // held back. Memory: pollers * spill_capacity * 64 bytes.
+  std::size_t spill_capacity = 4096;
   int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
   // kOwnedThread: spin this long on an empty queue before sleeping.
   std::chrono::microseconds idle_spin{20};

@@ -54,7 +54,8 @@ class RuntimeImpl;
 using DeviceId = uint32_t;
 using ConsumerId = uint32_t;
 
-// A CQ the runtime polls. Cheap to copy; valid until Runtime::DestroyCq.
+// A CQ the runtime polls. Cheap to copy; valid until Runtime::DestroyCq. It names its runtime
+// too: another runtime refuses it.
 class CqHandle {
  public:
   CqHandle() = default;
@@ -69,6 +70,7 @@ class CqHandle {
 
  private:
   friend class internal::RuntimeImpl;
+  uint64_t runtime_ = 0;
   uint32_t id_ = 0;
   int shard_ = 0;
   DeviceId device_ = 0;

@@ -29,6 +29,9 @@ class SimChannel {
  public:
   virtual ~SimChannel() = default;
   virtual int fd() const = 0;
+  // Returns how many times GetEvent was called on this channel (tests: a reader that spins on a
+  // failing channel shows up here).
+  virtual uint64_t get_event_calls() const = 0;
 };
 
 class SimCq {
@@ -108,6 +111,9 @@ class SimDevice {
   // (EINTR or EAGAIN) without consuming an event.
   virtual void FailGetEvent(SimChannel* channel, int err, int times) = 0;
   virtual void FailGetAsyncEvent(int err, int times) = 0;
+  // The next `times` RequestNotify (ibv_req_notify_cq) calls on `cq` fail with `err` and leave
+  // the CQ unarmed.
+  virtual void FailRequestNotify(SimCq* cq, int err, int times) = 0;
 };
 
 struct SimTrafficOptions {

@@ -17,8 +17,9 @@ struct PollerStats {
   uint64_t empty_polls = 0;      // ... of which returned nothing
   uint64_t completions = 0;      // completions taken off CQs
   uint64_t arms = 0;             // ibv_req_notify_cq calls
+  uint64_t arm_failures = 0;     // ... of which failed (the CQ is armed again at the next sleep)
   uint64_t sleeps = 0;           // times the poller went to sleep
-  uint64_t backpressure_stalls = 0;  // loops spent waiting for a full consumer queue
+  uint64_t backpressure_stalls = 0;  // CQ polls skipped because a consumer it serves was full
 };
 
 struct CqStats {
@@ -37,6 +38,13 @@ struct ConsumerStats {
   uint64_t async_events = 0;     // async events handed to handlers
   uint64_t queue_depth = 0;      // items queued now
   uint64_t high_water = 0;       // most items ever queued at once
+  // Spill: items pollers hold because the queue was full (summed over pollers; see
+  // ConsumerOptions::spill_capacity). A stall is a time a poller's spill for this consumer was
+  // full, so that it skipped the CQs this consumer uses.
+  uint64_t spill_depth = 0;      // items held in pollers' spills now
+  uint64_t spill_high_water = 0; // most items one poller held at once
+  uint64_t stalls = 0;           // stalls begun
+  uint64_t stalled_ns = 0;       // time spent stalled, over stalls that have ended
 };
 
 struct Stats {
@@ -45,6 +53,9 @@ struct Stats {
   std::vector<ConsumerStats> consumers;
   uint64_t orphans = 0;          // completions given to the orphan handler (or dropped if none)
   uint64_t async_events = 0;     // async events read from devices
+  // Completion channel or async fds the event thread stopped watching because reading them kept
+  // failing (a device gone); the affected pollers then sleep in bounded steps.
+  uint64_t failed_fds = 0;
   // Totals over every CQ this runtime has polled, destroyed ones included.
   uint64_t cq_events = 0;
   uint64_t cq_acked_events = 0;

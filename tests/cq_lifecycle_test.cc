@@ -1,0 +1,161 @@
+// CQs that leave while they still hold completions, handles from elsewhere, and the event
+// counts of released CQs.
+#include <algorithm>
+#include <thread>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::InjectRecvs;
+using testing::SequenceHandler;
+using testing::WaitFor;
+using testing::WaitForPollersAsleep;
+
+std::vector<uint64_t> Range(uint64_t first, uint64_t n) {
+  std::vector<uint64_t> v(n);
+  for (uint64_t i = 0; i < n; ++i) v[i] = first + i;
+  return v;
+}
+
+// A solicited-only CQ whose poller sleeps keeps unsolicited completions until something else
+// wakes the poller. Destroying it must hand them to the orphan handler (SRQ buffers come back).
+TEST(CqLifecycle, DestroyCqPollsItEmptyIntoTheOrphanHandler) {
+  CountingOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CqOptions solicited;
+  solicited.solicited_only = true;
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0, solicited));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+
+  ASSERT_TRUE(InjectRecvs(qp, 0, 10));  // unsolicited: the solicited-only arm stays quiet
+  reg.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+
+  EXPECT_EQ(handler.received() + orphans.count.load(), 10u);
+  std::vector<uint64_t> seen = orphans.wr_ids();
+  for (uint64_t i = 0; i < handler.received(); ++i) seen.push_back(i);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, Range(0, 10));
+}
+
+// The same when an adopted CQ is released: what it holds is polled out before the runtime lets
+// go of it.
+TEST(CqLifecycle, ReleasingAnAdoptedCqPollsItEmpty) {
+  CountingOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(engine_cq, sim->CreateCq(256, channel));
+  CqOptions solicited;
+  solicited.solicited_only = true;
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->AdoptCq(dev, 0, engine_cq, solicited));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(engine_cq, engine_cq));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+
+  ASSERT_TRUE(InjectRecvs(qp, 0, 7));
+  reg.Unregister();
+  CQD_ASSERT_OK(rt->DestroyCq(cq));  // released, not destroyed: the QP may stay
+  EXPECT_EQ(handler.received() + orphans.count.load(), 7u);
+  EXPECT_EQ(engine_cq->size(), 0);
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(sim->DestroyCq(engine_cq));
+}
+
+// Destroy racing a busy poller: every completion ends up delivered or orphaned, once.
+TEST(CqLifecycle, DestroyRacingThePollerLosesNothing) {
+  for (int round = 0; round < 20; ++round) {
+    CountingOrphans orphans;
+    RuntimeOptions options;
+    options.orphan_handler = &orphans;
+    options.busy_poll = round % 2 == 0;
+    CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+    auto sim = SimDevice::Create();
+    CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+    CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+    CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+    SequenceHandler handler;
+    handler.qp_num = qp->qp_num();
+    CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+    ASSERT_TRUE(InjectRecvs(qp, 0, 1000));
+    reg.Unregister();
+    CQD_ASSERT_OK(sim->DestroyQp(qp));
+    CQD_ASSERT_OK(rt->DestroyCq(cq));
+    rt.reset();  // what is still queued is orphaned at the latest here
+    EXPECT_EQ(handler.received() + orphans.count.load(), 1000u) << "round " << round;
+    EXPECT_EQ(handler.out_of_order(), 0u);
+  }
+}
+
+// A handle names its runtime: another runtime refuses it and keeps its own CQ of the same id.
+TEST(CqLifecycle, ForeignAndStaleHandlesAreRefused) {
+  CQD_ASSERT_OK_AND_ASSIGN(rt1, Runtime::Create({}));
+  CQD_ASSERT_OK_AND_ASSIGN(rt2, Runtime::Create({}));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev1, rt1->AddSimDevice(sim));
+  auto sim2 = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev2, rt2->AddSimDevice(sim2));
+  CQD_ASSERT_OK_AND_ASSIGN(cq1, rt1->CreateCq(dev1, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(cq2, rt2->CreateCq(dev2, 0));
+  ASSERT_EQ(cq1.id(), cq2.id());
+
+  Status foreign = rt2->DestroyCq(cq1);
+  EXPECT_EQ(foreign.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(foreign.message().find("another runtime"), std::string::npos) << foreign.ToString();
+
+  // rt2's CQ still works.
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim2->CreateQp(cq2.sim(), cq2.sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt2->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 3));
+  EXPECT_TRUE(WaitFor([&] { return handler.received() == 3; }));
+  reg.Unregister();
+  CQD_ASSERT_OK(sim2->DestroyQp(qp));
+
+  CQD_ASSERT_OK(rt2->DestroyCq(cq2));
+  EXPECT_EQ(rt2->DestroyCq(cq2).code(), StatusCode::kNotFound);  // stale
+  CQD_ASSERT_OK(rt1->DestroyCq(cq1));
+}
+
+// Events read for a released adopted CQ are acked by the runtime and show up in its totals.
+TEST(CqLifecycle, StatsCountEventsOfReleasedCqs) {
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create({}));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(engine_cq, sim->CreateCq(64, channel));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->AdoptCq(dev, 0, engine_cq));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+  const Stats before = rt->GetStats();
+
+  sim->AddSpuriousEvent(engine_cq);  // still on the runtime's channel: read and acked there
+  ASSERT_TRUE(WaitFor([&] {
+    Stats s = rt->GetStats();
+    return s.cq_events == before.cq_events + 1 && s.cq_acked_events == before.cq_acked_events + 1;
+  })) << "events " << rt->GetStats().cq_events << ", acked " << rt->GetStats().cq_acked_events;
+  CQD_ASSERT_OK(sim->DestroyCq(engine_cq));  // would block if the event were not acked (S2)
+}
+
+}  // namespace
+}  // namespace cqd

@@ -1,0 +1,147 @@
+// Faults below the runtime: arming that fails, a channel that keeps failing, memory that runs
+// out. None may lose a wakeup, spin, or throw.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::InjectRecvs;
+using testing::SequenceHandler;
+using testing::SumPollers;
+using testing::WaitFor;
+
+// If ibv_req_notify_cq fails, the CQ is not armed: the poller must try again rather than sleep
+// for good on a CQ that will never raise an event.
+TEST(Faults, FailedArmIsRetried) {
+  RuntimeOptions options;
+  options.idle_budget = std::chrono::milliseconds(20);  // the fault is in place before any arm
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  sim->FailRequestNotify(cq.sim(), EIO, 1);
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+
+  // Two sleeps: the first after the failed arm, the second after arming again.
+  ASSERT_TRUE(WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::sleeps) >= 2; }));
+  EXPECT_GE(SumPollers(rt->GetStats(), &PollerStats::arm_failures), 1u);
+  ASSERT_TRUE(testing::WaitForPollersAsleep(*rt));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 5));
+  EXPECT_TRUE(WaitFor([&] { return handler.received() == 5; }, std::chrono::seconds(10)))
+      << "lost wakeup: " << handler.received() << " of 5 delivered";
+}
+
+// A completion channel whose reads keep failing (a device gone) must not make the event thread
+// spin, and the shard's completions must still be delivered.
+TEST(Faults, FailingChannelNeitherSpinsNorLosesWakeups) {
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create({}));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(testing::WaitForPollersAsleep(*rt));
+
+  sim->FailGetEvent(channel, EIO, 1 << 30);
+  const uint64_t calls_before = channel->get_event_calls();
+  ASSERT_TRUE(InjectRecvs(qp, 0, 1));  // raises the event the poller is armed for
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().failed_fds == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // A level-triggered loop spinning on the readable fd would have called it countless times.
+  EXPECT_LE(channel->get_event_calls() - calls_before, 2u);
+
+  // The poller no longer relies on events: completions still arrive.
+  ASSERT_TRUE(InjectRecvs(qp, 1, 9));
+  EXPECT_TRUE(WaitFor([&] { return handler.received() == 10; }, std::chrono::seconds(10)));
+  reg.Unregister();
+  sim->FailGetEvent(channel, 0, 0);
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;  // their shadow memory cannot live under RLIMIT_AS
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Returns this process's virtual size in bytes.
+uint64_t VirtualSize() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Runs `body` in a child process whose address space is capped at `headroom` bytes above the
+// current size; returns its exit code (128 + signal if it died of one).
+int RunWithAddressSpaceCap(uint64_t headroom, const std::function<int()>& body) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    rlimit limit{VirtualSize() + headroom, VirtualSize() + headroom};
+    if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(100);
+    _exit(body());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The largest accepted max_registrations must not preallocate its slots (a gigabyte), and no
+// control call may throw when memory is short: it returns kResourceExhausted.
+TEST(Faults, LargeRegistrationLimitNeedsNoMemoryUpFront) {
+  if (kSanitized) GTEST_SKIP() << "RLIMIT_AS does not work under ASan/TSan";
+  int code = RunWithAddressSpaceCap(uint64_t{384} << 20, [] {
+    RuntimeOptions options;
+    options.max_registrations = 1u << 24;
+    auto rt = Runtime::Create(options);
+    if (!rt.ok()) return rt.status().code() == StatusCode::kResourceExhausted ? 2 : 3;
+    auto sim = SimDevice::Create();
+    auto dev = (*rt)->AddSimDevice(sim);
+    auto cq = (*rt)->CreateCq(*dev, 0);
+    SequenceHandler handler;
+    std::vector<Registration> regs;
+    for (int i = 0; i < 100; ++i) {
+      auto qp = sim->CreateQp(cq->sim(), cq->sim());
+      auto reg = (*rt)->RegisterQp(**qp, handler, 0);
+      if (!reg.ok()) return 4;
+      regs.push_back(std::move(reg).value());
+    }
+    return 0;
+  });
+  EXPECT_EQ(code, 0) << "2: refused, 3: wrong status, 4: register failed, 134: threw";
+}
+
+TEST(Faults, CreateUnderMemoryPressureReturnsAStatus) {
+  if (kSanitized) GTEST_SKIP() << "RLIMIT_AS does not work under ASan/TSan";
+  int code = RunWithAddressSpaceCap(uint64_t{48} << 20, [] {
+    RuntimeOptions options;
+    options.pollers = 4;
+    options.consumers.assign(64, ConsumerOptions{});
+    for (auto& c : options.consumers) c.queue_capacity = 1u << 22;
+    auto rt = Runtime::Create(options);
+    if (rt.ok()) return 0;
+    return rt.status().code() == StatusCode::kResourceExhausted ? 0 : 3;
+  });
+  EXPECT_EQ(code, 0) << "3: wrong status, 134: threw";
+}
+
+}  // namespace
+}  // namespace cqd

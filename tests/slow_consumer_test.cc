@@ -1,0 +1,132 @@
+// A consumer that stops draining: its queue bound, its spill, and what it may not hold back.
+#include <thread>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::DrainUntil;
+using testing::EngineAndOwned;
+using testing::InjectRecvs;
+using testing::SequenceHandler;
+using testing::WaitFor;
+
+constexpr size_t kCapacity = 16;
+constexpr size_t kSpill = 16;
+
+// Consumer 0 is engine-driven and, unless a test drains it, stopped; consumer 1 is healthy.
+class SlowConsumer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RuntimeOptions options = EngineAndOwned(1);
+    options.orphan_handler = &orphans_;
+    options.poll_batch = 32;  // more than the capacity: a whole batch must not slip in
+    options.consumers[0].queue_capacity = kCapacity;
+    options.consumers[0].spill_capacity = kSpill;
+    auto runtime = Runtime::Create(options);
+    ASSERT_TRUE(runtime.ok()) << runtime.status().ToString();
+    rt_ = std::move(runtime).value();
+    auto dev = rt_->AddSimDevice(sim_);
+    ASSERT_TRUE(dev.ok());
+    dev_ = *dev;
+  }
+  // A CQ with one QP, registered on `consumer` with `handler`.
+  SimQp* AddQp(CqHandle* cq, SequenceHandler& handler, ConsumerId consumer,
+               Registration* registration) {
+    if (!cq->valid()) *cq = rt_->CreateCq(dev_, 0).value();
+    SimQp* qp = sim_->CreateQp(cq->sim(), cq->sim()).value();
+    handler.qp_num = qp->qp_num();
+    *registration = rt_->RegisterQp(*qp, handler, consumer).value();
+    return qp;
+  }
+  const ConsumerStats& Slow(const Stats& s) { return s.consumers[0]; }
+
+  CountingOrphans orphans_;
+  std::shared_ptr<SimDevice> sim_ = SimDevice::Create();
+  std::unique_ptr<Runtime> rt_;
+  DeviceId dev_ = 0;
+};
+
+// The healthy consumer's CQ keeps flowing while the stopped one is full; the stopped one never
+// holds more than queue_capacity queued, and its poller holds at most spill_capacity more.
+TEST_F(SlowConsumer, OthersKeepFlowingAndTheBoundsHold) {
+  CqHandle slow_cq, fast_cq;
+  SequenceHandler slow, fast;
+  Registration slow_reg, fast_reg;
+  SimQp* slow_qp = AddQp(&slow_cq, slow, 0, &slow_reg);
+  SimQp* fast_qp = AddQp(&fast_cq, fast, 1, &fast_reg);
+
+  ASSERT_TRUE(InjectRecvs(slow_qp, 0, 100));
+  ASSERT_TRUE(WaitFor([&] { return Slow(rt_->GetStats()).spill_depth == kSpill; }));
+  ASSERT_TRUE(InjectRecvs(fast_qp, 0, 500));
+  EXPECT_TRUE(WaitFor([&] { return fast.received() == 500; }))
+      << "healthy consumer got " << fast.received() << " of 500";
+
+  Stats s = rt_->GetStats();
+  EXPECT_EQ(Slow(s).queue_depth, kCapacity);
+  EXPECT_LE(Slow(s).high_water, kCapacity);
+  EXPECT_EQ(Slow(s).spill_high_water, kSpill);
+  EXPECT_GE(Slow(s).stalls, 1u);
+  EXPECT_EQ(slow_cq.sim()->size(), static_cast<int>(100 - kCapacity - kSpill));
+
+  // Draining it delivers all 100, in order, and the bounds held throughout.
+  ASSERT_TRUE(DrainUntil(*rt_, 0, [&] { return slow.received() == 100; }));
+  EXPECT_EQ(slow.out_of_order(), 0u);
+  s = rt_->GetStats();
+  EXPECT_LE(Slow(s).high_water, kCapacity);
+  EXPECT_EQ(Slow(s).spill_depth, 0u);
+  EXPECT_GT(Slow(s).stalled_ns, 0u);
+  EXPECT_EQ(orphans_.count.load(), 0u);
+}
+
+// A CQ shared by both consumers is held back while the stopped one is full (its completions stay
+// in the CQ), and resumes when the engine unregisters the stopped consumer's QPs, even though it
+// never drains again: what the pollers held for them goes to the orphan handler.
+TEST_F(SlowConsumer, UnregisteringTheStoppedConsumersQpsReleasesTheShard) {
+  CqHandle shared;
+  SequenceHandler slow, fast;
+  Registration slow_reg, fast_reg;
+  SimQp* slow_qp = AddQp(&shared, slow, 0, &slow_reg);
+  SimQp* fast_qp = AddQp(&shared, fast, 1, &fast_reg);
+
+  ASSERT_TRUE(InjectRecvs(slow_qp, 0, 100));
+  ASSERT_TRUE(WaitFor([&] { return Slow(rt_->GetStats()).spill_depth == kSpill; }));
+  ASSERT_TRUE(InjectRecvs(fast_qp, 0, 50));
+
+  slow_reg.Unregister();  // the engine gives up on consumer 0 and never drains it again
+  EXPECT_TRUE(WaitFor([&] { return fast.received() == 50; }))
+      << "shared CQ still held back: healthy consumer got " << fast.received();
+  // Everything not already in consumer 0's queue is an orphan now; the queue's share follows
+  // when the runtime is destroyed.
+  EXPECT_TRUE(WaitFor([&] { return orphans_.count.load() == 100 - kCapacity; }))
+      << orphans_.count.load();
+  EXPECT_EQ(Slow(rt_->GetStats()).spill_depth, 0u);
+  fast_reg.Unregister();
+  rt_.reset();
+  EXPECT_EQ(orphans_.count.load(), 100u);
+  EXPECT_EQ(slow.received(), 0u);
+}
+
+// Async events count against the bound too, and wait in the spill behind completions.
+TEST_F(SlowConsumer, AsyncEventsRespectTheBound) {
+  testing::RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt_->CreateCq(dev_, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim_->CreateQp(cq.sim(), cq.sim()));
+  Registration reg = rt_->RegisterQp(*qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(qp, 0, 20));
+  for (int i = 0; i < 5; ++i) CQD_ASSERT_OK(sim_->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
+  ASSERT_TRUE(WaitFor([&] { return rt_->GetStats().async_events == 5; }));
+  ASSERT_TRUE(WaitFor([&] { return Slow(rt_->GetStats()).spill_depth == 20 + 5 - kCapacity; }));
+  EXPECT_LE(Slow(rt_->GetStats()).high_water, kCapacity);
+  ASSERT_TRUE(DrainUntil(*rt_, 0, [&] { return handler.events() == 5; }));
+  EXPECT_EQ(handler.completions(), 20u);
+  EXPECT_LE(Slow(rt_->GetStats()).high_water, kCapacity);
+}
+
+}  // namespace
+}  // namespace cqd
