@@ -63,6 +63,17 @@ class Cq {
   virtual int Poll(int n, ibv_wc* wc) noexcept = 0;
   // S6-S8: asks for one event on the next (or next solicited) completion; 0 or a positive errno.
   virtual int RequestNotify(bool solicited_only) noexcept = 0;
+  // Returns the number of completions the CQ holds (ibv_cq::cqe: at least what was asked).
+  virtual int depth() const noexcept = 0;
+  // As ibv_resize_cq: grows the CQ to hold at least `depth`. Call only while nobody polls it.
+  virtual Status Resize(int depth) = 0;
+};
+
+// What a QP may have outstanding (ibv_query_qp's caps) and whether it receives from an SRQ.
+struct QpCaps {
+  int max_send_wr = 0;
+  int max_recv_wr = 0;
+  bool srq = false;
 };
 
 class Channel {
@@ -107,6 +118,16 @@ class Device {
   // Acknowledges one event read for a CQ that has no Cq wrapper here (a CQ the engine put on a
   // runtime channel without adopting it): unacked, it would hang the engine's destroy (S2).
   virtual void AckNativeCqEvent(void* native_cq) noexcept = 0;
+
+  // Returns the QP's caps; `native_qp` is an ibv_qp* or SimQp* of this device.
+  virtual Result<QpCaps> QueryQp(void* native_qp) = 0;
+  // Moves the QP to the error state (S10: everything outstanding flushes) and posts a signaled
+  // marker work request behind it on the send queue (wr_id `send_marker`) and, unless the QP
+  // uses an SRQ, on the receive queue (`recv_marker`). Each marker needs a free slot in its
+  // queue. Returns true if every marker was posted, false if only the send marker was (the
+  // receive queue's could not be: treat the QP as an SRQ one), or an error when nothing was.
+  virtual Result<bool> StartQpDrain(void* native_qp, uint64_t send_marker,
+                                    uint64_t recv_marker) = 0;
 
   virtual int async_fd() const noexcept = 0;
   // S12: returns 0 and fills *out, or -1 with errno set (EAGAIN when O_NONBLOCK, EINTR).

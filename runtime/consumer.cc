@@ -1,5 +1,7 @@
 #include "runtime/consumer.h"
 
+#include "runtime/teardown.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -171,8 +173,12 @@ int Consumer::Dispatch(int max) noexcept {
   size_t i = 0;
   while (i < n) {
     const Item& first = batch_[i];
-    if (first.kind == ItemKind::kAsyncEvent) {
-      DeliverEvent(first);
+    if (first.kind != ItemKind::kCompletion) {
+      if (first.kind == ItemKind::kAsyncEvent) {
+        DeliverEvent(first);
+      } else {
+        DeliverMarker(first);
+      }
       ++i;
       continue;
     }
@@ -214,8 +220,24 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
     slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
     async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
                            std::memory_order_relaxed);
+    if (StateDraining(state) && join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+      TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
+      teardown->worker->Note(teardown, TeardownState::kLastWqe);
+    }
   }
   delete join;
+}
+
+void Consumer::DeliverMarker(const Item& item) noexcept {
+  Slot& slot = slots_.slot(item.slot);
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (!StateLive(state) || StateGeneration(state) != item.generation) return;
+  // Live with this generation: the teardown has not ended (ending unregisters first, and waits
+  // for this batch), so the state is still there.
+  TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
+  teardown->worker->Note(teardown, item.wc.wr_id == teardown->send_marker()
+                                       ? TeardownState::kSendMarker
+                                       : TeardownState::kRecvMarker);
 }
 
 void Consumer::DropEventPart(const Item& item) noexcept {
@@ -299,7 +321,7 @@ void Consumer::OrphanRemaining() noexcept {
     for (size_t k = 0; k < n; ++k) {
       if (batch_[k].kind == ItemKind::kCompletion) {
         orphans_.Take({&batch_[k].wc, 1});
-      } else {
+      } else if (batch_[k].kind == ItemKind::kAsyncEvent) {
         DropEventPart(batch_[k]);
       }
     }

@@ -36,7 +36,8 @@
 
 namespace cqd::internal {
 
-enum class ItemKind : uint32_t { kCompletion, kAsyncEvent };
+// kTeardownMarker: a completion of a TeardownQp marker work request (teardown.h).
+enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker };
 
 // One async event for one registration, travelling as one part per poller of the QP's CQs (one,
 // or two when its send and recv CQs are on different shards). Each part follows what its poller
@@ -119,6 +120,7 @@ class Consumer {
   void NoteDepth(uint64_t depth) noexcept;
   void DeliverRun(const Item* items, size_t n) noexcept;
   void DeliverEvent(const Item& item) noexcept;
+  void DeliverMarker(const Item& item) noexcept;
   void Signal() noexcept;  // engine-driven: make the notify fd readable
 
   const uint32_t index_;

@@ -236,8 +236,14 @@ bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId 
   item.generation = StateGeneration(state);
   item.kind = ItemKind::kAsyncEvent;
   const uint32_t consumer = StateConsumer(state);
-  pollers_[send_shard]->PostEvent(consumer, item);
-  if (recv_shard != send_shard) pollers_[recv_shard]->PostEvent(consumer, item);
+  const uint32_t send_cq = slot.send_cq.load(std::memory_order_relaxed);
+  const uint32_t recv_cq = slot.recv_cq.load(std::memory_order_relaxed);
+  if (send_shard == recv_shard) {
+    pollers_[send_shard]->PostEvent(consumer, item, send_cq, recv_cq == send_cq ? 0 : recv_cq);
+  } else {
+    pollers_[send_shard]->PostEvent(consumer, item, send_cq, 0);
+    pollers_[recv_shard]->PostEvent(consumer, item, recv_cq, 0);
+  }
   return true;
 }
 

@@ -68,6 +68,12 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
   return taken;
 }
 
+Status Poller::ResizeCq(CqRecord* cq, int depth) {
+  Status status;
+  RunSync([&] { status = cq->cq->Resize(depth); });
+  return status;
+}
+
 void Poller::AddUse(CqRecord* cq, uint32_t consumer) {
   RunSync([&] {
     for (CqRecord::Use& use : cq->uses) {
@@ -101,9 +107,9 @@ void Poller::PurgeDead(uint32_t consumer) {
       if (live(item)) return true;
       if (item.kind == ItemKind::kCompletion) {
         orphans_.Take({&item.wc, 1});
-      } else {
+      } else if (item.kind == ItemKind::kAsyncEvent) {
         Consumer::DropEventPart(item);
-      }
+      }  // a teardown marker is the runtime's own: nobody else may see it
       return false;
     });
     std::erase_if(deferred_, [&](const PostedEvent& posted) {
@@ -115,7 +121,7 @@ void Poller::PurgeDead(uint32_t consumer) {
   });
 }
 
-void Poller::PostEvent(uint32_t consumer, const Item& item) {
+void Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
   std::unique_lock<std::mutex> lock(inbox_mu_);
   if (!inbox_open_) {
     // The thread has stopped (Shutdown): nothing it polled is still held, so hand it over now.
@@ -124,7 +130,7 @@ void Poller::PostEvent(uint32_t consumer, const Item& item) {
     consumers_[consumer]->Push(tokens_[consumer], &copy, 1);
     return;
   }
-  inbox_.push_back({consumer, item});
+  inbox_.push_back({consumer, item, {cq_a, cq_b}});
   inbox_pending_.store(true, std::memory_order_seq_cst);
   lock.unlock();
   parker_.Wake();
@@ -186,13 +192,15 @@ bool Poller::PlaceEvents() {
     deferred_.insert(deferred_.end(), inbox_.begin(), inbox_.end());
     inbox_.clear();
   }
-  // In posting order; one that finds its outbox full stays, and so do later ones for the same
-  // consumer (nothing frees room in between), which keeps each consumer's events in order.
+  // In posting order. One that cannot be placed yet stays, and so do later ones for the same
+  // consumer, which keeps each consumer's events in order.
   bool moved = false;
   size_t kept = 0;
+  held_.assign(consumers_.size(), false);
   for (size_t i = 0; i < deferred_.size(); ++i) {
     PostedEvent& posted = deferred_[i];
-    if (outboxes_[posted.consumer]->full()) {
+    if (held_[posted.consumer] || !CatchUp(posted) || outboxes_[posted.consumer]->full()) {
+      held_[posted.consumer] = true;
       deferred_[kept++] = posted;
       continue;
     }
@@ -201,6 +209,25 @@ bool Poller::PlaceEvents() {
   }
   deferred_.resize(kept);
   return moved;
+}
+
+bool Poller::CatchUp(PostedEvent& posted) noexcept {
+  for (int k = 0; k < 2; ++k) {
+    if (posted.cq_ids[k] == 0 || (posted.caught_up & (1u << k))) continue;
+    auto it = std::find_if(cqs_.begin(), cqs_.end(),
+                           [&](const CqRecord* cq) { return cq->id == posted.cq_ids[k]; });
+    CqRecord* cq = it == cqs_.end() ? nullptr : *it;
+    while (cq != nullptr && !cq->poll_failed) {
+      const int room = RoomFor(*cq);
+      if (room == 0) return false;
+      const int n = PollOne(cq, room);
+      if (n > 0) posted.polled[k] += n;
+      // Empty, or a whole depth taken: everything that was there when the event came is out.
+      if (n < room || posted.polled[k] >= static_cast<uint64_t>(cq->cq->depth())) break;
+    }
+    posted.caught_up |= 1u << k;
+  }
+  return true;
 }
 
 int Poller::RoomFor(const CqRecord& cq) noexcept {
@@ -220,24 +247,29 @@ int Poller::PollAll() noexcept {
       Count(skipped_, 1);
       continue;
     }
-    int n = cq->cq->Poll(room, wcs_.get());
-    Count(polls_, 1);
-    if (n == 0) {
-      Count(empty_polls_, 1);
-      continue;
-    }
-    if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
-      cq->poll_failed = true;
-      Count(cq->poll_errors, 1);
-      continue;
-    }
-    Count(cq->completions, n);
-    Count(completions_, n);
-    found += n;
-    Route(cq, n);
-    Flush(false);
+    int n = PollOne(cq, room);
+    if (n > 0) found += n;
   }
   return found;
+}
+
+int Poller::PollOne(CqRecord* cq, int room) noexcept {
+  int n = cq->cq->Poll(room, wcs_.get());
+  Count(polls_, 1);
+  if (n == 0) {
+    Count(empty_polls_, 1);
+    return 0;
+  }
+  if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
+    cq->poll_failed = true;
+    Count(cq->poll_errors, 1);
+    return n;
+  }
+  Count(cq->completions, n);
+  Count(completions_, n);
+  Route(cq, n);
+  Flush(false);
+  return n;
 }
 
 Item& Poller::AppendTo(uint32_t consumer) noexcept {
@@ -264,6 +296,11 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
         item.slot = slot->index;
         item.generation = StateGeneration(state);
         item.kind = ItemKind::kCompletion;
+        if (StateDraining(state)) [[unlikely]] {
+          const auto marker = reinterpret_cast<uint64_t>(
+              slot->teardown.load(std::memory_order_relaxed));  // published by `state`
+          if (wc.wr_id == marker || wc.wr_id == marker + 1) item.kind = ItemKind::kTeardownMarker;
+        }
         continue;
       }
     }

@@ -4,7 +4,9 @@
 // cannot starve the others), routes each completion by qp_num through its device's QpTable into
 // the destination consumer's outbox (outbox.h) and moves outboxes into consumer queues while
 // they have room. Async events reach it from the event thread (PostEvent) and join the same
-// outboxes, behind what the poller had already taken off its CQs.
+// outboxes. Before it places an event, the poller catches up on the QP's CQs of its shard: it
+// polls them until they are empty or it has taken a CQ depth's worth since the event arrived,
+// so the event follows every completion that was in those CQs when the event was read.
 //
 // Slow consumers: a consumer whose queue is full leaves its items in this poller's outbox. Each
 // CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
@@ -66,6 +68,8 @@ class Poller {
   uint64_t RemoveCq(CqRecord* cq);
   // Puts `cq` back after RemoveCq (its destroy failed).
   void ReturnCq(CqRecord* cq);
+  // Resizes `cq` (a CQ of this shard) while it is not being polled.
+  Status ResizeCq(CqRecord* cq, int depth);
   // A registration on `consumer` starts or stops using `cq` (a CQ of this shard).
   void AddUse(CqRecord* cq, uint32_t consumer);
   void DropUse(CqRecord* cq, uint32_t consumer);
@@ -74,8 +78,8 @@ class Poller {
   void PurgeDead(uint32_t consumer);
 
   // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
-  // everything this poller already took off its CQs.
-  void PostEvent(uint32_t consumer, const Item& item);
+  // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
+  void PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b);
   // Event thread: a CQ of this shard got an event.
   void Wake() noexcept { parker_.Wake(); }
   // Event thread: the shard's completion channel failed; never sleep unbounded again.
@@ -90,11 +94,19 @@ class Poller {
   struct PostedEvent {
     uint32_t consumer;
     Item item;
+    uint32_t cq_ids[2];            // the QP's CQs on this shard (0: none)
+    uint64_t polled[2] = {0, 0};   // completions taken off each since the event arrived
+    uint32_t caught_up = 0;        // bit k: cq_ids[k] needs no more polling
   };
   void Run();
   void RunSync(const std::function<void()>& fn);
   // Polls every CQ once; returns the number of completions taken.
   int PollAll() noexcept;
+  // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (or a
+  // negative errno once the CQ has failed).
+  int PollOne(CqRecord* cq, int room) noexcept;
+  // Polls the event's CQs until it may be placed; false while a full outbox holds it back.
+  bool CatchUp(PostedEvent& posted) noexcept;
   // Returns how many completions `cq` may be polled for now (0: skip it).
   int RoomFor(const CqRecord& cq) noexcept;
   void Route(CqRecord* cq, int n) noexcept;
@@ -125,7 +137,8 @@ class Poller {
   std::vector<std::unique_ptr<Outbox>> outboxes_;  // one per consumer
   std::vector<uint32_t> listed_;                   // consumers whose outbox is not empty
   std::unique_ptr<ibv_wc[]> wcs_;
-  std::vector<PostedEvent> deferred_;  // posted events waiting for outbox room
+  std::vector<PostedEvent> deferred_;  // posted events not yet placed in an outbox
+  std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
   bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
 
   std::thread thread_;

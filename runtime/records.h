@@ -53,7 +53,9 @@ struct CqRecord {
   void* native = nullptr;  // cq->native(), kept: it names the CQ after the backend destroyed it
   bool adopted = false;
   bool solicited_only = false;
+  bool grow = true;        // CqOptions::grow
   int registered_qps = 0;  // control path
+  uint64_t committed = 0;  // control path: work requests its registered QPs may have outstanding
 
   // Poller-owned (changed by the control path only through Poller's calls).
   bool poll_failed = false;

@@ -23,14 +23,20 @@
 
 namespace cqd::internal {
 
-// state = generation << 32 | consumer << 1 | live
-inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool live) {
-  return uint64_t{generation} << 32 | uint64_t{consumer & 0x7fffffff} << 1 | (live ? 1 : 0);
+struct TeardownState;
+
+// state = generation << 32 | consumer << 2 | draining << 1 | live. `draining`: a TeardownQp is
+// under way; pollers then look for its marker completions (teardown.h).
+inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool live,
+                                    bool draining = false) {
+  return uint64_t{generation} << 32 | uint64_t{consumer & 0x3fffffff} << 2 |
+         (draining ? 2 : 0) | (live ? 1 : 0);
 }
 inline constexpr bool StateLive(uint64_t s) { return s & 1; }
+inline constexpr bool StateDraining(uint64_t s) { return s & 2; }
 inline constexpr uint32_t StateGeneration(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
 inline constexpr uint32_t StateConsumer(uint64_t s) {
-  return static_cast<uint32_t>(s >> 1) & 0x7fffffff;
+  return static_cast<uint32_t>(s >> 2) & 0x3fffffff;
 }
 
 struct alignas(64) Slot {
@@ -44,6 +50,10 @@ struct alignas(64) Slot {
   std::atomic<uint16_t> send_shard{0};
   std::atomic<uint16_t> recv_shard{0};
   std::atomic<void*> qp{nullptr};  // the native QP (ibv_qp* or SimQp*), for teardown
+  std::atomic<TeardownState*> teardown{nullptr};  // while draining; published by `state`
+  // Control path only (under the runtime mutex): work requests committed on each CQ.
+  uint32_t send_commit = 0;
+  uint32_t recv_commit = 0;
 
   // After an acquire load of `state`: true if the slot still holds (device, qp_num). A reader
   // that looked the slot up may have been overtaken by an unregister and a new registration

@@ -121,6 +121,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     pollers.push_back(pollers_.back().get());
   }
   events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
+  teardowns_ = std::make_unique<TeardownWorker>(
+      [this](uint32_t slot, uint32_t generation) { (void)Unregister(slot, generation); });
 }
 
 Status RuntimeImpl::Start() {
@@ -129,6 +131,7 @@ Status RuntimeImpl::Start() {
   }
   if (Status s = events_->Start(); !s.ok()) return s;
   for (auto& poller : pollers_) poller->Start();
+  teardowns_->Start();
   return Status::Ok();
 }
 
@@ -264,6 +267,7 @@ Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
   record->shard = shard;
   record->cq = *cq;
   record->solicited_only = options.solicited_only;
+  record->grow = options.grow;
   return AddCq(std::move(record));
 }
 
@@ -300,6 +304,7 @@ Result<CqHandle> RuntimeImpl::AdoptCq(DeviceId id, int shard, void* native, bool
   record->cq = *cq;
   record->adopted = true;
   record->solicited_only = options.solicited_only;
+  record->grow = options.grow;
   return AddCq(std::move(record));
 }
 
@@ -378,9 +383,28 @@ void RuntimeImpl::RetireCounters(const CqRecord& cq) {
   gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
 }
 
+Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
+  const uint64_t need = cq->committed + wrs;
+  const int depth = cq->cq->depth();
+  if (need <= static_cast<uint64_t>(depth)) return Status::Ok();
+  const std::string what = "RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
+                           " (depth " + Str(depth) + ") cannot hold the " + Str(need) +
+                           " work requests its QPs may have outstanding (S11)";
+  if (!cq->grow) return ResourceExhausted(what + "; it was created with grow = false");
+  if (need > (1u << 30)) return ResourceExhausted(what);
+  // Grow with headroom, so that a run of registrations does not resize every time.
+  const uint64_t target = std::max<uint64_t>(need, std::min<uint64_t>(2 * uint64_t(depth),
+                                                                     need + need / 2));
+  Status s = pollers_[cq->shard]->ResizeCq(cq, static_cast<int>(target));
+  if (!s.ok() && target > need) s = pollers_[cq->shard]->ResizeCq(cq, static_cast<int>(need));
+  if (!s.ok()) return ResourceExhausted(what + "; growing it failed: " + s.message());
+  return Status::Ok();
+}
+
 Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
                                              void* send_native, void* recv_native,
-                                             QpHandler& handler, ConsumerId consumer) {
+                                             QpHandler& handler, ConsumerId consumer,
+                                             const QpOptions& options) {
   CQD_REFUSE_ON_RUNTIME_THREAD("RegisterQp");
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
@@ -406,6 +430,21 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
   if (device->qps.Lookup(qp_num) != nullptr) {
     return AlreadyExists("RegisterQp: qp_num " + Str(qp_num) + " is already registered");
   }
+  // The capacity guard: what the QP may have outstanding, plus a teardown marker per queue.
+  if (options.send_wrs < -1 || options.recv_wrs < -1) {
+    return InvalidArgument("RegisterQp: send_wrs and recv_wrs must be -1 (from the QP) or >= 0");
+  }
+  Result<backend::QpCaps> caps = device->backend->QueryQp(native_qp);
+  if (!caps.ok()) return Status(caps.status().code(), "RegisterQp: " + caps.status().message());
+  const uint64_t send_wrs = (options.send_wrs >= 0 ? options.send_wrs : caps->max_send_wr) + 1;
+  const uint64_t recv_wrs =
+      caps->srq ? 0 : (options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
+  if (send == recv) {
+    if (Status s = Commit(send, send_wrs + recv_wrs, qp_num); !s.ok()) return s;
+  } else {
+    if (Status s = Commit(send, send_wrs, qp_num); !s.ok()) return s;
+    if (Status s = Commit(recv, recv_wrs, qp_num); !s.ok()) return s;
+  }
   int64_t index = slots_.Allocate();
   if (index == -1) {
     return ResourceExhausted("RegisterQp: all " + Str(slots_.capacity()) +
@@ -422,6 +461,11 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
   slot.send_shard.store(static_cast<uint16_t>(send->shard), std::memory_order_relaxed);
   slot.recv_shard.store(static_cast<uint16_t>(recv->shard), std::memory_order_relaxed);
   slot.qp.store(native_qp, std::memory_order_relaxed);
+  slot.teardown.store(nullptr, std::memory_order_relaxed);
+  slot.send_commit = static_cast<uint32_t>(send_wrs);
+  slot.recv_commit = static_cast<uint32_t>(recv_wrs);
+  send->committed += send_wrs;
+  recv->committed += recv_wrs;
   // The pollers learn which consumer the CQs serve before the first completion can be routed.
   pollers_[send->shard]->AddUse(send, consumer);
   if (recv != send) pollers_[recv->shard]->AddUse(recv, consumer);
@@ -451,14 +495,18 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
   const uint32_t send_id = slot.send_cq.load(std::memory_order_relaxed);
   const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
-  for (uint32_t id : {send_id, recv_id}) {
-    auto it = cqs_.find(id);
+  const uint32_t ids[2] = {send_id, recv_id};
+  const uint32_t commits[2] = {slot.send_commit, slot.recv_commit};
+  for (int k = 0; k < 2; ++k) {
+    auto it = cqs_.find(ids[k]);
     if (it == cqs_.end()) continue;
     CqRecord* cq = it->second.get();
     --cq->registered_qps;
-    if (id == recv_id && recv_id == send_id) continue;  // one CQ for both: one use
+    cq->committed -= commits[k];
+    if (k == 1 && recv_id == send_id) continue;  // one CQ for both: one use
     pollers_[cq->shard]->DropUse(cq, consumer);
   }
+  slot.teardown.store(nullptr, std::memory_order_relaxed);
   // What the pollers still hold for this registration becomes orphans now, so that a consumer
   // that stopped draining does not keep CQs of others held back for QPs that are gone.
   for (uint16_t shard : {slot.send_shard.load(std::memory_order_relaxed),
@@ -470,6 +518,50 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   lock.lock();
   slots_.Free(index);
   return true;
+}
+
+Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
+                                                               uint32_t generation,
+                                                               const TeardownOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("TeardownQp");
+  if (options.timeout.count() <= 0) return InvalidArgument("TeardownQp: timeout must be > 0");
+  if (options.last_wqe_grace.count() < 0) {
+    return InvalidArgument("TeardownQp: last_wqe_grace must not be negative");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
+  Slot& slot = slots_.slot(index);
+  const uint64_t state = slot.state.load(std::memory_order_relaxed);
+  if (!StateLive(state) || StateGeneration(state) != generation) {
+    return InvalidArgument("TeardownQp: the registration is no longer live");
+  }
+  if (StateDraining(state)) return FailedPrecondition("TeardownQp: already tearing down");
+  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
+  auto teardown = std::make_shared<TeardownState>();
+  teardown->worker = teardowns_.get();
+  teardown->slot = index;
+  teardown->generation = generation;
+  teardown->deadline = TeardownState::Clock::now() + options.timeout;
+  teardown->last_wqe_grace = options.last_wqe_grace;
+  teardown->on_done = options.on_done;
+  // Draining before the markers exist, so that the pollers recognize them.
+  const uint32_t consumer = StateConsumer(state);
+  slot.teardown.store(teardown.get(), std::memory_order_relaxed);
+  slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
+                   std::memory_order_seq_cst);
+  Result<bool> all_posted = device->backend->StartQpDrain(
+      slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
+  if (!all_posted.ok()) {
+    slot.state.store(state, std::memory_order_seq_cst);
+    slot.teardown.store(nullptr, std::memory_order_relaxed);
+    return Status(all_posted.status().code(), "TeardownQp: " + all_posted.status().message());
+  }
+  Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
+  // Without a receive marker (SRQ, or it could not be posted) the receive side is known to be
+  // flushed by LAST_WQE_REACHED or the grace period.
+  teardown->srq = !*all_posted || (caps.ok() && caps->srq);
+  teardowns_->Add(teardown);
+  return teardown;
 }
 
 int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
@@ -552,6 +644,8 @@ Status RuntimeImpl::Shutdown() {
   events_->Stop();
   for (auto& poller : pollers_) poller->Stop();
   for (auto& consumer : consumers_) consumer->Stop();
+  // Teardowns whose markers the owned consumers reached end OK; the rest are cancelled.
+  teardowns_->Stop();
   return Status::Ok();
 }
 
@@ -643,20 +737,50 @@ Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, SimCq* cq,
 Status Runtime::DestroyCq(CqHandle cq) {
   return Guarded("DestroyCq", [&] { return impl_->DestroyCq(cq); });
 }
-Result<Registration> Runtime::RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer) {
+Result<Registration> Runtime::RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer,
+                                         const QpOptions& options) {
   if (qp == nullptr) return InvalidArgument("RegisterQp: qp is null");
   return Guarded("RegisterQp", [&] {
-    return impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer);
+    return impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer,
+                             options);
   });
 }
-Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler,
-                                         ConsumerId consumer) {
+Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer,
+                                         const QpOptions& options) {
   return Guarded("RegisterQp", [&] {
     return impl_->RegisterQp(qp.qp_num(), const_cast<SimQp*>(&qp),
                              static_cast<void*>(qp.send_cq()), static_cast<void*>(qp.recv_cq()),
-                             handler, consumer);
+                             handler, consumer, options);
   });
 }
+Result<Teardown> Runtime::TeardownQp(Registration& registration, const TeardownOptions& options) {
+  if (!registration.registered()) return InvalidArgument("TeardownQp: not registered");
+  if (registration.impl_ != impl_.get()) {
+    return InvalidArgument("TeardownQp: the registration belongs to another runtime");
+  }
+  return Guarded("TeardownQp", [&]() -> Result<Teardown> {
+    auto state = impl_->TeardownQp(registration.slot_, registration.generation_, options);
+    if (!state.ok()) return state.status();
+    registration.impl_ = nullptr;  // the teardown unregisters it
+    Teardown teardown;
+    teardown.state_ = std::move(state).value();
+    return teardown;
+  });
+}
+
+bool Teardown::done() const {
+  if (state_ == nullptr) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+Status Teardown::Wait() const {
+  if (state_ == nullptr) return FailedPrecondition("Teardown::Wait: no teardown");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  return state_->result;
+}
+
 int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
 Result<int> Runtime::NotifyFd(ConsumerId consumer) {
   return Guarded("NotifyFd", [&] { return impl_->NotifyFd(consumer); });

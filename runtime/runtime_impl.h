@@ -19,6 +19,7 @@
 #include "runtime/poller.h"
 #include "runtime/records.h"
 #include "runtime/registry.h"
+#include "runtime/teardown.h"
 
 namespace cqd::internal {
 
@@ -42,9 +43,13 @@ class RuntimeImpl {
   Status DestroyCq(CqHandle handle);
   // `qp` is the native QP (ibv_qp* or SimQp*); `send_cq` and `recv_cq` are native CQs.
   Result<Registration> RegisterQp(uint32_t qp_num, void* qp, void* send_cq, void* recv_cq,
-                                  QpHandler& handler, ConsumerId consumer);
+                                  QpHandler& handler, ConsumerId consumer,
+                                  const QpOptions& options);
   // Returns false (and does nothing) on a poller or the event thread.
   bool Unregister(uint32_t slot, uint32_t generation) noexcept;
+  // Starts a drained teardown of the registration; see Runtime::TeardownQp.
+  Result<std::shared_ptr<TeardownState>> TeardownQp(uint32_t slot, uint32_t generation,
+                                                    const TeardownOptions& options);
   int Drain(ConsumerId consumer, int max) noexcept;
   Result<int> NotifyFd(ConsumerId consumer);
   Stats GetStats() const;
@@ -55,6 +60,8 @@ class RuntimeImpl {
   Result<DeviceRecord*> FindDevice(const char* op, DeviceId id, int shard);
   Result<DeviceId> AddDevice(std::unique_ptr<DeviceRecord> record);
   Result<CqHandle> AddCq(std::unique_ptr<CqRecord> record);
+  // Commits `wrs` more work requests on `cq`, growing it if allowed; kResourceExhausted if not.
+  Status Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num);
   // Moves a destroyed CQ's event counters into the runtime totals.
   void RetireCounters(const CqRecord& cq);
 
@@ -69,6 +76,7 @@ class RuntimeImpl {
   std::vector<std::unique_ptr<Consumer>> consumers_;
   std::vector<std::unique_ptr<Poller>> pollers_;
   std::unique_ptr<EventLoop> events_;
+  std::unique_ptr<TeardownWorker> teardowns_;
   std::vector<std::unique_ptr<DeviceRecord>> devices_;           // id - 1
   std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;            // by id
   std::unordered_map<void*, CqRecord*> cqs_by_native_;

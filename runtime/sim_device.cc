@@ -157,14 +157,34 @@ bool SimCqImpl::Qualifies(uint8_t armed, std::span<const ibv_wc> added, bool sol
   return false;
 }
 
+// Injectors announce themselves in `injectors_`; Resize raises `resizing_` and waits for them to
+// leave, so it swaps the ring while nobody writes it (and the poller calls it between polls).
+class SimCqImpl::InjectGuard {
+ public:
+  explicit InjectGuard(SimCqImpl& cq) : cq_(cq) {
+    for (;;) {
+      while (cq_.resizing_.load(std::memory_order_acquire)) std::this_thread::yield();
+      cq_.injectors_.fetch_add(1, std::memory_order_seq_cst);
+      if (!cq_.resizing_.load(std::memory_order_seq_cst)) return;
+      cq_.injectors_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  ~InjectGuard() { cq_.injectors_.fetch_sub(1, std::memory_order_release); }
+
+ private:
+  SimCqImpl& cq_;
+};
+
 int SimCqImpl::Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow) noexcept {
   if (failed()) return -1;
+  InjectGuard guard(*this);
   const uint64_t want = wcs.size();
   uint64_t pos = tail_.load(std::memory_order_relaxed);
   uint64_t n;
   for (;;) {
     uint64_t used = pos - head_.load(std::memory_order_acquire);
-    uint64_t room = used >= static_cast<uint64_t>(depth_) ? 0 : depth_ - used;
+    const uint64_t depth = static_cast<uint64_t>(depth_.load(std::memory_order_relaxed));
+    uint64_t room = used >= depth ? 0 : depth - used;
     if (overflow && room < want) {
       Overflow();
       return -1;
@@ -259,6 +279,33 @@ int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
   if (taken > 0) head_.store(head + taken, std::memory_order_release);
   StampIfAsked(wc, taken);
   return taken;
+}
+
+Status SimCqImpl::Resize(int depth) {
+  if (depth < size()) {
+    return InvalidArgument("Resize: " + std::to_string(depth) + " is less than the " +
+                           std::to_string(size()) + " completions the CQ holds");
+  }
+  if (depth > (1 << 22)) {
+    return InvalidArgument("Resize: depth " + std::to_string(depth) + " is not in 1..4194304");
+  }
+  if (static_cast<uint64_t>(depth) > mask_ + 1) {
+    resizing_.store(true, std::memory_order_seq_cst);
+    while (injectors_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+    // Nobody writes the ring now, and every reservation is published: move what is unpolled.
+    const uint64_t size = std::bit_ceil(static_cast<uint64_t>(depth));
+    auto ring = std::make_unique<ibv_wc[]>(size);
+    const uint64_t head = head_.load(std::memory_order_relaxed);
+    const uint64_t tail = published_.load(std::memory_order_acquire);
+    for (uint64_t pos = head; pos != tail; ++pos) ring[pos & (size - 1)] = ring_[pos & mask_];
+    ring_ = std::move(ring);
+    mask_ = size - 1;
+    depth_.store(depth, std::memory_order_relaxed);
+    resizing_.store(false, std::memory_order_seq_cst);
+    return Status::Ok();
+  }
+  depth_.store(depth, std::memory_order_relaxed);
+  return Status::Ok();
 }
 
 int SimCqImpl::RequestNotify(bool solicited_only) noexcept {
@@ -365,7 +412,8 @@ Status SimDeviceImpl::DestroyCq(SimCq* public_cq) {
   return Status::Ok();
 }
 
-Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq) {
+Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq,
+                                       const SimQpOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   auto* send = static_cast<SimCqImpl*>(send_cq);
   auto* recv = static_cast<SimCqImpl*>(recv_cq);
@@ -377,13 +425,21 @@ Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq) {
   }
   if (fatal()) return Unavailable("CreateQp: sim device " + options_.name + " has failed");
   if (qps_.size() >= (1u << 24) - 2) return ResourceExhausted("CreateQp: out of QP numbers");
+  if (options.max_send_wr < 0 || options.max_recv_wr < 0) {
+    return InvalidArgument("CreateQp: max_send_wr and max_recv_wr must not be negative");
+  }
   uint32_t qp_num;
-  do {
-    qp_num = next_qp_num_;
-    next_qp_num_ = (next_qp_num_ + 1) & 0xffffff;
-    if (next_qp_num_ == 0) next_qp_num_ = 1;
-  } while (qps_.contains(qp_num));
-  auto qp = std::make_unique<SimQpImpl>(qp_num, send, recv);
+  if (!free_qp_nums_.empty()) {
+    qp_num = free_qp_nums_.back();
+    free_qp_nums_.pop_back();
+  } else {
+    do {
+      qp_num = next_qp_num_;
+      next_qp_num_ = (next_qp_num_ + 1) & 0xffffff;
+      if (next_qp_num_ == 0) next_qp_num_ = 1;
+    } while (qps_.contains(qp_num));
+  }
+  auto qp = std::make_unique<SimQpImpl>(qp_num, send, recv, options);
   SimQpImpl* raw = qp.get();
   qps_.emplace(qp_num, std::move(qp));
   ++send->qp_refs;
@@ -402,8 +458,41 @@ Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
   async_acked_cv_.wait(lock, [&] { return qp->async_unacked == 0; });  // S13
   --qp->send()->qp_refs;
   --qp->recv()->qp_refs;
+  free_qp_nums_.push_back(qp->qp_num());
   qps_.erase(qp->qp_num());
   return Status::Ok();
+}
+
+SimQpImpl* SimDeviceImpl::FindQp(void* native) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* qp = static_cast<SimQpImpl*>(static_cast<SimQp*>(native));
+  auto it = qps_.find(qp->qp_num());
+  return it != qps_.end() && it->second.get() == qp ? qp : nullptr;
+}
+
+Result<bool> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+                                         uint64_t recv_marker) {
+  // As a device: the error state flushes what is outstanding (the test injected it already),
+  // then each marker completes with IBV_WC_WR_FLUSH_ERR.
+  auto marker = [&](uint64_t wr_id, ibv_wc_opcode opcode, SimCqImpl* cq) {
+    ibv_wc wc{};
+    wc.wr_id = wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = opcode;
+    wc.qp_num = qp->qp_num();
+    return cq->Inject({&wc, 1}, false, false) == 1;
+  };
+  if (qp->in_error()) return FailedPrecondition("StartQpDrain: the QP is already in error");
+  qp->SetError();
+  if (!marker(send_marker, IBV_WC_SEND, qp->send())) {
+    return ResourceExhausted("StartQpDrain: the send CQ has no room for the marker");
+  }
+  if (!qp->options().srq) return marker(recv_marker, IBV_WC_RECV, qp->recv());
+  if (options_.last_wqe_reached) {
+    std::lock_guard<std::mutex> lock(mu_);
+    PushAsyncLocked({IBV_EVENT_QP_LAST_WQE_REACHED, qp, nullptr, 0});
+  }
+  return true;
 }
 
 Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
@@ -551,6 +640,20 @@ Result<backend::Cq*> SimBackend::AdoptCq(void* native_cq, backend::Channel* chan
 
 Status SimBackend::DestroyCq(backend::Cq* cq) {
   return device_->DestroyCq(static_cast<SimCqImpl*>(cq));
+}
+
+Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {
+  SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
+  if (qp == nullptr) return NotFound("QueryQp: not a QP of sim device " + name());
+  return backend::QpCaps{qp->options().max_send_wr, qp->options().max_recv_wr,
+                         qp->options().srq};
+}
+
+Result<bool> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+                                      uint64_t recv_marker) {
+  SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
+  if (qp == nullptr) return NotFound("StartQpDrain: not a QP of sim device " + name());
+  return device_->StartQpDrain(qp, send_marker, recv_marker);
 }
 
 void SimBackend::AckCqEvents(backend::Cq* cq, unsigned n) noexcept {

@@ -93,7 +93,7 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   SimCqImpl(SimDeviceImpl* device, int depth, SimChannelImpl* channel);
 
   // SimCq
-  int depth() const override { return depth_; }
+  int depth() const noexcept override { return depth_.load(std::memory_order_relaxed); }
   SimChannel* channel() const override { return channel_; }
   int Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow) noexcept override;
   int size() const noexcept override;
@@ -112,6 +112,7 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   }
   int Poll(int n, ibv_wc* wc) noexcept override;
   int RequestNotify(bool solicited_only) noexcept override;
+  Status Resize(int depth) override;
 
   // Event accounting (S2): GetEvent reports, AckCqEvents acks, destroy waits for equality.
   void CountReported() { reported_.fetch_add(1, std::memory_order_relaxed); }
@@ -137,9 +138,14 @@ class SimCqImpl final : public SimCq, public backend::Cq {
 
   SimDeviceImpl* const device_;
   SimChannelImpl* const channel_;
-  const int depth_;
+  std::atomic<int> depth_;
+  // Replaced only by Resize, while no injector is inside (InjectGuard) and the poller is not
+  // polling; resizing_'s seq_cst store publishes them to the next injector.
   uint64_t mask_;
   std::unique_ptr<ibv_wc[]> ring_;
+  class InjectGuard;
+  std::atomic<int> injectors_{0};
+  std::atomic<bool> resizing_{false};
   // Positions: injectors reserve at tail_, write, then publish in reservation order by moving
   // published_ (so a completion is never visible before an earlier one, as on a device); the
   // poller takes from head_ up to published_.
@@ -172,11 +178,14 @@ class SimCqImpl final : public SimCq, public backend::Cq {
 
 class SimQpImpl final : public SimQp {
  public:
-  SimQpImpl(uint32_t qp_num, SimCqImpl* send, SimCqImpl* recv)
-      : qp_num_(qp_num), send_(send), recv_(recv) {}
+  SimQpImpl(uint32_t qp_num, SimCqImpl* send, SimCqImpl* recv, const SimQpOptions& options)
+      : qp_num_(qp_num), send_(send), recv_(recv), options_(options) {}
   uint32_t qp_num() const override { return qp_num_; }
   SimCq* send_cq() const override { return send_; }
   SimCq* recv_cq() const override { return recv_; }
+  const SimQpOptions& options() const override { return options_; }
+  bool in_error() const override { return error_.load(std::memory_order_acquire); }
+  void SetError() { error_.store(true, std::memory_order_release); }
   SimCqImpl* send() const { return send_; }
   SimCqImpl* recv() const { return recv_; }
   int async_unacked = 0;  // guarded by the device mutex
@@ -185,6 +194,8 @@ class SimQpImpl final : public SimQp {
   const uint32_t qp_num_;
   SimCqImpl* const send_;
   SimCqImpl* const recv_;
+  const SimQpOptions options_;
+  std::atomic<bool> error_{false};
 };
 
 class SimDeviceImpl final : public SimDevice {
@@ -197,7 +208,8 @@ class SimDeviceImpl final : public SimDevice {
   Status DestroyChannel(SimChannel* channel) override;
   Result<SimCq*> CreateCq(int depth, SimChannel* channel) override;
   Status DestroyCq(SimCq* cq) override;
-  Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq) override;
+  Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq,
+                          const SimQpOptions& options) override;
   Status DestroyQp(SimQp* qp) override;
   Status RaiseQpEvent(SimQp* qp, ibv_event_type type) override;
   Status RaiseDeviceEvent(ibv_event_type type, int port_num) override;
@@ -209,6 +221,10 @@ class SimDeviceImpl final : public SimDevice {
 
   // Returns the CQ if `native` is a live SimCq of this device, else nullptr.
   SimCqImpl* FindCq(void* native);
+  // Returns the QP if `native` is a live SimQp of this device, else nullptr.
+  SimQpImpl* FindQp(void* native);
+  // The seam's StartQpDrain (see backend.h).
+  Result<bool> StartQpDrain(SimQpImpl* qp, uint64_t send_marker, uint64_t recv_marker);
   int async_fd() const { return async_pending_.fd(); }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept;
@@ -234,6 +250,7 @@ class SimDeviceImpl final : public SimDevice {
   std::unordered_map<SimCqImpl*, std::unique_ptr<SimCqImpl>> cqs_;
   std::unordered_map<uint32_t, std::unique_ptr<SimQpImpl>> qps_;
   uint32_t next_qp_num_ = 0x100;
+  std::vector<uint32_t> free_qp_nums_;  // reused last-freed first
   std::deque<PendingAsync> async_events_;
   PendingFd async_pending_;
   InjectedErrno async_errno_;
@@ -252,6 +269,9 @@ class SimBackend final : public backend::Device {
   void ReleaseCq(backend::Cq*) override {}
   Status DestroyCq(backend::Cq* cq) override;
   void AckCqEvents(backend::Cq* cq, unsigned n) noexcept override;
+  Result<backend::QpCaps> QueryQp(void* native_qp) override;
+  Result<bool> StartQpDrain(void* native_qp, uint64_t send_marker,
+                            uint64_t recv_marker) override;
   void AckNativeCqEvent(void* native_cq) noexcept override {
     static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);
   }

@@ -12,6 +12,13 @@ int VerbsChannel::GetEvent(void** native_cq) noexcept {
   return 0;
 }
 
+Status VerbsCq::Resize(int depth) {
+  if (int rc = ibv_resize_cq(cq_, depth); rc != 0) {
+    return ErrnoStatus("ibv_resize_cq(" + std::to_string(depth) + ")", rc);
+  }
+  return Status::Ok();
+}
+
 VerbsBackend::VerbsBackend(ibv_context* context, bool owned)
     : context_(context), owned_(owned), name_(ibv_get_device_name(context->device)) {}
 
@@ -80,6 +87,49 @@ int VerbsBackend::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
     out->port_num = out->raw.element.port_num;
   }
   return 0;
+}
+
+Result<backend::QpCaps> VerbsBackend::QueryQp(void* native_qp) {
+  auto* qp = static_cast<ibv_qp*>(native_qp);
+  if (qp->context != context_) return InvalidArgument("the QP does not belong to " + name_);
+  ibv_qp_attr attr{};
+  ibv_qp_init_attr init{};
+  if (int rc = ibv_query_qp(qp, &attr, IBV_QP_CAP, &init); rc != 0) {
+    return ErrnoStatus("ibv_query_qp(qp_num " + std::to_string(qp->qp_num) + ")", rc);
+  }
+  return backend::QpCaps{static_cast<int>(attr.cap.max_send_wr),
+                         static_cast<int>(attr.cap.max_recv_wr), qp->srq != nullptr};
+}
+
+Result<bool> VerbsBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+                                        uint64_t recv_marker) {
+  auto* qp = static_cast<ibv_qp*>(native_qp);
+  if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC) {
+    // A UD marker SEND would need an address handle; unregister UD QPs instead.
+    return InvalidArgument("TeardownQp: only RC and UC QPs can be drained (qp_num " +
+                           std::to_string(qp->qp_num) + ")");
+  }
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  if (int rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE); rc != 0) {
+    return ErrnoStatus("ibv_modify_qp(qp_num " + std::to_string(qp->qp_num) + ", IBV_QPS_ERR)",
+                       rc);
+  }
+  // Zero-length, signaled: in the error state it completes with IBV_WC_WR_FLUSH_ERR after
+  // everything posted before it (S10).
+  ibv_send_wr send{};
+  send.wr_id = send_marker;
+  send.opcode = IBV_WR_SEND;
+  send.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad_send = nullptr;
+  if (int rc = ibv_post_send(qp, &send, &bad_send); rc != 0) {
+    return ErrnoStatus("ibv_post_send(teardown marker; is a send queue slot free?)", rc);
+  }
+  if (qp->srq != nullptr) return true;
+  ibv_recv_wr recv{};
+  recv.wr_id = recv_marker;
+  ibv_recv_wr* bad_recv = nullptr;
+  return ibv_post_recv(qp, &recv, &bad_recv) == 0;
 }
 
 Result<ibv_context*> OpenDevice(const std::string& name) {

@@ -25,6 +25,8 @@ class VerbsCq final : public backend::Cq {
   int RequestNotify(bool solicited_only) noexcept override {
     return ibv_req_notify_cq(cq_, solicited_only ? 1 : 0);
   }
+  int depth() const noexcept override { return cq_->cqe; }
+  Status Resize(int depth) override;
   ibv_cq* cq() const { return cq_; }
 
  private:
@@ -62,6 +64,9 @@ class VerbsBackend final : public backend::Device {
   void AckNativeCqEvent(void* native_cq) noexcept override {
     ibv_ack_cq_events(static_cast<ibv_cq*>(native_cq), 1);
   }
+  Result<backend::QpCaps> QueryQp(void* native_qp) override;
+  Result<bool> StartQpDrain(void* native_qp, uint64_t send_marker,
+                            uint64_t recv_marker) override;
   int async_fd() const noexcept override { return context_->async_fd; }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept override {

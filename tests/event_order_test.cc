@@ -63,6 +63,31 @@ TEST(EventOrder, EventFollowsCompletionsPolledBeforeIt) {
   }
 }
 
+// Completions still in the CQ when the event is read (the poller sleeps on a solicited-only arm)
+// come first too: the poller polls the QP's CQs before it places the event.
+TEST(EventOrder, EventFollowsCompletionsStillInTheCq) {
+  RuntimeOptions options;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CqOptions solicited;
+  solicited.solicited_only = true;
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0, solicited));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+  for (int round = 0; round < 10; ++round) {
+    ASSERT_TRUE(testing::WaitForPollersAsleep(*rt));
+    ASSERT_TRUE(InjectRecvs(qp, round * 30, 30));  // unsolicited: nobody polls them yet
+    CQD_ASSERT_OK(sim->RaiseQpEvent(qp, IBV_EVENT_QP_LAST_WQE_REACHED));
+    ASSERT_TRUE(WaitFor([&] { return handler.events() == static_cast<uint64_t>(round + 1); }));
+    std::vector<RecordingHandler::Entry> log = handler.log();
+    ASSERT_EQ(log.size(), static_cast<size_t>(31 * (round + 1)));
+    EXPECT_TRUE(log.back().event) << "round " << round;
+  }
+  reg.Unregister();
+}
+
 // Send CQ on shard 0, recv CQ on shard 1: the event waits for both pollers.
 TEST(EventOrder, EventFollowsCompletionsOfBothShards) {
   CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(BackedUpEngineConsumer(2)));

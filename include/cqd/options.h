@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "cqd/status.h"
 
 namespace cqd {
 
@@ -48,10 +51,35 @@ struct RuntimeOptions {
   OrphanHandler* orphan_handler = nullptr;  // optional; orphans are counted either way
 };
 
-// Per-CQ settings for Runtime::CreateCq.
+// Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.
 struct CqOptions {
   int depth = 4096;            // completions the CQ holds; posting more overflows it (S11)
   bool solicited_only = false; // arm for solicited receives and errors only (S8)
+  // RegisterQp adds up the work requests each QP may have outstanding on this CQ (QpOptions).
+  // When the sum would exceed the depth: true grows the CQ first (ibv_resize_cq), false refuses
+  // the registration with kResourceExhausted.
+  bool grow = true;
+};
+
+// What a QP may have outstanding, for Runtime::RegisterQp's CQ capacity guard. -1: read it from
+// the QP (ibv_query_qp's max_send_wr / max_recv_wr; the simulated QP's options). The runtime
+// adds one work request per queue for TeardownQp's marker: size the QP with that room.
+struct QpOptions {
+  int send_wrs = -1;  // signaled or not: each may produce a completion on the send CQ
+  int recv_wrs = -1;  // ignored for a QP on an SRQ (its receives are the SRQ's)
+};
+
+// How Runtime::TeardownQp takes a QP out of service.
+struct TeardownOptions {
+  // The teardown finishes by then: drained (OK) or not (kDeadlineExceeded); either way the QP is
+  // unregistered.
+  std::chrono::milliseconds timeout{5000};
+  // SRQ-attached QPs: how long to wait for IBV_EVENT_QP_LAST_WQE_REACHED after the send queue
+  // has flushed, before taking the device for one that never sends it (rxe does not).
+  std::chrono::milliseconds last_wqe_grace{200};
+  // Optional: called once with the result, on the runtime's teardown thread, after the QP was
+  // unregistered. It may call the runtime (except Shutdown) and must not block for long.
+  std::function<void(const Status&)> on_done;
 };
 
 }  // namespace cqd

@@ -49,6 +49,7 @@ class SimChannel;
 
 namespace internal {
 class RuntimeImpl;
+struct TeardownState;
 }  // namespace internal
 
 using DeviceId = uint32_t;
@@ -100,10 +101,29 @@ class Registration {
 
  private:
   friend class internal::RuntimeImpl;
+  friend class Runtime;
   internal::RuntimeImpl* impl_ = nullptr;
   uint32_t slot_ = 0;
   uint32_t generation_ = 0;
   uint32_t qp_num_ = 0;
+};
+
+// A QP teardown in progress (Runtime::TeardownQp). Cheap to copy; may outlive the runtime.
+// Any thread may call it.
+class Teardown {
+ public:
+  Teardown() = default;
+  // Returns true once the teardown has finished (the QP is unregistered).
+  bool done() const;
+  // Blocks until the teardown has finished; returns its result: OK when every flushed completion
+  // reached the handler, kDeadlineExceeded when the timeout ran out first, kCancelled when the
+  // runtime shut down first. Returns kFailedPrecondition on a default-constructed Teardown.
+  // Must not be called from the QP's own handler (the teardown waits for that handler's batch).
+  Status Wait() const;
+
+ private:
+  friend class Runtime;
+  std::shared_ptr<internal::TeardownState> state_;
 };
 
 class Runtime {
@@ -148,9 +168,28 @@ class Runtime {
   Status DestroyCq(CqHandle cq);
 
   // Routes the QP's completions and async events to `handler` on `consumer`. Its CQs must be
-  // polled by this runtime. kAlreadyExists if the qp_num is registered.
-  Result<Registration> RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer);
-  Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer);
+  // polled by this runtime. kAlreadyExists if the qp_num is registered. The QP's work requests
+  // (QpOptions, read from the QP by default) plus one marker per queue are added to its CQs'
+  // commitments; a CQ that cannot hold them grows (CqOptions::grow) or the call fails with
+  // kResourceExhausted, so the engine's own posting can never overflow a CQ (S11). The QP must
+  // stay alive while registered.
+  Result<Registration> RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer,
+                                  const QpOptions& options = {});
+  Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer,
+                                  const QpOptions& options = {});
+
+  // Takes a registered QP out of service the careful way: moves it to the error state, posts a
+  // signaled marker work request on its send queue (and on its receive queue unless it uses an
+  // SRQ), delivers every completion that flushes ahead of the markers to the handler, waits for
+  // IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ-attached QP (or TeardownOptions::last_wqe_grace),
+  // then unregisters. The markers are the runtime's: the handler never sees them. On success
+  // `registration` is handed over (registered() becomes false) and the returned Teardown says
+  // when it is over; once it is, no completion of the QP is left in its CQs, so the engine may
+  // destroy the QP and a new QP that gets the same qp_num receives nothing of the old one.
+  // Errors: kInvalidArgument (not registered, or another runtime's), kFailedPrecondition (shut
+  // down, already tearing down), kInternal (the device refused the error transition or the
+  // marker: the registration stays as it was).
+  Result<Teardown> TeardownQp(Registration& registration, const TeardownOptions& options = {});
 
   // Engine-driven consumers: dispatches up to `max` queued items (completion runs and async
   // events) to their handlers on the calling thread. Returns the number of completions and events

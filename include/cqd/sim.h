@@ -37,7 +37,8 @@ class SimChannel {
 class SimCq {
  public:
   virtual ~SimCq() = default;
-  virtual int depth() const = 0;
+  // Returns the completions the CQ holds (it grows when Runtime::RegisterQp resizes it).
+  virtual int depth() const noexcept = 0;
   virtual SimChannel* channel() const = 0;
   // Adds completions as the device would; an armed notification fires if they qualify (S6-S8;
   // `solicited` marks receives of messages sent with IBV_SEND_SOLICITED). Returns how many were
@@ -63,12 +64,22 @@ class SimCq {
   virtual bool failed() const noexcept = 0;
 };
 
+// How a simulated QP is shaped (what ibv_create_qp's init_attr says on verbs).
+struct SimQpOptions {
+  int max_send_wr = 0;  // what Runtime::RegisterQp's CQ capacity guard reads
+  int max_recv_wr = 0;
+  bool srq = false;     // receives come from an SRQ: its teardown has no receive marker
+};
+
 class SimQp {
  public:
   virtual ~SimQp() = default;
   virtual uint32_t qp_num() const = 0;
   virtual SimCq* send_cq() const = 0;
   virtual SimCq* recv_cq() const = 0;
+  virtual const SimQpOptions& options() const = 0;
+  // True once the QP was moved to the error state (a teardown started).
+  virtual bool in_error() const = 0;
   // Builds a completion of this QP and injects it into recv_cq (receive opcodes) or send_cq.
   // Returns the SimCq::Inject result.
   int Complete(uint64_t wr_id, ibv_wc_opcode opcode = IBV_WC_RECV,
@@ -78,6 +89,9 @@ class SimQp {
 struct SimDeviceOptions {
   std::string name = "sim0";
   int ports = 1;
+  // An SRQ-attached QP moved to the error state raises IBV_EVENT_QP_LAST_WQE_REACHED, as the
+  // man pages say; false behaves as rxe, which never raises it.
+  bool last_wqe_reached = true;
 };
 
 class SimDevice {
@@ -95,7 +109,9 @@ class SimDevice {
   virtual Result<SimCq*> CreateCq(int depth, SimChannel* channel) = 0;
   virtual Status DestroyCq(SimCq* cq) = 0;
   // As ibv_create_qp / ibv_destroy_qp (the latter blocks until the QP's async events are acked).
-  virtual Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq) = 0;
+  // QP numbers are reused, most recently freed first, as devices do.
+  virtual Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq,
+                                  const SimQpOptions& options = {}) = 0;
   virtual Status DestroyQp(SimQp* qp) = 0;
 
   // Fault injection.

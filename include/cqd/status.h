@@ -25,6 +25,8 @@ enum class StatusCode {
   kResourceExhausted,   // a configured capacity is used up
   kUnavailable,         // the device reported a fatal error
   kInternal,            // a system or verbs call failed; the message carries errno
+  kDeadlineExceeded,    // a wait ran out of time (e.g. a QP teardown that did not drain)
+  kCancelled,           // the runtime shut down before the operation finished
 };
 
 // Returns a stable name such as "INVALID_ARGUMENT".
@@ -59,6 +61,10 @@ inline Status ResourceExhausted(std::string m) {
 }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 // Returns kInternal with "<what>: <strerror(err)>".
 Status ErrnoStatus(std::string_view what, int err);
 

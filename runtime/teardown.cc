@@ -1,0 +1,113 @@
+#include "runtime/teardown.h"
+
+#include <algorithm>
+
+#include "runtime/consumer.h"
+
+namespace cqd::internal {
+
+TeardownWorker::TeardownWorker(std::function<void(uint32_t, uint32_t)> unregister)
+    : unregister_(std::move(unregister)) {}
+
+TeardownWorker::~TeardownWorker() { Stop(); }
+
+void TeardownWorker::Start() {
+  thread_ = std::thread([this] {
+    PinAndNameThread(-1, "cqd-teardown");
+    Run();
+  });
+}
+
+void TeardownWorker::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.push_back(std::move(state));
+    noted_ = true;  // its deadline is new
+  }
+  cv_.notify_all();
+}
+
+void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
+  state->seen.fetch_or(what, std::memory_order_acq_rel);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    noted_ = true;
+  }
+  cv_.notify_all();
+}
+
+void TeardownWorker::Run() {
+  using Clock = TeardownState::Clock;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // Decide, under the lock, which teardowns end now and why.
+    const Clock::time_point now = Clock::now();
+    Clock::time_point wake = Clock::time_point::max();
+    std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
+    for (auto& state : active_) {
+      const bool send_seen =
+          (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
+      if (state->srq && send_seen && state->grace_ends == Clock::time_point{}) {
+        state->grace_ends = now + state->last_wqe_grace;
+      }
+      if (state->Drained()) {
+        ending.emplace_back(state, Status::Ok());
+      } else if (state->srq && send_seen && now >= state->grace_ends) {
+        ending.emplace_back(state, Status::Ok());  // the device sends no LAST_WQE_REACHED
+      } else if (stop_) {
+        ending.emplace_back(state, Cancelled("TeardownQp: the runtime shut down before QP "
+                                             "slot " + std::to_string(state->slot) +
+                                             " drained"));
+      } else if (now >= state->deadline) {
+        ending.emplace_back(state, DeadlineExceeded(
+                                       "TeardownQp: the QP's work did not flush back before "
+                                       "the deadline; unregistered anyway"));
+      } else {
+        wake = std::min(wake, state->deadline);
+        if (state->srq && send_seen) wake = std::min(wake, state->grace_ends);
+      }
+    }
+    for (auto& [state, result] : ending) std::erase(active_, state);
+    if (!ending.empty()) {
+      lock.unlock();  // Unregister may wait for a consumer, whose Note takes mu_
+      for (auto& [state, result] : ending) Finish(state, std::move(result));
+      lock.lock();
+      continue;
+    }
+    if (stop_) return;
+    noted_ = false;
+    if (wake == Clock::time_point::max()) {
+      cv_.wait(lock, [&] { return noted_ || stop_ || !active_.empty(); });
+    } else {
+      cv_.wait_until(lock, wake, [&] { return noted_ || stop_; });
+    }
+  }
+}
+
+void TeardownWorker::Finish(const std::shared_ptr<TeardownState>& state, Status result) {
+  unregister_(state->slot, state->generation);
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->done = true;
+    state->result = result;
+  }
+  state->cv.notify_all();
+  if (state->on_done) {
+    try {
+      state->on_done(result);
+    } catch (...) {  // an engine callback must not take the worker thread down
+    }
+  }
+}
+
+}  // namespace cqd::internal

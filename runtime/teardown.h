@@ -1,0 +1,99 @@
+// runtime/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends them.
+//
+// A teardown's life: the control path marks the registration "draining" (registry.h), moves the
+// QP to the error state and posts marker work requests whose wr_ids are the TeardownState's
+// address (send) and address + 1 (recv). A poller that routes a completion of a draining QP
+// with a marker wr_id queues it as a kTeardownMarker item, in order behind the QP's flushed
+// completions; the consumer, on reaching it, calls Note(). LAST_WQE_REACHED events of a draining
+// QP are noted the same way after the handler got them. The TeardownWorker thread ends each
+// teardown exactly once: drained (OK), SRQ grace over (OK), deadline (kDeadlineExceeded) or
+// shutdown (kCancelled). Ending means: unregister the QP (which waits for the consumer's batch
+// that may still read the state), publish the result, call on_done.
+//
+// Threading: TeardownState's `seen` is set by consumers (atomic); everything else in it is
+// written before it is shared (control path, under the runtime mutex) or guarded by its `mu`.
+// The worker's list is guarded by its own mutex; consumers take that mutex only in Note().
+#ifndef CQD_RUNTIME_TEARDOWN_H_
+#define CQD_RUNTIME_TEARDOWN_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cqd/status.h"
+
+namespace cqd::internal {
+
+class TeardownWorker;
+
+struct alignas(8) TeardownState {
+  using Clock = std::chrono::steady_clock;
+  static constexpr uint32_t kSendMarker = 1;
+  static constexpr uint32_t kRecvMarker = 2;
+  static constexpr uint32_t kLastWqe = 4;
+
+  // Set by the control path before the state is shared.
+  TeardownWorker* worker = nullptr;
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  bool srq = false;  // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
+  Clock::time_point deadline;
+  std::chrono::nanoseconds last_wqe_grace{0};
+  std::function<void(const Status&)> on_done;
+
+  std::atomic<uint32_t> seen{0};  // k* bits, set by the QP's consumer
+  Clock::time_point grace_ends;   // worker-owned: set when the send marker is seen (SRQ)
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
+  Status result;      // guarded by mu
+
+  uint64_t send_marker() const noexcept { return reinterpret_cast<uint64_t>(this); }
+  uint64_t recv_marker() const noexcept { return send_marker() + 1; }
+  // True once everything the QP had posted has flushed back through the handler.
+  bool Drained() const noexcept {
+    uint32_t s = seen.load(std::memory_order_acquire);
+    if (!(s & kSendMarker)) return false;
+    return srq ? (s & kLastWqe) != 0 : (s & kRecvMarker) != 0;
+  }
+};
+
+class TeardownWorker {
+ public:
+  // `unregister` ends a registration (the runtime's Unregister); it runs on the worker thread.
+  explicit TeardownWorker(std::function<void(uint32_t slot, uint32_t generation)> unregister);
+  ~TeardownWorker();
+  TeardownWorker(const TeardownWorker&) = delete;
+  TeardownWorker& operator=(const TeardownWorker&) = delete;
+
+  void Start();
+  // Ends every teardown still running (drained ones OK, the rest kCancelled) and joins.
+  void Stop();
+  // Control path: tracks a started teardown until it ends.
+  void Add(std::shared_ptr<TeardownState> state);
+  // Consumer thread: the QP's consumer reached a marker or LAST_WQE_REACHED (`what`).
+  void Note(TeardownState* state, uint32_t what) noexcept;
+
+ private:
+  void Run();
+  void Finish(const std::shared_ptr<TeardownState>& state, Status result);
+
+  const std::function<void(uint32_t, uint32_t)> unregister_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_
+  bool noted_ = false;                                  // guarded by mu_
+  bool stop_ = false;                                   // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_TEARDOWN_H_

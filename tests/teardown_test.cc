@@ -1,0 +1,263 @@
+// Runtime::TeardownQp on the simulated device: drained teardown, SRQ QPs with and without
+// LAST_WQE_REACHED, deadlines, shutdown, bad calls, and qp_num reuse.
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::InjectRecvs;
+using testing::RecordingHandler;
+using testing::WaitFor;
+using testing::WaitForPollersAsleep;
+
+struct Bed {
+  CountingOrphans orphans;
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim;
+  DeviceId dev = 0;
+  CqHandle cq;
+
+  // One CQ; consumer 0 as `kind`.
+  void Build(ConsumerKind kind = ConsumerKind::kOwnedThread, bool last_wqe_reached = true,
+             bool solicited_only = true) {
+    RuntimeOptions options;
+    options.orphan_handler = &orphans;
+    options.consumers[0].kind = kind;
+    rt = Runtime::Create(options).value();
+    SimDeviceOptions sim_options;
+    sim_options.last_wqe_reached = last_wqe_reached;
+    sim = SimDevice::Create(sim_options);
+    dev = rt->AddSimDevice(sim).value();
+    CqOptions cq_options;
+    cq_options.solicited_only = solicited_only;  // pending completions stay in the CQ
+    cq = rt->CreateCq(dev, 0, cq_options).value();
+  }
+};
+
+// Completions the QP still has in its CQ, unseen by the sleeping poller, all reach the handler
+// before the teardown ends; the marker never does.
+TEST(Teardown, DeliversEverythingFlushedThenUnregisters) {
+  Bed bed;
+  bed.Build();
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(WaitForPollersAsleep(*bed.rt));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 25));  // unsolicited: they wait in the CQ
+  for (uint64_t i = 25; i < 30; ++i) {  // flushed sends, as the error state produces them
+    ASSERT_EQ(qp->Complete(i, IBV_WC_SEND, IBV_WC_WR_FLUSH_ERR), 1);
+  }
+
+  std::atomic<int> callbacks{0};
+  std::promise<Status> callback_status;
+  TeardownOptions options;
+  options.on_done = [&](const Status& s) {
+    if (callbacks.fetch_add(1) == 0) callback_status.set_value(s);
+  };
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  EXPECT_FALSE(reg.registered());
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_TRUE(teardown.done());
+  EXPECT_TRUE(qp->in_error());
+
+  std::vector<RecordingHandler::Entry> log = handler.log();
+  ASSERT_EQ(log.size(), 30u);
+  for (uint64_t i = 0; i < 30; ++i) EXPECT_EQ(log[i].wr_id, i);
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
+  Status from_callback = callback_status.get_future().get();
+  EXPECT_TRUE(from_callback.ok()) << from_callback.ToString();
+  EXPECT_EQ(callbacks.load(), 1);
+  CQD_ASSERT_OK(bed.sim->DestroyQp(qp));
+  CQD_ASSERT_OK(bed.rt->DestroyCq(bed.cq));  // nothing was left registered on it
+}
+
+// Devices reuse QP numbers. After a drained teardown the old QP has nothing left in the CQ, so
+// the new QP that gets its number receives only its own completions.
+TEST(Teardown, NewQpWithTheSameNumberGetsNothingOfTheOld) {
+  Bed bed;
+  bed.Build();
+  for (int round = 0; round < 20; ++round) {
+    CQD_ASSERT_OK_AND_ASSIGN(old_qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+    RecordingHandler old_handler;
+    CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*old_qp, old_handler, 0));
+    ASSERT_TRUE(InjectRecvs(old_qp, 1000, 10));  // "old" wr_ids: 1000..1009
+    CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg));
+    CQD_ASSERT_OK(teardown.Wait());
+    const uint32_t number = old_qp->qp_num();
+    CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
+
+    CQD_ASSERT_OK_AND_ASSIGN(new_qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+    ASSERT_EQ(new_qp->qp_num(), number) << "the simulated device reuses numbers";
+    RecordingHandler new_handler;
+    CQD_ASSERT_OK_AND_ASSIGN(new_reg, bed.rt->RegisterQp(*new_qp, new_handler, 0));
+    ASSERT_TRUE(InjectRecvs(new_qp, 0, 5, /*solicited=*/true));
+    ASSERT_TRUE(WaitFor([&] { return new_handler.completions() == 5; }));
+    EXPECT_EQ(old_handler.completions(), 10u);
+    for (const auto& entry : new_handler.log()) EXPECT_LT(entry.wr_id, 5u);
+    EXPECT_EQ(bed.orphans.count.load(), 0u);
+    CQD_ASSERT_OK_AND_ASSIGN(new_teardown, bed.rt->TeardownQp(new_reg));
+    CQD_ASSERT_OK(new_teardown.Wait());
+    CQD_ASSERT_OK(bed.sim->DestroyQp(new_qp));
+  }
+}
+
+// An SRQ-attached QP has no receive marker: the teardown waits for LAST_WQE_REACHED, which the
+// handler also receives, after the QP's completions.
+TEST(Teardown, SrqQpWaitsForLastWqeReached) {
+  Bed bed;
+  bed.Build(ConsumerKind::kOwnedThread, /*last_wqe_reached=*/true);
+  SimQpOptions srq;
+  srq.srq = true;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 8));
+  TeardownOptions options;
+  options.last_wqe_grace = std::chrono::seconds(60);  // must not be what ends it
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  CQD_ASSERT_OK(teardown.Wait());
+  std::vector<RecordingHandler::Entry> log = handler.log();
+  ASSERT_EQ(log.size(), 9u);
+  EXPECT_TRUE(log.back().event);
+  EXPECT_EQ(log.back().type, IBV_EVENT_QP_LAST_WQE_REACHED);
+}
+
+// A device that never sends LAST_WQE_REACHED (rxe): the grace period ends the teardown, OK.
+TEST(Teardown, SrqQpOnADeviceWithoutLastWqeReachedEndsAfterTheGrace) {
+  Bed bed;
+  bed.Build(ConsumerKind::kOwnedThread, /*last_wqe_reached=*/false);
+  SimQpOptions srq;
+  srq.srq = true;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 8));
+  TeardownOptions options;
+  options.last_wqe_grace = std::chrono::milliseconds(20);
+  options.timeout = std::chrono::seconds(60);  // must not be what ends it
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), 8u);
+  EXPECT_EQ(handler.events(), 0u);
+}
+
+// A consumer that never drains: the teardown ends at its deadline, unregistered, and what was
+// queued for the QP becomes orphans rather than reaching the handler later.
+TEST(Teardown, DeadlineEndsATeardownThatCannotDrain) {
+  Bed bed;
+  bed.Build(ConsumerKind::kEngineDriven);
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 4, /*solicited=*/true));
+  TeardownOptions options;
+  options.timeout = std::chrono::milliseconds(50);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  Status result = teardown.Wait();
+  EXPECT_EQ(result.code(), StatusCode::kDeadlineExceeded) << result.ToString();
+  ASSERT_TRUE(testing::DrainUntil(*bed.rt, 0, [&] { return bed.orphans.count.load() == 4; }));
+  EXPECT_EQ(handler.completions(), 0u);
+}
+
+// Shutdown ends a teardown still waiting: kCancelled, and Wait returns.
+TEST(Teardown, ShutdownCancelsAPendingTeardown) {
+  Bed bed;
+  bed.Build(ConsumerKind::kEngineDriven);
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  TeardownOptions options;
+  options.timeout = std::chrono::hours(1);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  CQD_ASSERT_OK(bed.rt->Shutdown());
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kCancelled);
+  bed.rt.reset();
+  EXPECT_TRUE(teardown.done());  // the handle outlives the runtime
+}
+
+TEST(Teardown, BadCalls) {
+  Bed bed;
+  bed.Build();
+  Bed other;
+  other.Build();
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+  RecordingHandler handler;
+  Registration none;
+  EXPECT_EQ(bed.rt->TeardownQp(none).status().code(), StatusCode::kInvalidArgument);
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  EXPECT_EQ(other.rt->TeardownQp(reg).status().code(), StatusCode::kInvalidArgument);
+  TeardownOptions zero;
+  zero.timeout = std::chrono::milliseconds(0);
+  EXPECT_EQ(bed.rt->TeardownQp(reg, zero).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(reg.registered());  // a refused teardown leaves the registration alone
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg));
+  EXPECT_EQ(bed.rt->TeardownQp(reg).status().code(), StatusCode::kInvalidArgument);  // handed over
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(Teardown().Wait().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Teardown().done());
+
+  // After Shutdown.
+  CQD_ASSERT_OK_AND_ASSIGN(qp2, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+  CQD_ASSERT_OK_AND_ASSIGN(reg2, bed.rt->RegisterQp(*qp2, handler, 0));
+  CQD_ASSERT_OK(bed.rt->Shutdown());
+  EXPECT_EQ(bed.rt->TeardownQp(reg2).status().code(), StatusCode::kFailedPrecondition);
+}
+
+// Many QPs torn down while traffic flows on others: every completion exactly once, in order.
+TEST(Teardown, ManyTeardownsUnderTraffic) {
+  Bed bed;
+  RuntimeOptions options;
+  options.pollers = 2;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.orphan_handler = &bed.orphans;
+  bed.rt = Runtime::Create(options).value();
+  bed.sim = SimDevice::Create();
+  bed.dev = bed.rt->AddSimDevice(bed.sim).value();
+  std::vector<CqHandle> cqs;
+  for (int i = 0; i < 4; ++i) cqs.push_back(bed.rt->CreateCq(bed.dev, i % 2).value());
+  constexpr int kQps = 32;
+  constexpr uint64_t kPerQp = 200;
+  std::vector<SimQp*> qps;
+  std::vector<std::unique_ptr<testing::SequenceHandler>> handlers;
+  std::vector<Registration> regs;
+  for (int i = 0; i < kQps; ++i) {
+    SimCq* cq = cqs[i % 4].sim();
+    qps.push_back(bed.sim->CreateQp(cq, cq).value());
+    handlers.push_back(std::make_unique<testing::SequenceHandler>());
+    handlers.back()->qp_num = qps.back()->qp_num();
+    regs.push_back(bed.rt->RegisterQp(*qps.back(), *handlers.back(), i % 2).value());
+  }
+  SimTrafficOptions traffic;
+  traffic.qps = qps;
+  traffic.completions_per_qp = kPerQp;
+  SimTrafficSource source(traffic);
+  source.Start();
+  source.Join();  // all injected: each QP's completions are now "posted work"
+  std::vector<Teardown> teardowns;
+  for (int i = 0; i < kQps; i += 2) teardowns.push_back(bed.rt->TeardownQp(regs[i]).value());
+  for (Teardown& t : teardowns) CQD_ASSERT_OK(t.Wait());
+  for (int i = 0; i < kQps; i += 2) {
+    EXPECT_EQ(handlers[i]->received(), kPerQp) << "QP " << i;
+    EXPECT_EQ(handlers[i]->out_of_order(), 0u);
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    for (int i = 1; i < kQps; i += 2) {
+      if (handlers[i]->received() != kPerQp) return false;
+    }
+    return true;
+  }));
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
+  for (auto& r : regs) r.Unregister();
+}
+
+}  // namespace
+}  // namespace cqd
