@@ -69,6 +69,13 @@ class Cq {
   virtual Status Resize(int depth) = 0;
 };
 
+// What StartQpDrain posted.
+enum class DrainStart {
+  kAllMarkers,          // the send marker, and the receive marker unless the QP uses an SRQ
+  kSendMarkerOnly,      // the receive queue's could not be posted: wait as for an SRQ QP
+  kNothingOutstanding,  // the QP was in RESET: no work can be outstanding, nothing was posted
+};
+
 // What a QP may have outstanding (ibv_query_qp's caps) and whether it receives from an SRQ.
 struct QpCaps {
   int max_send_wr = 0;
@@ -124,10 +131,9 @@ class Device {
   // Moves the QP to the error state (S10: everything outstanding flushes) and posts a signaled
   // marker work request behind it on the send queue (wr_id `send_marker`) and, unless the QP
   // uses an SRQ, on the receive queue (`recv_marker`). Each marker needs a free slot in its
-  // queue. Returns true if every marker was posted, false if only the send marker was (the
-  // receive queue's could not be: treat the QP as an SRQ one), or an error when nothing was.
-  virtual Result<bool> StartQpDrain(void* native_qp, uint64_t send_marker,
-                                    uint64_t recv_marker) = 0;
+  // queue. Returns what was posted, or an error when nothing was.
+  virtual Result<DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
+                                          uint64_t recv_marker) = 0;
 
   virtual int async_fd() const noexcept = 0;
   // S12: returns 0 and fills *out, or -1 with errno set (EAGAIN when O_NONBLOCK, EINTR).

@@ -544,22 +544,30 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   teardown->deadline = TeardownState::Clock::now() + options.timeout;
   teardown->last_wqe_grace = options.last_wqe_grace;
   teardown->on_done = options.on_done;
+  if (device->failed.load(std::memory_order_acquire)) {
+    // Nothing flushes on a dead device: unregister at once (on the teardown thread).
+    teardown->end_with = Unavailable("TeardownQp: device " + device->backend->name() +
+                                     " has failed; unregistered without draining");
+    teardowns_->Add(teardown);
+    return teardown;
+  }
   // Draining before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
                    std::memory_order_seq_cst);
-  Result<bool> all_posted = device->backend->StartQpDrain(
+  Result<backend::DrainStart> posted = device->backend->StartQpDrain(
       slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
-  if (!all_posted.ok()) {
+  if (!posted.ok()) {
     slot.state.store(state, std::memory_order_seq_cst);
     slot.teardown.store(nullptr, std::memory_order_relaxed);
-    return Status(all_posted.status().code(), "TeardownQp: " + all_posted.status().message());
+    return Status(posted.status().code(), "TeardownQp: " + posted.status().message());
   }
   Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
   // Without a receive marker (SRQ, or it could not be posted) the receive side is known to be
   // flushed by LAST_WQE_REACHED or the grace period.
-  teardown->srq = !*all_posted || (caps.ok() && caps->srq);
+  teardown->srq = *posted == backend::DrainStart::kSendMarkerOnly || (caps.ok() && caps->srq);
+  if (*posted == backend::DrainStart::kNothingOutstanding) teardown->end_with = Status::Ok();
   teardowns_->Add(teardown);
   return teardown;
 }

@@ -470,8 +470,8 @@ SimQpImpl* SimDeviceImpl::FindQp(void* native) {
   return it != qps_.end() && it->second.get() == qp ? qp : nullptr;
 }
 
-Result<bool> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
-                                         uint64_t recv_marker) {
+Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+                                                        uint64_t recv_marker) {
   // As a device: the error state flushes what is outstanding (the test injected it already),
   // then each marker completes with IBV_WC_WR_FLUSH_ERR.
   auto marker = [&](uint64_t wr_id, ibv_wc_opcode opcode, SimCqImpl* cq) {
@@ -487,12 +487,15 @@ Result<bool> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
   if (!marker(send_marker, IBV_WC_SEND, qp->send())) {
     return ResourceExhausted("StartQpDrain: the send CQ has no room for the marker");
   }
-  if (!qp->options().srq) return marker(recv_marker, IBV_WC_RECV, qp->recv());
+  if (!qp->options().srq) {
+    return marker(recv_marker, IBV_WC_RECV, qp->recv()) ? backend::DrainStart::kAllMarkers
+                                                        : backend::DrainStart::kSendMarkerOnly;
+  }
   if (options_.last_wqe_reached) {
     std::lock_guard<std::mutex> lock(mu_);
     PushAsyncLocked({IBV_EVENT_QP_LAST_WQE_REACHED, qp, nullptr, 0});
   }
-  return true;
+  return backend::DrainStart::kAllMarkers;
 }
 
 Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
@@ -649,8 +652,8 @@ Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {
                          qp->options().srq};
 }
 
-Result<bool> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
-                                      uint64_t recv_marker) {
+Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+                                                     uint64_t recv_marker) {
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
   if (qp == nullptr) return NotFound("StartQpDrain: not a QP of sim device " + name());
   return device_->StartQpDrain(qp, send_marker, recv_marker);

@@ -224,7 +224,8 @@ class SimDeviceImpl final : public SimDevice {
   // Returns the QP if `native` is a live SimQp of this device, else nullptr.
   SimQpImpl* FindQp(void* native);
   // The seam's StartQpDrain (see backend.h).
-  Result<bool> StartQpDrain(SimQpImpl* qp, uint64_t send_marker, uint64_t recv_marker);
+  Result<backend::DrainStart> StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+                                           uint64_t recv_marker);
   int async_fd() const { return async_pending_.fd(); }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept;
@@ -270,8 +271,8 @@ class SimBackend final : public backend::Device {
   Status DestroyCq(backend::Cq* cq) override;
   void AckCqEvents(backend::Cq* cq, unsigned n) noexcept override;
   Result<backend::QpCaps> QueryQp(void* native_qp) override;
-  Result<bool> StartQpDrain(void* native_qp, uint64_t send_marker,
-                            uint64_t recv_marker) override;
+  Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
+                                           uint64_t recv_marker) override;
   void AckNativeCqEvent(void* native_cq) noexcept override {
     static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);
   }

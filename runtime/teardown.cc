@@ -60,7 +60,9 @@ void TeardownWorker::Run() {
       if (state->srq && send_seen && state->grace_ends == Clock::time_point{}) {
         state->grace_ends = now + state->last_wqe_grace;
       }
-      if (state->Drained()) {
+      if (state->end_with) {
+        ending.emplace_back(state, *state->end_with);
+      } else if (state->Drained()) {
         ending.emplace_back(state, Status::Ok());
       } else if (state->srq && send_seen && now >= state->grace_ends) {
         ending.emplace_back(state, Status::Ok());  // the device sends no LAST_WQE_REACHED

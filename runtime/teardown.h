@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -46,6 +47,7 @@ struct alignas(8) TeardownState {
   Clock::time_point deadline;
   std::chrono::nanoseconds last_wqe_grace{0};
   std::function<void(const Status&)> on_done;
+  std::optional<Status> end_with;  // end at once with this result (nothing can drain)
 
   std::atomic<uint32_t> seen{0};  // k* bits, set by the QP's consumer
   Clock::time_point grace_ends;   // worker-owned: set when the send marker is seen (SRQ)

@@ -101,19 +101,25 @@ Result<backend::QpCaps> VerbsBackend::QueryQp(void* native_qp) {
                          static_cast<int>(attr.cap.max_recv_wr), qp->srq != nullptr};
 }
 
-Result<bool> VerbsBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
-                                        uint64_t recv_marker) {
+Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+                                                       uint64_t recv_marker) {
   auto* qp = static_cast<ibv_qp*>(native_qp);
+  const std::string which = "qp_num " + std::to_string(qp->qp_num);
   if (qp->qp_type != IBV_QPT_RC && qp->qp_type != IBV_QPT_UC) {
     // A UD marker SEND would need an address handle; unregister UD QPs instead.
-    return InvalidArgument("TeardownQp: only RC and UC QPs can be drained (qp_num " +
-                           std::to_string(qp->qp_num) + ")");
+    return InvalidArgument("only RC and UC QPs can be drained (" + which + ")");
   }
-  ibv_qp_attr attr{};
-  attr.qp_state = IBV_QPS_ERR;
-  if (int rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE); rc != 0) {
-    return ErrnoStatus("ibv_modify_qp(qp_num " + std::to_string(qp->qp_num) + ", IBV_QPS_ERR)",
-                       rc);
+  ibv_qp_attr current{};
+  ibv_qp_init_attr init{};
+  if (int rc = ibv_query_qp(qp, &current, IBV_QP_STATE, &init); rc != 0) {
+    return ErrnoStatus("ibv_query_qp(" + which + ")", rc);
+  }
+  // RESET cannot go to ERR, and nothing can have been posted in it.
+  if (current.qp_state == IBV_QPS_RESET) return backend::DrainStart::kNothingOutstanding;
+  ibv_qp_attr error{};
+  error.qp_state = IBV_QPS_ERR;
+  if (int rc = ibv_modify_qp(qp, &error, IBV_QP_STATE); rc != 0) {
+    return ErrnoStatus("ibv_modify_qp(" + which + ", IBV_QPS_ERR)", rc);
   }
   // Zero-length, signaled: in the error state it completes with IBV_WC_WR_FLUSH_ERR after
   // everything posted before it (S10).
@@ -123,13 +129,19 @@ Result<bool> VerbsBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
   send.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad_send = nullptr;
   if (int rc = ibv_post_send(qp, &send, &bad_send); rc != 0) {
-    return ErrnoStatus("ibv_post_send(teardown marker; is a send queue slot free?)", rc);
+    return ErrnoStatus("ibv_post_send(teardown marker of " + which + "; is a slot free?)", rc);
   }
-  if (qp->srq != nullptr) return true;
-  ibv_recv_wr recv{};
-  recv.wr_id = recv_marker;
-  ibv_recv_wr* bad_recv = nullptr;
-  return ibv_post_recv(qp, &recv, &bad_recv) == 0;
+  backend::DrainStart posted = backend::DrainStart::kAllMarkers;
+  if (qp->srq == nullptr) {
+    ibv_recv_wr recv{};
+    recv.wr_id = recv_marker;
+    ibv_recv_wr* bad_recv = nullptr;
+    if (ibv_post_recv(qp, &recv, &bad_recv) != 0) posted = backend::DrainStart::kSendMarkerOnly;
+  }
+  // Move to ERR once more: a provider whose queues live in user memory (rxe) flushes work
+  // posted after the first transition only when the kernel is told again (ERR -> ERR is valid).
+  (void)ibv_modify_qp(qp, &error, IBV_QP_STATE);
+  return posted;
 }
 
 Result<ibv_context*> OpenDevice(const std::string& name) {

@@ -75,6 +75,59 @@ TEST(Faults, FailingChannelNeitherSpinsNorLosesWakeups) {
   sim->FailGetEvent(channel, 0, 0);
 }
 
+// DEVICE_FATAL: every handler hears of it after the completions polled before it, the pollers
+// stop arming the device's CQs, control calls fail promptly with kUnavailable, a teardown ends
+// at once, and Shutdown and the destructor return.
+TEST(Faults, DeviceFatal) {
+  testing::CountingOrphans orphans;
+  RuntimeOptions options = testing::EngineAndOwned(2);
+  options.orphan_handler = &orphans;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  std::vector<CqHandle> cqs;
+  for (int i = 0; i < 4; ++i) cqs.push_back(rt->CreateCq(dev, i % 2).value());
+  std::vector<SimQp*> qps;
+  std::vector<std::unique_ptr<testing::RecordingHandler>> handlers;
+  std::vector<Registration> regs;
+  for (int i = 0; i < 8; ++i) {
+    qps.push_back(sim->CreateQp(cqs[i % 4].sim(), cqs[(i + 1) % 4].sim()).value());
+    handlers.push_back(std::make_unique<testing::RecordingHandler>());
+    regs.push_back(rt->RegisterQp(*qps.back(), *handlers.back(), i % 2).value());
+  }
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(InjectRecvs(qps[i], 0, 10));
+  ASSERT_TRUE(WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::completions) == 80; }));
+
+  sim->RaiseDeviceFatal();
+  ASSERT_TRUE(testing::DrainUntil(*rt, 0, [&] {
+    for (auto& h : handlers) {
+      if (h->events() == 0) return false;
+    }
+    return true;
+  }));
+  for (auto& h : handlers) {
+    std::vector<testing::RecordingHandler::Entry> log = h->log();
+    ASSERT_EQ(log.size(), 11u);
+    EXPECT_TRUE(log.back().event);
+    EXPECT_EQ(log.back().type, IBV_EVENT_DEVICE_FATAL);
+  }
+
+  EXPECT_EQ(rt->CreateCq(dev, 0).status().code(), StatusCode::kUnavailable);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, rt->TeardownQp(regs[0]));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kUnavailable);
+
+  // Quiet afterwards: no arming of the dead device's CQs, no reads of its channels.
+  ASSERT_TRUE(testing::WaitForPollersAsleep(*rt));
+  const uint64_t arms = SumPollers(rt->GetStats(), &PollerStats::arms);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(SumPollers(rt->GetStats(), &PollerStats::arms), arms);
+
+  for (auto& r : regs) r.Unregister();
+  CQD_ASSERT_OK(rt->Shutdown());
+  rt.reset();
+  EXPECT_EQ(orphans.count.load(), 0u);
+}
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitized = true;  // their shadow memory cannot live under RLIMIT_AS
 #else

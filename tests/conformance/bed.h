@@ -44,6 +44,9 @@ class Bed {
   // Makes the device raise a QP async event for the QP under test. Every bed supports
   // IBV_EVENT_SQ_DRAINED (on verbs: move the QP to SQD and back to RTS).
   virtual Status RaiseQpEvent(ibv_event_type type) = 0;
+  // Takes port 1 down (PORT_ERR) or brings it up (PORT_ACTIVE) as a link change does (on verbs
+  // in the VM: `ip link set eth0 down|up`). kUnavailable where that would cut a real host off.
+  virtual Status SetPortUp(bool up) = 0;
 };
 
 struct BedFactory {

@@ -1,4 +1,4 @@
-// The verbs rules S1-S13 of DESIGN.md, as tests against the backend seam. Instantiated once per
+// The verbs rules S1-S14 of docs/DESIGN.md, as tests against the backend seam. Instantiated once per
 // backend (sim_conformance_test.cc here; the rxe instantiation runs the same tests on verbs).
 //
 // "It happens" is waited for with a generous timeout; "it does not happen" is checked over a
@@ -264,6 +264,42 @@ TEST_P(Conformance, S13_DestroyWaitsForAsyncAck) {
   dev().AckAsyncEvent(&record);
   destroyer.join();
   EXPECT_TRUE(destroyed.load());
+}
+
+// S14: every async event names what it is about, so it can be routed: a QP event its QP (and no
+// CQ), a port event its port, CQ_ERR its CQ (S11 above).
+TEST_P(Conformance, S14_AsyncEventsNameTheirObject) {
+  SetNonBlocking(dev().async_fd());
+  CQD_ASSERT_OK(bed_->RaiseQpEvent(IBV_EVENT_SQ_DRAINED));
+  std::vector<backend::AsyncEventRecord> qp_events = ReadAsync(dev(), 1);
+  ASSERT_EQ(qp_events.size(), 1u);
+  EXPECT_EQ(qp_events[0].type, IBV_EVENT_SQ_DRAINED);
+  EXPECT_TRUE(backend::IsQpEvent(qp_events[0].type));
+  EXPECT_EQ(qp_events[0].qp_num, bed_->qp_num());
+  EXPECT_EQ(qp_events[0].native_cq, nullptr);
+
+  Status down = bed_->SetPortUp(false);
+  if (down.code() == StatusCode::kUnavailable) GTEST_SKIP() << down.message();
+  CQD_ASSERT_OK(down);
+  // Wait for the port event; a device may raise others with it (rxe: GID_CHANGE).
+  auto await_port_event = [&](ibv_event_type want) {
+    std::string seen;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kEventuallyMs);
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (const auto& e : ReadAsync(dev(), 1)) {
+        seen += std::string(ibv_event_type_str(e.type)) + "; ";
+        if (e.type == want) {
+          EXPECT_TRUE(backend::IsPortEvent(e.type));
+          EXPECT_EQ(e.port_num, 1);
+          return;
+        }
+      }
+    }
+    ADD_FAILURE() << ibv_event_type_str(want) << " never came; seen: " << seen;
+  };
+  await_port_event(IBV_EVENT_PORT_ERR);
+  CQD_ASSERT_OK(bed_->SetPortUp(true));
+  await_port_event(IBV_EVENT_PORT_ACTIVE);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Runs the S1-S13 conformance suite on real verbs: rxe in the VM (tools/vm), or the device named
+// Runs the S1-S14 conformance suite on real verbs: rxe in the VM (tools/vm), or the device named
 // by $CQD_RDMA_DEVICE on an RDMA host. Completions are made by real traffic: a second RC QP,
 // connected to the QP under test through the device's own GID, sends to it.
 #include <memory>
@@ -110,6 +110,8 @@ class VerbsBed : public Bed {
     if (int rc = ibv_modify_qp(a_, &rts, IBV_QP_STATE)) return ErrnoStatus("modify(RTS)", rc);
     return Status::Ok();
   }
+
+  Status SetPortUp(bool up) override { return rxe::SetLinkUp(up); }
 
  private:
   Status Open() {

@@ -1,4 +1,4 @@
-// Runs the S1-S13 conformance suite on the simulated device.
+// Runs the S1-S14 conformance suite on the simulated device.
 #include "cqd/sim.h"
 #include "gtest/gtest.h"
 #include "runtime/sim_device.h"
@@ -40,6 +40,9 @@ class SimBed : public Bed {
                                                           : Internal("Overflow: CQ did not fail");
   }
   Status RaiseQpEvent(ibv_event_type type) override { return sim_->RaiseQpEvent(qp_, type); }
+  Status SetPortUp(bool up) override {
+    return sim_->RaiseDeviceEvent(up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, 1);
+  }
 
  private:
   std::shared_ptr<SimDevice> sim_;

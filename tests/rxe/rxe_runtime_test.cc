@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cqd/runtime.h"
+#include "tests/rxe/rxe_fixture.h"
 #include "tests/rxe/verbs_util.h"
 #include "tests/test_util.h"
 
@@ -15,120 +16,6 @@ namespace cqd {
 namespace {
 
 using testing::WaitFor;
-
-// Keeps copies of everything it is given.
-class RecordingHandler : public QpHandler {
- public:
-  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
-    std::lock_guard<std::mutex> lock(mu_);
-    wcs_.insert(wcs_.end(), wcs.begin(), wcs.end());
-    count_.fetch_add(wcs.size(), std::memory_order_release);
-  }
-  void OnAsyncEvent(const AsyncEvent& event) noexcept override {
-    std::lock_guard<std::mutex> lock(mu_);
-    events_.push_back(event);
-  }
-  size_t count() const { return count_.load(std::memory_order_acquire); }
-  std::vector<ibv_wc> wcs() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return wcs_;
-  }
-  std::vector<AsyncEvent> events() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return events_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<ibv_wc> wcs_;
-  std::vector<AsyncEvent> events_;
-  std::atomic<size_t> count_{0};
-};
-
-struct Pair {
-  ibv_qp* a = nullptr;  // receives
-  ibv_qp* b = nullptr;  // sends
-  RecordingHandler a_handler, b_handler;
-  Registration a_reg, b_reg;
-};
-
-class Rxe : public ::testing::Test {
- protected:
-  void Start(const RuntimeOptions& options) {
-    auto rt = Runtime::Create(options);
-    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
-    rt_ = std::move(rt).value();
-    auto dev = rt_->OpenVerbsDevice(rxe::DeviceName());
-    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-    dev_ = *dev;
-    ibv_context* context = rt_->VerbsContext(dev_).value();
-    gid_index_ = rxe::FindGidIndex(context);
-    pd_ = ibv_alloc_pd(context);
-    ASSERT_NE(pd_, nullptr);
-    CQD_ASSERT_OK(buffers_.Register(pd_, 1024, 4096));
-  }
-
-  void TearDown() override {
-    for (auto& p : pairs_) {
-      p->a_reg.Unregister();
-      p->b_reg.Unregister();
-      if (p->a) EXPECT_EQ(ibv_destroy_qp(p->a), 0);
-      if (p->b) EXPECT_EQ(ibv_destroy_qp(p->b), 0);
-    }
-    pairs_.clear();
-    for (CqHandle cq : cqs_) {
-      Status s = rt_->DestroyCq(cq);
-      EXPECT_TRUE(s.ok()) << s.ToString();
-    }
-    if (buffers_.mr != nullptr) {
-      ibv_dereg_mr(buffers_.mr);
-      buffers_.mr = nullptr;
-    }
-    if (pd_ != nullptr) ibv_dealloc_pd(pd_);
-    rt_.reset();  // closes the device it opened
-  }
-
-  CqHandle MakeCq(int shard, bool solicited_only = false) {
-    CqOptions options;
-    options.depth = 1024;
-    options.solicited_only = solicited_only;
-    auto cq = rt_->CreateCq(dev_, shard, options);
-    EXPECT_TRUE(cq.ok()) << cq.status().ToString();
-    cqs_.push_back(*cq);
-    return *cq;
-  }
-
-  // A (on a_cq, consumer a_consumer) and B (on b_cq, consumer b_consumer), connected.
-  Pair* MakePair(CqHandle a_cq, CqHandle b_cq, ConsumerId a_consumer, ConsumerId b_consumer) {
-    auto pair = std::make_unique<Pair>();
-    auto a = rxe::CreateRcQp(pd_, a_cq.verbs(), a_cq.verbs(), 128);
-    auto b = rxe::CreateRcQp(pd_, b_cq.verbs(), b_cq.verbs(), 128);
-    EXPECT_TRUE(a.ok() && b.ok());
-    if (!a.ok() || !b.ok()) return nullptr;
-    pair->a = *a;
-    pair->b = *b;
-    EXPECT_TRUE(rxe::ConnectLoopback(pair->a, pair->b->qp_num, gid_index_).ok());
-    EXPECT_TRUE(rxe::ConnectLoopback(pair->b, pair->a->qp_num, gid_index_).ok());
-    auto ra = rt_->RegisterQp(pair->a, pair->a_handler, a_consumer);
-    auto rb = rt_->RegisterQp(pair->b, pair->b_handler, b_consumer);
-    EXPECT_TRUE(ra.ok() && rb.ok());
-    if (!ra.ok() || !rb.ok()) return nullptr;
-    pair->a_reg = std::move(ra).value();
-    pair->b_reg = std::move(rb).value();
-    pairs_.push_back(std::move(pair));
-    return pairs_.back().get();
-  }
-
-  bool WaitForPollersAsleep() { return testing::WaitForPollersAsleep(*rt_); }
-
-  std::unique_ptr<Runtime> rt_;
-  DeviceId dev_ = 0;
-  int gid_index_ = 0;
-  ibv_pd* pd_ = nullptr;
-  rxe::Buffers buffers_;
-  std::vector<CqHandle> cqs_;
-  std::vector<std::unique_ptr<Pair>> pairs_;
-};
 
 // SEND/RECV and RDMA WRITE WITH IMM over 8 pairs on 2 shards: every handler sees exactly its own
 // completions, with the right byte_len and imm_data.

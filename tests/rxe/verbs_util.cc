@@ -184,4 +184,18 @@ std::vector<ibv_wc> PollN(ibv_cq* cq, int n, int timeout_ms) {
   return out;
 }
 
+Status SetLinkUp(bool up) {
+  const char* host = getenv("CQD_RDMA_HOST");
+  if (host != nullptr && std::string(host) == "1") {
+    return Unavailable("link changes run only in the VM, never on an RDMA host");
+  }
+  const char* netdev = getenv("CQD_RDMA_NETDEV");
+  std::string command = std::string("ip link set ") +
+                        (netdev != nullptr && *netdev != '\0' ? netdev : "eth0") +
+                        (up ? " up" : " down");
+  int rc = system(command.c_str());
+  if (rc != 0) return Internal(command + ": exit status " + std::to_string(rc));
+  return Status::Ok();
+}
+
 }  // namespace cqd::rxe

@@ -53,6 +53,11 @@ Status PostWriteImm(ibv_qp* qp, uint64_t wr_id, const Buffers& local, int slot, 
 // Posts a SEND whose buffer has a bad lkey: it completes with an error (and the QP fails).
 Status PostBadSend(ibv_qp* qp, uint64_t wr_id, const Buffers& buffers);
 
+// Takes the VM's eth0 (rxe0's netdev; $CQD_RDMA_NETDEV overrides) down or up, as a cable pull
+// would: rxe raises PORT_ERR / PORT_ACTIVE. kUnavailable on an RDMA host (CQD_RDMA_HOST=1),
+// where that would cut the host off.
+Status SetLinkUp(bool up);
+
 // Polls `cq` until `n` completions were taken or `timeout_ms` passed; returns them.
 std::vector<ibv_wc> PollN(ibv_cq* cq, int n, int timeout_ms = 10000);
 

@@ -5,7 +5,8 @@
 #                         PROGRAM [ARGS...]
 #
 # These machines' kernel has no RDMA support, so the program runs under Debian's own kernel in
-# qemu (TCG; a nested KVM guest hangs here). The initramfs holds busybox, PROGRAM and every shared
+# qemu (TCG; a nested KVM guest hangs here). The VM's NIC sits alone on a qemu hub: rxe talks to
+# itself through it, and nothing the VM sends can leave it. The initramfs holds busybox, PROGRAM and every shared
 # library it needs, the rxe provider, the `rdma` tool and the kernel modules; /init loads
 # rdma_rxe, creates rxe0 on eth0 (10.0.2.15, GID index 1 is the IPv4-mapped one), runs PROGRAM
 # in /work and prints its exit code on the serial console. Extra programs (--with) are copied
@@ -111,7 +112,8 @@ log=$work/console.log
 set +e
 timeout --foreground "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1024 \
   -nographic -no-reboot -kernel "$kernel" -initrd "$work/initrd.gz" \
-  -append "console=ttyS0 panic=-1 quiet" -nic user,model=virtio-net-pci </dev/null |
+  -append "console=ttyS0 panic=-1 quiet" \
+  -netdev hubport,id=net0,hubid=0 -device virtio-net-pci,netdev=net0 </dev/null |
   tr -d '\r' | sed -u -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' | tee "$log" |
   sed -u -n '/^cqd-vm: /,$p' | sed -u '/^cqd-vm-file-begin /,/^cqd-vm-file-end/d' |
   grep --line-buffered -v '^CQD_VM_EXIT='
