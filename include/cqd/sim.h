@@ -1,6 +1,6 @@
 // cqd/sim.h: a simulated RDMA device, for tests, demos and benchmarks without hardware.
 //
-// It behaves as verbs does (DESIGN.md rules S1-S14), with real file descriptors: a completion
+// It behaves as verbs does (docs/DESIGN.md rules S1-S14), with real file descriptors: a completion
 // channel's fd and the async fd are eventfds that are readable exactly while events are pending,
 // honour O_NONBLOCK, and work with poll/epoll. On top of what verbs offers, it lets a test put
 // completions into CQs (Inject, SimTrafficSource) and inject faults.
