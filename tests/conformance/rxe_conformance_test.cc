@@ -1,7 +1,9 @@
 // Runs the S1-S14 conformance suite on real verbs: rxe in the VM (tools/vm), or the device named
 // by $CQD_RDMA_DEVICE on an RDMA host. Completions are made by real traffic: a second RC QP,
 // connected to the QP under test through the device's own GID, sends to it.
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "runtime/verbs_device.h"
@@ -105,9 +107,16 @@ class VerbsBed : public Bed {
     if (int rc = ibv_modify_qp(a_, &attr, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY)) {
       return ErrnoStatus("ibv_modify_qp(SQD)", rc);
     }
+    // SQD -> RTS is refused (EINVAL) while rxe is still draining the send queue: retry briefly.
     ibv_qp_attr rts{};
     rts.qp_state = IBV_QPS_RTS;
-    if (int rc = ibv_modify_qp(a_, &rts, IBV_QP_STATE)) return ErrnoStatus("modify(RTS)", rc);
+    int rc = 0;
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      rc = ibv_modify_qp(a_, &rts, IBV_QP_STATE);
+      if (rc != EINVAL) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (rc != 0) return ErrnoStatus("modify(RTS)", rc);
     return Status::Ok();
   }
 
