@@ -771,8 +771,9 @@ int main(int argc, char** argv) {
   printf("soak: %" PRIu64 " completions%s%s, %d QPs on %d CQs over 2 shards, 3 consumers "
          "(owned, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d, "
          "queue capacity %" PRIu64 ", errors %d/1000, churn every %.1f ms, faults every %.1f ms\n",
-         f.completions, f.seconds > 0 ? (" or " + std::to_string(f.seconds) + " s").c_str() : "",
-         f.rate > 0 ? (" at " + std::to_string(f.rate) + "/s").c_str() : "",
+         f.completions,
+         f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
+         f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
          f.qps, f.cqs, f.pause_ms, f.pause_every, f.injectors, f.depth, f.queue_capacity,
          f.error_permille, f.churn_ms, f.fault_ms);
   if (!soak.Setup()) return 1;
