@@ -30,9 +30,9 @@ def qp(recv=0, send=None):  # send=None: the same CQ
     return op("CreateQp", recv, 1 if send is None else send << 1)
 
 
-def inject(q=0, n=16, send=False, errors=0, solicited=False, overflow=False):
+def inject(q=0, n=16, send=False, errors=0, solicited=False, overflow=False, unregister=False):
     return op("Inject", q | (send << 3) | ((n - 1) << 4),
-              errors | (solicited << 2) | (0x78 if overflow else 0))
+              errors | (solicited << 2) | (0x78 if overflow else 0) | (0x80 if unregister else 0))
 
 
 def reg(q=0, consumer=0):
@@ -92,6 +92,10 @@ SEEDS = {
         cq(0) + cq(1) + qp(0, 1) + reg(0, 1) + qp(1, 0) + reg(1, 0) +
         (inject(0, 3) + inject(0, 3, send=True) + inject(1, 3) + inject(1, 3, send=True)) * 3 +
         op("Quiesce"),
+    "self_unregister": config(owned=True) + cq() + qp() + reg(0, 0) + qp() + reg(1, 1) +
+        inject(0, 8, unregister=True) + inject(1, 8, unregister=True) + inject(0, 4) +
+        inject(1, 4) + op("EpollDrain", 0, 64) + reg(0, 1) + reg(1, 0) +
+        inject(0, 4, unregister=True) + inject(1, 4) + op("Quiesce"),
 }
 
 if __name__ == "__main__":

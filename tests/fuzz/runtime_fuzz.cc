@@ -58,6 +58,7 @@ constexpr int kMaxCqs = 4;
 constexpr int kMaxQps = 8;                 // QPs created over an input's life
 constexpr uint32_t kMaxPerStream = 1024;   // completions per QP per CQ
 constexpr uint64_t kSendBit = uint64_t{1} << 32;  // wr_id = seq | (send stream ? kSendBit : 0)
+constexpr uint64_t kSelfUnregisterBit = uint64_t{1} << 40;  // the handler unregisters its QP
 constexpr uint32_t kStrayQpNum = 0xfff000;  // + CQ index: completions of no QP
 constexpr auto kInputLimit = std::chrono::seconds(10);
 
@@ -119,16 +120,19 @@ struct Stream {
 };
 
 struct QpEnt;
+struct State;
 
 class FuzzHandler final : public cqd::QpHandler {
  public:
-  explicit FuzzHandler(QpEnt* q) : q_(q) {}
+  FuzzHandler(State* st, QpEnt* q) : st_(st), q_(q) {}
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
   void OnAsyncEvent(const cqd::AsyncEvent& event) noexcept override;
   std::atomic<bool> unregistered{false};
   std::atomic<uint32_t> events{0};
 
  private:
+  void SelfUnregister() noexcept;
+  State* st_;
   QpEnt* q_;
   int64_t last_[2] = {-1, -1};  // this registration's last wr_id per stream (its consumer only)
 };
@@ -139,6 +143,10 @@ struct QpEnt {
   std::atomic<uint32_t> qp_num{0};
   int send_cq = -1, recv_cq = -1;
   Stream streams[2];                 // 0: recv CQ, 1: send CQ
+  // `reg` and `handlers` are used by the fuzzer thread and, to unregister from inside a handler,
+  // by a consumer thread; both hold reg_mu. A handler only try_locks it: the fuzzer thread may
+  // hold it while Unregister waits for that handler's batch.
+  std::mutex reg_mu;
   cqd::Registration reg;
   std::vector<std::unique_ptr<FuzzHandler>> handlers;  // kept: a late call must find it
 };
@@ -170,6 +178,7 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     last_[s] = seq;
     st.last_delivered.store(seq);
     st.delivered.fetch_add(1);
+    if (wc.wr_id & kSelfUnregisterBit) SelfUnregister();
   }
 }
 
@@ -226,7 +235,7 @@ struct State {
   cqd::DeviceId dev = 0;
   bool shut_down = false;
   bool fatal = false;
-  int registered = 0;
+  std::atomic<int> registered{0};   // registrations live now (handlers may end theirs)
   int adopted_releases = 0;  // DestroyCq calls that released an adopted CQ
   int epoll_fd = -1;
   int notify_fd = -1;
@@ -253,6 +262,19 @@ struct State {
     return nullptr;
   }
 };
+
+// A handler unregistering its own QP (allowed from a handler: runtime.h). The rest of this call's
+// completions are still this handler's; nothing after this call is.
+void FuzzHandler::SelfUnregister() noexcept {
+  if (!q_->reg_mu.try_lock()) return;
+  if (!q_->handlers.empty() && q_->handlers.back().get() == this && q_->reg.registered()) {
+    q_->reg.Unregister();
+    CHECK(!q_->reg.registered(), "Unregister from a handler left it registered");
+    unregistered.store(true);
+    st_->registered.fetch_sub(1);
+  }
+  q_->reg_mu.unlock();
+}
 
 void FuzzOrphans::OnOrphans(std::span<const ibv_wc> wcs) noexcept {
   for (const ibv_wc& wc : wcs) {
@@ -475,7 +497,8 @@ void DoAdoptCq(State& st, uint8_t a, uint8_t b) {
     auto cq = st.rt->AdoptCq(st.dev, wrong_shard ? 1 - e.shard : e.shard, e.sim,
                              {.depth = e.depth, .solicited_only = e.solicited_only});
     if (st.shut_down) return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition, "AdoptCq after Shutdown");
-    if (st.fatal) return ExpectCode(cq.status(), cqd::StatusCode::kUnavailable, "AdoptCq on a failed device");
+    // The runtime learns of a device failure from its DEVICE_FATAL event, a moment later.
+    if (st.fatal && cq.status().code() == cqd::StatusCode::kUnavailable) return;
     if (wrong_shard) return ExpectCode(cq.status(), cqd::StatusCode::kInvalidArgument, "AdoptCq on the wrong shard");
     CHECK(cq.ok(), "re-AdoptCq: %s", cq.status().ToString().c_str());
     e.polled = true;
@@ -539,8 +562,11 @@ void DoDestroyCq(State& st, int i) {
     if (SimQpsOn(st, i) == 0) SimDestroyCq(st, e);
     return;
   }
+  if (!e.adopted) WaitCqEmpty(st, e);  // a released CQ keeps what it holds
+  // No handler may end its registration from here on (they only try_lock).
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (QpEnt& q : st.qps) locks.emplace_back(q.reg_mu);
   const int registered = RegisteredQpsOn(st, i);
-  if (registered == 0 && !e.adopted) WaitCqEmpty(st, e);  // a released CQ keeps what it holds
   const int64_t size_before = e.sim->size();
   cqd::Status s = st.rt->DestroyCq(e.handle);
   if (registered > 0) {
@@ -593,26 +619,29 @@ void DoRegister(State& st, uint8_t a, uint8_t b) {
   QpEnt* q = PickQp(st, a);
   if (q == nullptr || q->sim == nullptr) return;
   const cqd::ConsumerId consumer = (b & 0x80) ? st.consumers : b % st.consumers;
-  auto handler = std::make_unique<FuzzHandler>(q);
+  auto handler = std::make_unique<FuzzHandler>(&st, q);
+  std::lock_guard<std::mutex> lock(q->reg_mu);
+  const int live = st.registered.load();  // handlers of other QPs may still lower it
   auto reg = st.rt->RegisterQp(*q->sim, *handler, consumer);
   if (st.shut_down) return ExpectCode(reg.status(), cqd::StatusCode::kFailedPrecondition, "RegisterQp after Shutdown");
   if (consumer >= static_cast<cqd::ConsumerId>(st.consumers)) return ExpectCode(reg.status(), cqd::StatusCode::kInvalidArgument, "RegisterQp on a bad consumer");
   if (q->reg.registered()) return ExpectCode(reg.status(), cqd::StatusCode::kAlreadyExists, "RegisterQp twice");
   if (!st.cqs[q->send_cq].polled || !st.cqs[q->recv_cq].polled) return ExpectCode(reg.status(), cqd::StatusCode::kNotFound, "RegisterQp on an unpolled CQ");
-  if (st.registered >= static_cast<int>(st.max_registrations)) return ExpectCode(reg.status(), cqd::StatusCode::kResourceExhausted, "RegisterQp past max_registrations");
+  if (live >= static_cast<int>(st.max_registrations) && !reg.ok()) return ExpectCode(reg.status(), cqd::StatusCode::kResourceExhausted, "RegisterQp past max_registrations");
   CHECK(reg.ok(), "RegisterQp: %s", reg.status().ToString().c_str());
   CHECK(reg->qp_num() == q->qp_num.load(), "Registration::qp_num");
   q->reg = std::move(reg).value();
   q->handlers.push_back(std::move(handler));
-  ++st.registered;
+  st.registered.fetch_add(1);
 }
 
 void Unregister(State& st, QpEnt& q) {
+  std::lock_guard<std::mutex> lock(q.reg_mu);
   if (!q.reg.registered()) return;
   q.reg.Unregister();
   CHECK(!q.reg.registered(), "Unregister from the fuzzer thread left it registered");
   q.handlers.back()->unregistered.store(true);
-  --st.registered;
+  st.registered.fetch_sub(1);
 }
 
 void DoDestroyQp(State& st, QpEnt& q) {
@@ -622,7 +651,9 @@ void DoDestroyQp(State& st, QpEnt& q) {
   q.sim = nullptr;
 }
 
-// Injects up to `n` completions into stream `s` of `q` (a QP, or the strays of a CQ).
+// Injects up to `n` completions into stream `s` of `q` (a QP, or the strays of a CQ). flags:
+// bits 0-1 which are errors (none, the first, the last, all), bit 2 solicited, bits 3-6 all set
+// overflow (S11), bit 7 the last one asks its handler to unregister its own QP.
 void InjectInto(State& st, QpEnt& q, int s, int n, uint8_t flags) {
   Stream& stream = q.streams[s];
   CqEnt& cq = st.cqs[stream.cq];
@@ -635,6 +666,7 @@ void InjectInto(State& st, QpEnt& q, int s, int n, uint8_t flags) {
     ibv_wc& wc = wcs[i];
     wc = ibv_wc{};
     wc.wr_id = (first + i) | (s == 1 ? kSendBit : 0);
+    if ((flags & 0x80) && i == n - 1) wc.wr_id |= kSelfUnregisterBit;  // flags bit 7
     wc.qp_num = q.qp_num.load();
     wc.opcode = s == 1 ? IBV_WC_SEND : IBV_WC_RECV;
     wc.byte_len = 64;
