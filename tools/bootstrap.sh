@@ -22,6 +22,8 @@ PACKAGES=(
   kmod
   perftest               # ib_send_lat / ib_send_bw, the rxe baseline for benchmarks/rxe
   gnuplot-nox            # benchmark plots
+  clang-14               # the libFuzzer build (--config=fuzz, tests/fuzz/run_fuzz.sh)
+  libclang-rt-14-dev     # ... its libFuzzer and sanitizer runtimes
 )
 # ------------------------------------------------
 

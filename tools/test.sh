@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full test pass (README's test command, what CI runs): installs what is missing, runs every
-# test, then every test but the rxe ones again under ThreadSanitizer, and prints one summary line
-# counting GoogleTest cases: "cqd tests: N passed, M failed".
+# test, then every test but the rxe ones again under ThreadSanitizer, then fuzzes the runtime for
+# about a minute (CQD_FUZZ_SECONDS), and prints one summary line counting GoogleTest cases:
+# "cqd tests: N passed, M failed". The exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -42,6 +43,14 @@ run() {  # run <label> <options...> -- <targets...>
 
 run "all tests" -- //...
 run "tests under TSan" --config=tsan --build_tests_only --test_tag_filters=-rxe -- //...
+
+# A bounded libFuzzer run of the runtime (tests/fuzz: clang-14, ASan, UBSan; about 60 s plus the
+# build). A finding fails the suite; the input is kept under /tmp (the script says where).
+echo "== fuzz: tests/fuzz/run_fuzz.sh ${CQD_FUZZ_SECONDS:-60}"
+if ! tests/fuzz/run_fuzz.sh "${CQD_FUZZ_SECONDS:-60}"; then
+  echo "== fuzz: FAILED"
+  status=1
+fi
 
 echo "cqd tests: $passed passed, $failed failed"
 exit $status

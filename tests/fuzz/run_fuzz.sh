@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fuzzes the runtime for a bounded time: tests/fuzz/run_fuzz.sh [seconds, default 60]
+#
+# Builds //tests/fuzz:runtime_fuzz with --config=fuzz (clang-14, libFuzzer, ASan, UBSan) and runs
+# it on a scratch copy of tests/fuzz/corpus (the committed seeds stay as they are) for `seconds`
+# (-max_total_time). Exits 0 if nothing was found; otherwise prints the finding, keeps the scratch
+# directory with the crash-*/timeout-* input in it, and exits 1. Reproduce a finding with
+#   $(bazel info --config=fuzz bazel-bin)/tests/fuzz/runtime_fuzz CRASH_FILE
+# (or the gcc replay driver: bazel run //tests/fuzz:runtime_fuzz -- $PWD/CRASH_FILE), and read
+# it with tests/fuzz/decode_input.py CRASH_FILE.
+# Environment: CQD_FUZZ_ARGS adds libFuzzer flags (e.g. -seed=N); CQD_FUZZ_DIR names the scratch
+# directory instead of a fresh one under /tmp.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+seconds=${1:-60}
+if ! [[ $seconds =~ ^[0-9]+$ ]] || (( seconds < 1 )); then
+  echo "usage: tests/fuzz/run_fuzz.sh [seconds]" >&2
+  exit 2
+fi
+
+echo "run_fuzz: building //tests/fuzz:runtime_fuzz with --config=fuzz"
+bazel build --config=fuzz //tests/fuzz:runtime_fuzz || exit 1
+bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)/tests/fuzz/runtime_fuzz"
+
+work=${CQD_FUZZ_DIR:-$(mktemp -d /tmp/cqd-fuzz.XXXXXX)}
+mkdir -p "$work/corpus"
+cp tests/fuzz/corpus/* "$work/corpus/"
+
+echo "run_fuzz: fuzzing for ${seconds}s in $work"
+# -timeout: libFuzzer's own per-input limit, above the harness's 10 s watchdog. The outer timeout
+# only guards against libFuzzer itself not stopping.
+# shellcheck disable=SC2086
+(cd "$work" && timeout --kill-after=30 $((seconds + 120)) "$bin" \
+  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1202 \
+  -print_final_stats=1 -artifact_prefix="$work/" ${CQD_FUZZ_ARGS:-} corpus) >"$work/fuzz.log" 2>&1
+rc=$?
+
+execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/fuzz.log" | grep -o '[0-9]*$')
+findings=$(find "$work" -maxdepth 1 \( -name 'crash-*' -o -name 'timeout-*' -o -name 'oom-*' \
+  -o -name 'leak-*' \) | sort)
+if (( rc != 0 )) || [[ -n $findings ]]; then
+  grep -v '^#[0-9]' "$work/fuzz.log" | grep -v '^"' | tail -n 60
+  echo "run_fuzz: FINDING (libFuzzer exit $rc, ${execs:-?} inputs run); kept $work:"
+  for f in $findings; do echo "  $f"; done
+  exit 1
+fi
+grep -E '^(Done|stat::)' "$work/fuzz.log"
+echo "run_fuzz: no finding in ${seconds}s, ${execs:-?} inputs run"
+[[ -n ${CQD_FUZZ_DIR:-} ]] || rm -rf "$work"
+exit 0
