@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The full test pass (README's test command, what CI runs): installs what is missing, runs every
-# test, then every test but the rxe ones again under ThreadSanitizer, then fuzzes the runtime for
-# about a minute (CQD_FUZZ_SECONDS), and prints one summary line counting GoogleTest cases:
-# "cqd tests: N passed, M failed". The exit status is non-zero if anything failed.
+# test, then every test but the rxe ones again under ThreadSanitizer and under AddressSanitizer
+# (with UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS), and prints one
+# summary line counting GoogleTest cases: "cqd tests: N passed, M failed, K skipped" (a case is
+# skipped only where a sanitizer cannot run it, e.g. under an address-space limit). The exit
+# status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -10,16 +12,19 @@ tools/bootstrap.sh || exit 1
 
 passed=0
 failed=0
+skipped=0
 status=0
 
 # Adds up the GoogleTest cases in the test.xml files under $1.
 count_cases() {
-  local xml tests failures errors
+  local xml tests failures errors skips
   while IFS= read -r xml; do
+    skips=$(grep -c 'result="skipped"' "$xml")
     tests=$(grep -o -m1 '<testsuites[^>]*tests="[0-9]*"' "$xml" | grep -o 'tests="[0-9]*"' | tr -dc 0-9)
     failures=$(grep -o -m1 '<testsuites[^>]*failures="[0-9]*"' "$xml" | grep -o 'failures="[0-9]*"' | tr -dc 0-9)
     errors=$(grep -o -m1 '<testsuites[^>]*errors="[0-9]*"' "$xml" | grep -o 'errors="[0-9]*"' | tr -dc 0-9)
-    passed=$((passed + ${tests:-0} - ${failures:-0} - ${errors:-0}))
+    passed=$((passed + ${tests:-0} - ${failures:-0} - ${errors:-0} - ${skips:-0}))
+    skipped=$((skipped + ${skips:-0}))
     failed=$((failed + ${failures:-0} + ${errors:-0}))
   done < <(find -L "$1" -name test.xml 2>/dev/null)
 }
@@ -43,6 +48,7 @@ run() {  # run <label> <options...> -- <targets...>
 
 run "all tests" -- //...
 run "tests under TSan" --config=tsan --build_tests_only --test_tag_filters=-rxe -- //...
+run "tests under ASan" --config=asan --build_tests_only --test_tag_filters=-rxe -- //...
 
 # A bounded libFuzzer run of the runtime (tests/fuzz: clang-14, ASan, UBSan; about 60 s plus the
 # build). A finding fails the suite; the input is kept under /tmp (the script says where).
@@ -52,5 +58,5 @@ if ! tests/fuzz/run_fuzz.sh "${CQD_FUZZ_SECONDS:-60}"; then
   status=1
 fi
 
-echo "cqd tests: $passed passed, $failed failed"
+echo "cqd tests: $passed passed, $failed failed, $skipped skipped"
 exit $status

@@ -31,7 +31,9 @@ class QpHandler {
   // valid only during the call. For `status != IBV_WC_SUCCESS` only wr_id, status, qp_num and
   // vendor_err are meaningful (S10).
   virtual void OnCompletions(std::span<const ibv_wc> wcs) noexcept = 0;
-  // Runs on the QP's consumer, ordered with the QP's completions as they were taken off the device.
+  // Runs on the QP's consumer, after every completion of the QP that was in its CQs when the
+  // runtime read the event (so QP_FATAL, LAST_WQE_REACHED or DEVICE_FATAL mean "everything before
+  // has arrived").
   virtual void OnAsyncEvent(const AsyncEvent& event) noexcept { (void)event; }
 };
 

@@ -9,7 +9,8 @@
 //   ibv_qp* qp = ibv_create_qp(pd, &attr);                    // send_cq = recv_cq = cq.verbs()
 //   cqd::Registration reg = rt->RegisterQp(qp, handler, /*consumer=*/0).value();
 //   ... handler.OnCompletions() runs on consumer 0 ...
-//   reg.Unregister();                                         // handler never called again
+//   rt->TeardownQp(reg).value().Wait();                       // flushed, delivered, unregistered
+//   ibv_destroy_qp(qp);
 //   rt->DestroyCq(cq);
 //
 // Threading. Control-path calls (everything returning Status or Result) may be made from any
@@ -23,9 +24,14 @@
 // thread unregisters, a QP whose handler waits for it.
 //
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
-// Async events travel through the same consumer queue, so a handler never runs on two threads
-// at once. Everything a poller observed before handing a completion over happens-before the
-// handler's call.
+// An async event of a QP reaches its handler after every completion of that QP that was in the
+// QP's CQs when the runtime read the event (the pollers poll those CQs up to the event first),
+// and on the same consumer, so a handler never runs on two threads at once. Everything a poller
+// observed before handing a completion over happens-before the handler's call.
+//
+// Bounds. A consumer's queue never holds more than ConsumerOptions::queue_capacity items; each
+// poller holds at most spill_capacity more for it, and then stops polling only the CQs that
+// consumer's QPs use (see README "Failure behaviour").
 #ifndef CQD_RUNTIME_H_
 #define CQD_RUNTIME_H_
 
@@ -118,7 +124,8 @@ class Teardown {
   // Blocks until the teardown has finished; returns its result: OK when every flushed completion
   // reached the handler, kDeadlineExceeded when the timeout ran out first, kCancelled when the
   // runtime shut down first. Returns kFailedPrecondition on a default-constructed Teardown.
-  // Must not be called from the QP's own handler (the teardown waits for that handler's batch).
+  // Must not be called from the QP's own handler, nor from the thread that drains an
+  // engine-driven consumer of the QP (the markers would never be dispatched: the deadline ends it).
   Status Wait() const;
 
  private:
