@@ -29,22 +29,19 @@ TEST(CqLifecycle, DestroyCqPollsItEmptyIntoTheOrphanHandler) {
   CountingOrphans orphans;
   RuntimeOptions options;
   options.orphan_handler = &orphans;
-  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
-  auto sim = SimDevice::Create();
-  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
   CqOptions solicited;
   solicited.solicited_only = true;
-  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0, solicited));
-  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  testing::OneQp bed;
+  CQD_ASSERT_OK(bed.Build(options, solicited));
   SequenceHandler handler;
-  handler.qp_num = qp->qp_num();
-  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
-  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+  handler.qp_num = bed.qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*bed.qp, handler, 0));
+  ASSERT_TRUE(WaitForPollersAsleep(*bed.rt));
 
-  ASSERT_TRUE(InjectRecvs(qp, 0, 10));  // unsolicited: the solicited-only arm stays quiet
+  ASSERT_TRUE(InjectRecvs(bed.qp, 0, 10));  // unsolicited: the solicited-only arm stays quiet
   reg.Unregister();
-  CQD_ASSERT_OK(sim->DestroyQp(qp));
-  CQD_ASSERT_OK(rt->DestroyCq(cq));
+  CQD_ASSERT_OK(bed.sim->DestroyQp(bed.qp));
+  CQD_ASSERT_OK(bed.rt->DestroyCq(bed.cq));
 
   EXPECT_EQ(handler.received() + orphans.count.load(), 10u);
   std::vector<uint64_t> seen = orphans.wr_ids();

@@ -36,11 +36,10 @@ RuntimeOptions BackedUpEngineConsumer(int pollers) {
 // the poller, and the event must wait behind them.
 TEST(EventOrder, EventFollowsCompletionsPolledBeforeIt) {
   for (ibv_event_type type : {IBV_EVENT_QP_FATAL, IBV_EVENT_QP_LAST_WQE_REACHED}) {
-    CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(BackedUpEngineConsumer(1)));
-    auto sim = SimDevice::Create();
-    CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
-    CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
-    CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+    testing::OneQp bed;
+    CQD_ASSERT_OK(bed.Build(BackedUpEngineConsumer(1)));
+    Runtime* rt = bed.rt.get();
+    SimQp* qp = bed.qp;
     RecordingHandler handler;
     CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
 
@@ -50,7 +49,7 @@ TEST(EventOrder, EventFollowsCompletionsPolledBeforeIt) {
     ASSERT_TRUE(WaitFor([&] {
       return SumPollers(rt->GetStats(), &PollerStats::completions) == 28;
     }));
-    CQD_ASSERT_OK(sim->RaiseQpEvent(qp, type));
+    CQD_ASSERT_OK(bed.sim->RaiseQpEvent(qp, type));
     ASSERT_TRUE(WaitFor([&] { return rt->GetStats().async_events == 1; }));
 
     ASSERT_TRUE(DrainUntil(*rt, 0, [&] { return handler.events() == 1; }));
@@ -66,14 +65,13 @@ TEST(EventOrder, EventFollowsCompletionsPolledBeforeIt) {
 // Completions still in the CQ when the event is read (the poller sleeps on a solicited-only arm)
 // come first too: the poller polls the QP's CQs before it places the event.
 TEST(EventOrder, EventFollowsCompletionsStillInTheCq) {
-  RuntimeOptions options;
-  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
-  auto sim = SimDevice::Create();
-  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
   CqOptions solicited;
   solicited.solicited_only = true;
-  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0, solicited));
-  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  testing::OneQp bed;
+  CQD_ASSERT_OK(bed.Build({}, solicited));
+  Runtime* rt = bed.rt.get();
+  SimDevice* sim = bed.sim.get();
+  SimQp* qp = bed.qp;
   RecordingHandler handler;
   CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
   for (int round = 0; round < 10; ++round) {

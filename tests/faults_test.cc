@@ -56,12 +56,12 @@ TEST(Faults, FailedArmIsRetried) {
 // A completion channel whose reads keep failing (a device gone) must not make the event thread
 // spin, and the shard's completions must still be delivered.
 TEST(Faults, FailingChannelNeitherSpinsNorLosesWakeups) {
-  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create({}));
-  auto sim = SimDevice::Create();
-  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
-  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
-  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
-  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  testing::OneQp bed;
+  CQD_ASSERT_OK(bed.Build());
+  Runtime* rt = bed.rt.get();
+  SimDevice* sim = bed.sim.get();
+  SimQp* qp = bed.qp;
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(bed.dev, 0));
   SequenceHandler handler;
   handler.qp_num = qp->qp_num();
   CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));

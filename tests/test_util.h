@@ -213,6 +213,33 @@ struct SimTopology {
   }
 };
 
+// A runtime on a simulated device with one CQ on shard 0 and one QP using it for both queues;
+// the test registers the QP itself. Declare registrations after it: they must go first.
+struct OneQp {
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim = SimDevice::Create();
+  DeviceId dev = 0;
+  CqHandle cq;
+  SimQp* qp = nullptr;
+
+  // Returns the first failure.
+  Status Build(const RuntimeOptions& options = {}, const CqOptions& cq_options = {}) {
+    auto runtime = Runtime::Create(options);
+    if (!runtime.ok()) return runtime.status();
+    rt = std::move(runtime).value();
+    auto d = rt->AddSimDevice(sim);
+    if (!d.ok()) return d.status();
+    dev = *d;
+    auto c = rt->CreateCq(dev, 0, cq_options);
+    if (!c.ok()) return c.status();
+    cq = *c;
+    auto q = sim->CreateQp(cq.sim(), cq.sim());
+    if (!q.ok()) return q.status();
+    qp = *q;
+    return Status::Ok();
+  }
+};
+
 // Returns the sum of one counter over all pollers, e.g. SumPollers(s, &PollerStats::sleeps).
 inline uint64_t SumPollers(const Stats& s, uint64_t PollerStats::*counter) {
   uint64_t n = 0;
