@@ -274,7 +274,9 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
 
 Item& Poller::AppendTo(uint32_t consumer) noexcept {
   Outbox& outbox = *outboxes_[consumer];
-  if (outbox.full()) FlushOne(consumer, /*force=*/true);  // a QP on a CQ it did not register
+  // Route only sends a CQ's completions to consumers among its uses, whose room bounded the poll;
+  // this is the last line of defence should that ever not hold.
+  if (outbox.full()) FlushOne(consumer, /*force=*/true);
   if (!outbox.listed) {
     outbox.listed = true;
     listed_.push_back(consumer);
@@ -290,7 +292,7 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
     const Slot* slot = table.Lookup(wc.qp_num);
     if (slot != nullptr) {
       uint64_t state = slot->state.load(std::memory_order_acquire);
-      if (StateLive(state) && slot->Holds(device, wc.qp_num)) {
+      if (StateLive(state) && slot->Holds(device, wc.qp_num) && slot->Uses(cq->id)) {
         Item& item = AppendTo(StateConsumer(state));
         item.wc = wc;
         item.slot = slot->index;

@@ -2,7 +2,8 @@
 //
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
 // cannot starve the others), routes each completion by qp_num through its device's QpTable into
-// the destination consumer's outbox (outbox.h) and moves outboxes into consumer queues while
+// the destination consumer's outbox (outbox.h; a completion whose registration does not use
+// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves outboxes into consumer queues while
 // they have room. Async events reach it from the event thread (PostEvent) and join the same
 // outboxes. Before it places an event, the poller catches up on the QP's CQs of its shard: it
 // polls them until they are empty or it has taken a CQ depth's worth since the event arrived,

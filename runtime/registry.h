@@ -62,6 +62,12 @@ struct alignas(64) Slot {
     return qp_num.load(std::memory_order_relaxed) == qp &&
            device.load(std::memory_order_relaxed) == dev;
   }
+  // After an acquire load of `state`: true if the registration uses CQ `cq_id`. A completion on
+  // another CQ is a leftover of an earlier QP that had this qp_num (devices reuse numbers).
+  bool Uses(uint32_t cq_id) const noexcept {
+    return send_cq.load(std::memory_order_relaxed) == cq_id ||
+           recv_cq.load(std::memory_order_relaxed) == cq_id;
+  }
 };
 
 class QpTable {

@@ -154,5 +154,45 @@ TEST(CqLifecycle, StatsCountEventsOfReleasedCqs) {
   CQD_ASSERT_OK(sim->DestroyCq(engine_cq));  // would block if the event were not acked (S2)
 }
 
+// Without a drained teardown, a QP can leave completions in a CQ nobody polls (here: an adopted
+// CQ that was released). When the device gives its qp_num to a new QP on another CQ and the old
+// CQ is polled again, the leftovers are orphans: they reach neither the new QP's handler (it does
+// not use that CQ) nor its consumer's queue, whose bound holds. (Found by the fuzzer.)
+TEST(CqLifecycle, LeftoversOfAReusedQpNumberOnAnotherCqAreOrphans) {
+  CountingOrphans orphans;
+  RuntimeOptions options;
+  options.pollers = 2;
+  options.orphan_handler = &orphans;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  options.consumers[0].queue_capacity = 1;
+  options.consumers[0].spill_capacity = 1;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(old_cq, sim->CreateCq(16, channel));
+  CQD_ASSERT_OK_AND_ASSIGN(adopted, rt->AdoptCq(dev, 0, old_cq));
+  CQD_ASSERT_OK_AND_ASSIGN(other, rt->CreateCq(dev, 1));
+  CQD_ASSERT_OK_AND_ASSIGN(old_qp, sim->CreateQp(old_cq, old_cq));
+  const uint32_t number = old_qp->qp_num();
+  CQD_ASSERT_OK(rt->DestroyCq(adopted));  // released: nobody polls it
+  ASSERT_TRUE(InjectRecvs(old_qp, 0, 8));
+  CQD_ASSERT_OK(sim->DestroyQp(old_qp));
+  CQD_ASSERT_OK_AND_ASSIGN(new_qp, sim->CreateQp(other.sim(), other.sim()));
+  ASSERT_EQ(new_qp->qp_num(), number);
+  SequenceHandler handler;
+  handler.qp_num = number;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*new_qp, handler, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(again, rt->AdoptCq(dev, 0, old_cq));
+  ASSERT_TRUE(WaitFor([&] { return orphans.count.load() == 8; }));
+  EXPECT_EQ(rt->Drain(0, 64), 0);
+  EXPECT_EQ(handler.received(), 0u);
+  EXPECT_LE(rt->GetStats().consumers[0].high_water, 1u);
+  reg.Unregister();
+  CQD_ASSERT_OK(rt->DestroyCq(again));
+  CQD_ASSERT_OK(sim->DestroyQp(new_qp));
+  CQD_ASSERT_OK(sim->DestroyCq(old_cq));
+}
+
 }  // namespace
 }  // namespace cqd
