@@ -32,7 +32,7 @@ echo "run_fuzz: fuzzing for ${seconds}s in $work"
 # only guards against libFuzzer itself not stopping.
 # shellcheck disable=SC2086
 (cd "$work" && timeout --kill-after=30 $((seconds + 120)) "$bin" \
-  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1202 \
+  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1203 \
   -print_final_stats=1 -artifact_prefix="$work/" ${CQD_FUZZ_ARGS:-} corpus) >"$work/fuzz.log" 2>&1
 rc=$?
 
