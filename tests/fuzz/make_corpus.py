@@ -175,6 +175,17 @@ SEEDS = {
         inject(3, 7) + op("Quiesce"),
 }
 
+# Inputs that reproduce runtime bugs (tests/fuzz/repros/NAME.input; they fail until it is fixed):
+#   bazel run //tests/fuzz:runtime_fuzz -- $PWD/tests/fuzz/repros/NAME.input
+REPRO_INPUTS = {
+    # Leftovers of a destroyed QP in a released CQ reach the QP that reuses its qp_num on another
+    # CQ (repros/stale_cq_queue_bound.cc): queue_capacity 2 is exceeded before any Shutdown.
+    "stale_cq_queue_bound": config(pollers=2, cap=1, spill=1) + op("AdoptCq", 0, 15) + cq(1) +
+        qp(0) + op("DestroyCq", 0) + inject(0, 7) + op("DestroyQp", 0) + qp(1) +
+        reg(1, 0) + op("AdoptCq", 0, 0x80) + op("Sleep", 0, 250) + op("GetStats") +
+        op("Quiesce"),
+}
+
 if __name__ == "__main__":
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
     os.makedirs(out, exist_ok=True)
@@ -184,3 +195,8 @@ if __name__ == "__main__":
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)
     print(f"wrote {len(SEEDS)} seeds to {out}")
+    repros = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repros")
+    for name, data in REPRO_INPUTS.items():
+        with open(os.path.join(repros, name + ".input"), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(REPRO_INPUTS)} repro inputs to {repros}")

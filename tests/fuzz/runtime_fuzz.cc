@@ -89,13 +89,16 @@ constexpr uint32_t kStrayQpNum = 0xfff000;  // + CQ index: completions of no QP
 constexpr auto kInputLimit = std::chrono::seconds(10);
 constexpr auto kPrompt = std::chrono::seconds(2);  // "promptly", for calls after DEVICE_FATAL
 
+std::atomic<const char*> g_current_op{""};  // for messages: the op running
+std::atomic<int> g_current_index{0};
+
 [[noreturn]] void Fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void Fail(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "runtime_fuzz: INVARIANT: ");
   vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  fprintf(stderr, " [op #%d %s]\n", g_current_index.load(), g_current_op.load());
   va_end(ap);
   fflush(stderr);
   abort();
@@ -108,8 +111,6 @@ void Fail(const char* fmt, ...) {
 // ---- watchdog: every wait of an input is bounded by kInputLimit in all ----
 
 std::atomic<int64_t> g_deadline_ns{0};  // 0: no input running
-std::atomic<const char*> g_current_op{""};
-std::atomic<int> g_current_index{0};
 
 void StartWatchdog() {
   static std::once_flag once;
@@ -1004,6 +1005,8 @@ void InjectInto(State& st, QpEnt& q, int s, int tag, int n, uint8_t flags) {
   Stream& stream = q.streams[s];
   CqEnt& cq = st.cqs[stream.cq];
   if (!cq.exists || cq.sim_destroyed || q.no_inject) return;
+  // A device completes nothing for a QP that is gone (what it left in its CQs stays there).
+  if (tag < kStrayTag && q.sim == nullptr) return;
   const uint32_t first = stream.injected.load();
   n = std::min<int>(n, static_cast<int>(kMaxPerStream - first));
   if (n <= 0) return;
