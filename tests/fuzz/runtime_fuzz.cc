@@ -928,10 +928,9 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (consumer >= static_cast<cqd::ConsumerId>(st.consumers)) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp on a bad consumer");
   if (!scq.polled || !rcq.polled) return ExpectCode(reg.status(), C::kNotFound, "RegisterQp on an unpolled CQ");
   if (q->reg.registered()) return ExpectCode(reg.status(), C::kAlreadyExists, "RegisterQp twice");
-  if (q->td_active && !reg.ok()) {
-    // Still draining (or just ended: the teardown unregisters before it says it is done).
-    return ExpectCode(reg.status(), C::kAlreadyExists, "RegisterQp while its teardown runs");
-  }
+  // Still draining: kAlreadyExists (or it just ended: the teardown unregisters before it says
+  // it is done, and the checks below apply).
+  if (q->td_active && reg.status().code() == C::kAlreadyExists) return;
   if (options.send_wrs < -1 || options.recv_wrs < -1) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp with bad QpOptions");
   if (!could_fit) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp on a CQ that can never hold its work requests");
   if (!fits && !reg.ok()) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past the CQ's capacity");
@@ -984,10 +983,16 @@ void Unregister(State& st, QpEnt& q) {
   st.registered.fetch_sub(1);
 }
 
+// Whether q is registered now (a handler may end its registration meanwhile).
+bool IsRegistered(QpEnt& q) {
+  std::lock_guard<std::mutex> lock(q.reg_mu);
+  return q.reg.registered();
+}
+
 // Destroys the QP on the device; not while it is registered or being torn down (an engine keeps
-// a registered QP alive: runtime.h).
+// a registered QP alive: runtime.h). Once unregistered, it stays so: only this thread registers.
 bool DoDestroyQp(State& st, QpEnt& q) {
-  if (q.sim == nullptr || q.reg.registered()) return false;
+  if (q.sim == nullptr || IsRegistered(q)) return false;
   if (q.td_active) {
     if (!q.td.done()) return false;
     SettleTeardown(st, q);
@@ -1406,7 +1411,7 @@ void TearDown(State& st) {
   // Registered QPs: a drained teardown for some (it must succeed while the runtime runs and the
   // device works), a plain Unregister for the rest.
   for (QpEnt& q : st.qps) {
-    if (q.exists && q.reg.registered() && q.idx % 2 == 0 && !st.shut_down) {
+    if (q.exists && q.idx % 2 == 0 && !st.shut_down && IsRegistered(q)) {
       DoTeardown(st, static_cast<uint8_t>(q.idx), 0x0a);  // 2000 ms, grace 5 ms, drain
     }
   }
