@@ -10,9 +10,16 @@
 // --pause_ms every --pause_every seconds; 2: edge-triggered). Every --split_every-th QP has its
 // send CQ on the other shard, so its completions travel on two CQs.
 //
+// The tool behaves as a disciplined engine: each QP is created with --qp_wrs work requests per
+// queue (SimQpOptions), RegisterQp's capacity guard grows the CQs to hold them, and a QP never has
+// more than --qp_wrs completions outstanding per stream (injected, not yet delivered).
+//
 // Threads of the tool: --injectors injector threads (SimCq::Inject in bursts of 1..32, never
-// overflowing a CQ: what did not fit is retried), a churn thread (every --churn_ms it unregisters
-// a QP, destroys it and registers a new one on a random consumer while traffic flows), a chaos
+// overflowing a CQ: what did not fit is retried), a churn thread (every --churn_ms it replaces a
+// QP while traffic flows: --teardown_permille of the time by a drained teardown, TeardownQp and
+// Wait, which must return OK with every completion injected for the QP delivered to its handler
+// and none orphaned, then DestroyQp, which frees the qp_num for the next QP; otherwise by
+// Unregister and DestroyQp; then a new QP, registered on a random consumer), a chaos
 // thread (every --fault_ms: a spurious CQ event, EINTR/EAGAIN storms on a completion channel and
 // on the async fd, a QP async event, a port event), the two engine threads, and the main thread
 // (progress once per second, then teardown and the verdict).
@@ -26,7 +33,10 @@
 // balance, so memory does not grow with churn. At the end: lost = injected - delivered - orphaned
 // (if positive), duplicated = the excess (if negative), and any orphan-range mismatch, late
 // handler call (after Unregister returned), wrong-QP delivery, orphan of a QP that was never
-// unregistered, or Stats::cq_events != cq_acked_events after the CQs are destroyed fails the run.
+// unregistered, Stats::cq_events != cq_acked_events after the CQs are destroyed, a teardown that
+// was refused or did not return OK, or a consumer queue (spill) above queue_capacity
+// (spill_capacity) fails the run. The progress line and the summary show the consumers' spill
+// and stall figures (ConsumerStats).
 #include <errno.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -46,6 +56,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cqd/runtime.h"
@@ -69,6 +80,9 @@ struct Flags {
   int cqs = 6;
   int depth = 1024;            // CQ depth
   uint64_t queue_capacity = 8192;
+  uint64_t spill_capacity = 4096;
+  int qp_wrs = 512;            // work requests per queue of each QP (outstanding completions)
+  int teardown_permille = 500; // churns that tear the QP down drained (TeardownQp)
   int injectors = 2;
   int error_permille = 10;     // error completions per 1000
   int solicited_permille = 100;
@@ -98,6 +112,12 @@ std::vector<FlagSpec> Specs(Flags& f) {
       {"cqs", "CQs (over 2 shards)", FlagSpec::kInt, &f.cqs},
       {"depth", "CQ depth", FlagSpec::kInt, &f.depth},
       {"queue_capacity", "consumer queue capacity", FlagSpec::kU64, &f.queue_capacity},
+      {"spill_capacity", "items each poller holds for a full consumer", FlagSpec::kU64,
+       &f.spill_capacity},
+      {"qp_wrs", "work requests per queue of a QP (completions outstanding at most)",
+       FlagSpec::kInt, &f.qp_wrs},
+      {"teardown_permille", "churns per 1000 that use a drained TeardownQp", FlagSpec::kInt,
+       &f.teardown_permille},
       {"injectors", "injector threads", FlagSpec::kInt, &f.injectors},
       {"error_permille", "error completions per 1000", FlagSpec::kInt, &f.error_permille},
       {"solicited_permille", "solicited bursts per 1000", FlagSpec::kInt, &f.solicited_permille},
@@ -174,10 +194,13 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
     }
   }
   if (f.qps < 1 || f.cqs < 2 || f.depth < kMaxBurst || f.injectors < 1 ||
-      f.error_permille > 1000 || f.solicited_permille > 1000 || f.queue_capacity < 1) {
+      f.error_permille > 1000 || f.solicited_permille > 1000 || f.queue_capacity < 1 ||
+      f.spill_capacity < 1 || f.spill_capacity > (1 << 20) || f.qp_wrs < 1 ||
+      f.teardown_permille > 1000) {
     fprintf(stderr,
             "soak: need --qps>=1, --cqs>=2, --depth>=%d, --injectors>=1, "
-            "--queue_capacity>=1, permille values <= 1000\n",
+            "--queue_capacity>=1, --spill_capacity in 1..2^20, --qp_wrs>=1, permille values "
+            "<= 1000\n",
             kMaxBurst);
     Usage(specs);
     return false;
@@ -240,6 +263,9 @@ struct Track {
   std::atomic<uint64_t> wrong_qp{0};
   std::atomic<uint64_t> errors{0};         // error completions delivered
   std::atomic<uint64_t> async_events{0};
+  // A plainly unregistered QP stays alive until its books balance: destroying it earlier would
+  // let the device give its qp_num to a new QP while its completions are still on their way.
+  cqd::SimQp* qp_alive = nullptr;
 };
 
 void SoakHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
@@ -359,6 +385,7 @@ struct QpSlot {
   cqd::SimQp* qp = nullptr;
   std::unique_ptr<Track> track;
   int recv_cq = 0, send_cq = 0;
+  bool draining = false;      // under mu: a teardown runs, the QP takes no new work
 };
 
 struct Soak {
@@ -380,8 +407,14 @@ struct Soak {
   std::atomic<uint64_t> injected{0};
   std::atomic<uint64_t> budget_taken{0};
   std::atomic<uint64_t> full_retries{0};
+  std::atomic<uint64_t> wr_waits{0};  // bursts skipped: all of a QP's work requests outstanding
   std::atomic<uint64_t> inject_failures{0};  // Inject returned -1: must never happen
   std::atomic<uint64_t> churns{0};
+  std::atomic<uint64_t> teardowns{0};          // drained teardowns that returned OK
+  std::atomic<uint64_t> teardown_failures{0};  // refused, or Wait() not OK
+  std::atomic<uint64_t> teardown_undelivered{0};  // completions an OK teardown did not deliver
+  std::atomic<uint64_t> teardown_wait_ns{0};
+  std::atomic<uint64_t> teardown_wait_max_ns{0};
   std::atomic<uint64_t> faults{0};
   std::atomic<uint64_t> pauses{0};
   std::atomic<bool> paused{false};
@@ -396,7 +429,8 @@ struct Soak {
 
   // Makes a QP on slot i's CQs and registers it on `consumer`. Caller holds the slot's mutex.
   bool NewQp(QpSlot& slot, cqd::ConsumerId consumer) {
-    auto qp = sim->CreateQp(cqs[slot.send_cq].sim(), cqs[slot.recv_cq].sim());
+    auto qp = sim->CreateQp(cqs[slot.send_cq].sim(), cqs[slot.recv_cq].sim(),
+                            {.max_send_wr = flags.qp_wrs, .max_recv_wr = flags.qp_wrs});
     if (!qp.ok()) {
       ControlError("CreateQp", qp.status());
       return false;
@@ -427,25 +461,109 @@ struct Soak {
     t.unregistering.store(true, std::memory_order_release);
     t.registration.Unregister();
     t.unregistered.store(true, std::memory_order_release);
-    // Completions still in the CQ become orphans when polled (unknown qp_num).
-    if (cqd::Status s = sim->DestroyQp(slot.qp); !s.ok()) ControlError("DestroyQp", s);
+    // Completions still in the CQ become orphans when polled (unknown qp_num). The QP is
+    // destroyed once they are all accounted for (CloseBooks), so that its qp_num stays its own.
+    t.qp_alive = slot.qp;
     slot.qp = nullptr;
     std::lock_guard<std::mutex> lock(retired_mu);
     retired.push_back(std::move(slot.track));
   }
 
-  // Closes the books of retired QPs that balance (or all of them, at the end).
-  void CloseBooks(bool all) {
-    std::lock_guard<std::mutex> lock(retired_mu);
-    std::lock_guard<std::mutex> orphans_lock(g_orphans.mu);
-    for (auto it = retired.begin(); it != retired.end();) {
-      if (all || closed.Balanced(**it)) {
-        closed.Add(**it);
-        g_orphans.open.erase((*it)->qp_num);
-        it = retired.erase(it);
-      } else {
-        ++it;
+  // Takes slot's QP out of service with a drained teardown, then destroys it (its qp_num is free
+  // for the next QP). Every completion injected for it must have reached its handler. Returns
+  // false if the teardown was refused. Caller does not hold the slot's mutex.
+  bool DrainQp(QpSlot& slot) {
+    Track* t;
+    cqd::Result<cqd::Teardown> td = cqd::Status(cqd::StatusCode::kInternal, "not started");
+    {
+      std::lock_guard<std::mutex> lock(slot.mu);
+      if (slot.track == nullptr) return true;
+      t = slot.track.get();
+      slot.draining = true;  // the QP goes to the error state: no new work
+      // Orphans are possible from here on only if the teardown does not drain (then it fails).
+      t->unregistering.store(true, std::memory_order_release);
+      const auto timeout = std::chrono::milliseconds(
+          5000 + static_cast<int64_t>(flags.pause_ms));  // a paused consumer resumes first
+      cqd::TeardownOptions options;
+      options.timeout = timeout;
+      td = rt->TeardownQp(t->registration, options);
+    }
+    if (!td.ok()) {
+      teardown_failures.fetch_add(1);
+      ControlError("TeardownQp", td.status());
+      std::lock_guard<std::mutex> lock(slot.mu);
+      slot.draining = false;
+      return false;
+    }
+    const Clock::time_point start = Clock::now();
+    const cqd::Status r = td->Wait();
+    const uint64_t waited = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+    teardown_wait_ns.fetch_add(waited, std::memory_order_relaxed);
+    uint64_t max = teardown_wait_max_ns.load();
+    while (waited > max && !teardown_wait_max_ns.compare_exchange_weak(max, waited)) {
+    }
+    t->unregistered.store(true, std::memory_order_release);  // it ended: unregistered
+    if (!r.ok()) {
+      teardown_failures.fetch_add(1);
+      fprintf(stderr, "\nsoak: teardown of qp 0x%x: %s\n", t->qp_num, r.ToString().c_str());
+    } else {
+      teardowns.fetch_add(1, std::memory_order_relaxed);
+      // OK: everything the QP completed reached the handler, nothing was orphaned.
+      for (int s = 0; s < t->streams_used; ++s) {
+        std::lock_guard<std::mutex> lock(slot.mu);
+        const Stream& st = t->streams[s];
+        const uint64_t d = st.delivered.load();
+        if (d < st.injected) teardown_undelivered.fetch_add(st.injected - d);
       }
+    }
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (cqd::Status s = sim->DestroyQp(slot.qp); !s.ok()) ControlError("DestroyQp", s);
+    slot.qp = nullptr;
+    slot.draining = false;
+    std::lock_guard<std::mutex> retired_lock(retired_mu);
+    retired.push_back(std::move(slot.track));
+    return true;
+  }
+
+  // Closes the books of retired QPs that balance (or all of them, at the end).
+  // Destroys the QPs whose books closed (without the books' locks: DestroyQp waits for the
+  // event thread to ack the QP's async events).
+  void CloseBooks(bool all) {
+    std::vector<cqd::SimQp*> to_destroy;
+    {
+      std::lock_guard<std::mutex> lock(retired_mu);
+      std::lock_guard<std::mutex> orphans_lock(g_orphans.mu);
+      for (auto it = retired.begin(); it != retired.end();) {
+        if (all || closed.Balanced(**it)) {
+          closed.Add(**it);
+          auto open = g_orphans.open.find((*it)->qp_num);
+          if (open != g_orphans.open.end() && open->second == it->get()) {
+            g_orphans.open.erase(open);
+          }
+          if ((*it)->qp_alive != nullptr) to_destroy.push_back((*it)->qp_alive);
+          it = retired.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (cqd::SimQp* qp : to_destroy) {
+      if (cqd::Status s = sim->DestroyQp(qp); !s.ok()) ControlError("DestroyQp", s);
+    }
+  }
+
+  // At the end, before the CQs go: destroys the QPs of retired books still open.
+  void DestroyRetiredQps() {
+    std::vector<cqd::SimQp*> to_destroy;
+    {
+      std::lock_guard<std::mutex> lock(retired_mu);
+      for (auto& t : retired) {
+        if (t->qp_alive != nullptr) to_destroy.push_back(std::exchange(t->qp_alive, nullptr));
+      }
+    }
+    for (cqd::SimQp* qp : to_destroy) {
+      if (cqd::Status s = sim->DestroyQp(qp); !s.ok()) ControlError("DestroyQp", s);
     }
   }
 
@@ -461,6 +579,7 @@ struct Soak {
     for (int c = 0; c < kConsumers; ++c) {
       options.consumers[c].name = names[c];
       options.consumers[c].queue_capacity = flags.queue_capacity;
+      options.consumers[c].spill_capacity = flags.spill_capacity;
       options.consumers[c].kind =
           c == 0 ? cqd::ConsumerKind::kOwnedThread : cqd::ConsumerKind::kEngineDriven;
     }
@@ -536,12 +655,28 @@ struct Soak {
       uint64_t budget = TakeBudget(burst);
       if (budget == 0) break;
       burst = static_cast<int>(budget);
-      int added;
+      int added = 0;
       {
         std::lock_guard<std::mutex> lock(slot.mu);
+        if (slot.draining || slot.track == nullptr) {
+          ReturnBudget(burst);
+          continue;
+        }
         Track& t = *slot.track;
         const int s = t.streams_used == 2 ? static_cast<int>((r >> 40) & 1) : 0;
         Stream& st = t.streams[s];
+        // No more completions outstanding than the QP has work requests (the capacity guard
+        // sized the CQs for that).
+        const uint64_t outstanding = st.injected - st.delivered.load(std::memory_order_relaxed);
+        const uint64_t room = outstanding >= static_cast<uint64_t>(flags.qp_wrs)
+                                  ? 0 : flags.qp_wrs - outstanding;
+        if (room < static_cast<uint64_t>(burst)) {
+          ReturnBudget(burst - room);
+          burst = static_cast<int>(room);
+        }
+        if (burst == 0) {
+          added = -2;  // every work request of the stream is outstanding
+        }
         for (int i = 0; i < burst; ++i) {
           ibv_wc& wc = wcs[i];
           wc = ibv_wc{};
@@ -556,8 +691,19 @@ struct Soak {
           }
         }
         cqd::SimCq* cq = cqs[s == 1 ? slot.send_cq : slot.recv_cq].sim();
-        added = cq->Inject({wcs, static_cast<size_t>(burst)}, solicited, /*overflow=*/false);
+        if (burst > 0) {
+          added = cq->Inject({wcs, static_cast<size_t>(burst)}, solicited, /*overflow=*/false);
+        }
         if (added > 0) st.injected += added;
+      }
+      if (added == -2) {  // wait for the consumer: the QP has nothing more posted
+        wr_waits.fetch_add(1, std::memory_order_relaxed);
+        if (++misses > 64) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        } else {
+          std::this_thread::yield();
+        }
+        continue;
       }
       if (added < 0) {
         inject_failures.fetch_add(1);
@@ -587,12 +733,18 @@ struct Soak {
     auto period = std::chrono::duration<double, std::milli>(flags.churn_ms);
     Clock::time_point next = Clock::now();
     while (!stop_side.load()) {
-      next += std::chrono::duration_cast<Clock::duration>(period);
+      next = std::max(next + std::chrono::duration_cast<Clock::duration>(period),
+                      Clock::now());  // a teardown may have waited for a paused consumer
       std::this_thread::sleep_until(next);
       QpSlot& slot = *slots[rng() % slots.size()];
+      const bool drained = rng() % 1000 < static_cast<uint64_t>(flags.teardown_permille);
+      if (drained && !DrainQp(slot)) {
+        stop_injecting.store(true);
+        return;
+      }
       {
         std::lock_guard<std::mutex> lock(slot.mu);
-        RetireQp(slot);
+        if (!drained) RetireQp(slot);
         if (!NewQp(slot, static_cast<cqd::ConsumerId>(rng() % kConsumers))) {
           stop_injecting.store(true);
           return;
@@ -739,10 +891,19 @@ struct Soak {
     for (size_t c = 0; c < s.consumers.size(); ++c) {
       printf("%s%" PRIu64, c ? " " : "", s.consumers[c].queue_depth);
     }
-    printf("] stalls %9" PRIu64 " churn %6" PRIu64 " faults %6" PRIu64 " ev %8" PRIu64 "/%8" PRIu64
-           "%s\n",
-           stalls, churns.load(), faults.load(), s.cq_acked_events, s.cq_events,
-           paused.load() ? " PAUSED" : "");
+    // Spill now per consumer, and the stalls (a poller's spill for the consumer full) begun.
+    printf("] spill[");
+    for (size_t c = 0; c < s.consumers.size(); ++c) {
+      printf("%s%" PRIu64, c ? " " : "", s.consumers[c].spill_depth);
+    }
+    printf("] cstalls[");
+    for (size_t c = 0; c < s.consumers.size(); ++c) {
+      printf("%s%" PRIu64, c ? " " : "", s.consumers[c].stalls);
+    }
+    printf("] pstalls %9" PRIu64 " churn %6" PRIu64 " td %5" PRIu64 " faults %6" PRIu64
+           " ev %8" PRIu64 "/%8" PRIu64 "%s\n",
+           stalls, churns.load(), teardowns.load(), faults.load(), s.cq_acked_events,
+           s.cq_events, paused.load() ? " PAUSED" : "");
     fflush(stdout);
   }
 };
@@ -769,13 +930,16 @@ int main(int argc, char** argv) {
   const Flags& f = soak.flags;
   setvbuf(stdout, nullptr, _IOLBF, 0);
   printf("soak: %" PRIu64 " completions%s%s, %d QPs on %d CQs over 2 shards, 3 consumers "
-         "(owned, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d, "
-         "queue capacity %" PRIu64 ", errors %d/1000, churn every %.1f ms, faults every %.1f ms\n",
+         "(owned, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d "
+         "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
+         ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns), faults every %.1f "
+         "ms\n",
          f.completions,
          f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
          f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
-         f.qps, f.cqs, f.pause_ms, f.pause_every, f.injectors, f.depth, f.queue_capacity,
-         f.error_permille, f.churn_ms, f.fault_ms);
+         f.qps, f.cqs, f.pause_ms, f.pause_every, f.injectors, f.depth, f.qp_wrs,
+         f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms, f.teardown_permille,
+         f.fault_ms);
   if (!soak.Setup()) return 1;
 
   soak.start = Clock::now();
@@ -861,6 +1025,7 @@ int main(int argc, char** argv) {
     if (empty) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  soak.DestroyRetiredQps();
   for (const auto& cq : soak.cqs) {
     if (cqd::Status s = soak.rt->DestroyCq(cq); !s.ok()) soak.ControlError("DestroyCq", s);
   }
@@ -905,7 +1070,13 @@ int main(int argc, char** argv) {
          v.async_events, g_device_events.count.load());
   printf("  faults injected         %14" PRIu64 "  (%" PRIu64 " consumer pauses)\n",
          soak.faults.load(), soak.pauses.load());
-  printf("  full-CQ retries         %14" PRIu64 "\n", soak.full_retries.load());
+  printf("  drained teardowns       %14" PRIu64 "  (failed %" PRIu64 ", completions not delivered "
+         "by an OK one %" PRIu64 "; Wait %.2f ms mean, %.2f ms max)\n",
+         soak.teardowns.load(), soak.teardown_failures.load(), soak.teardown_undelivered.load(),
+         soak.teardowns.load() ? soak.teardown_wait_ns.load() / 1e6 / soak.teardowns.load() : 0.0,
+         soak.teardown_wait_max_ns.load() / 1e6);
+  printf("  full-CQ retries         %14" PRIu64 "  (all WRs outstanding: %" PRIu64 ")\n",
+         soak.full_retries.load(), soak.wr_waits.load());
   printf("  backpressure stalls     %14" PRIu64 "  (poller sleeps %" PRIu64 ")\n", stalls,
          sleeps);
   printf("  engine wakeups          %14" PRIu64 " / %" PRIu64 "  (epoll timeouts %" PRIu64
@@ -918,7 +1089,19 @@ int main(int argc, char** argv) {
          after_shutdown.cq_events, after_shutdown.cq_acked_events);
   printf("  peak RSS                %14ld KiB\n", usage.ru_maxrss);
 
-  const bool ok = v.lost == 0 && v.duplicated == 0 && v.out_of_order == 0 &&
+  // Per consumer: the queue's and one poller's spill high water (bounded by their capacities
+  // until Shutdown), the stalls and how long they lasted.
+  bool bounds_ok = true;
+  for (const auto& c : after_destroy.consumers) {
+    const bool ok_c = c.high_water <= f.queue_capacity && c.spill_high_water <= f.spill_capacity;
+    bounds_ok = bounds_ok && ok_c;
+    printf("  consumer %-14s delivered %12" PRIu64 ", queue high water %7" PRIu64
+           ", spill high water %6" PRIu64 ", stalls %7" PRIu64 " (%.1f ms stalled)%s\n",
+           c.name.c_str(), c.delivered, c.high_water, c.spill_high_water, c.stalls,
+           c.stalled_ns / 1e6, ok_c ? "" : "  OVER CAPACITY");
+  }
+  const bool ok = v.lost == 0 && v.duplicated == 0 && v.out_of_order == 0 && bounds_ok &&
+                  soak.teardown_failures.load() == 0 && soak.teardown_undelivered.load() == 0 &&
                   v.orphan_mismatch == 0 && v.wrong_qp == 0 && v.late_calls == 0 &&
                   g_orphans.of_live_qp == 0 && g_orphans.unknown == 0 && ack_ok && !stuck &&
                   soak.inject_failures.load() == 0 && soak.control_errors.load() == 0 &&

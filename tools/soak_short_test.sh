@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # A short soak (//tools:soak_short_test): 2*10^5 completions at 5*10^4/s (about 4 s) with every
-# fault kind (error completions, registration churn, spurious events, EINTR/EAGAIN storms, QP and
-# port events, an engine-driven consumer that stops draining for 400 ms every second). Fails on
-# any finding of the tool. SOAK_SEED=N repeats a run's random choices (timing still varies).
+# fault kind (error completions, registration churn where half the QPs leave by a drained
+# TeardownQp and the rest by Unregister, spurious events, EINTR/EAGAIN storms, QP and port
+# events, an engine-driven consumer that stops draining for 400 ms every second, long enough to
+# fill its queue and its 512-item spills so that the pollers stall on its CQs). Fails on any
+# finding of the tool. SOAK_SEED=N repeats a run's random choices (timing still varies).
 set -uo pipefail
 soak=$1
 "$soak" --completions=200000 --rate=50000 --qps=48 --cqs=4 --depth=256 --queue_capacity=1024 \
-  --churn_ms=2 --fault_ms=2 --pause_every=1 --pause_ms=400 --error_permille=20 \
-  --drain_timeout=60 --seed="${SOAK_SEED:-$RANDOM}"
+  --spill_capacity=512 --qp_wrs=512 --churn_ms=2 --teardown_permille=500 --fault_ms=2 \
+  --pause_every=1 --pause_ms=400 --error_permille=20 --drain_timeout=60 \
+  --seed="${SOAK_SEED:-$RANDOM}"
 rc=$?
 if (( rc != 0 )); then
   echo "soak_short_test: soak exited with $rc" >&2

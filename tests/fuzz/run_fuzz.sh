@@ -32,11 +32,14 @@ echo "run_fuzz: fuzzing for ${seconds}s in $work"
 # only guards against libFuzzer itself not stopping.
 # shellcheck disable=SC2086
 (cd "$work" && timeout --kill-after=30 $((seconds + 120)) "$bin" \
-  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1202 \
+  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1203 \
   -print_final_stats=1 -artifact_prefix="$work/" ${CQD_FUZZ_ARGS:-} corpus) >"$work/fuzz.log" 2>&1
 rc=$?
 
 execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/fuzz.log" | grep -o '[0-9]*$')
+# -fork=N (e.g. with -ignore_crashes=1 in CQD_FUZZ_ARGS) prints no stat:: lines: its last
+# "#N: cov: ..." line counts the inputs run.
+[[ -n $execs ]] || execs=$(grep -o '^#[0-9]*:' "$work/fuzz.log" | tail -n 1 | tr -dc '0-9')
 findings=$(find "$work" -maxdepth 1 \( -name 'crash-*' -o -name 'timeout-*' -o -name 'oom-*' \
   -o -name 'leak-*' \) | sort)
 if (( rc != 0 )) || [[ -n $findings ]]; then
@@ -45,7 +48,7 @@ if (( rc != 0 )) || [[ -n $findings ]]; then
   for f in $findings; do echo "  $f"; done
   exit 1
 fi
-grep -E '^(Done|stat::)' "$work/fuzz.log"
+grep -E '^(Done|stat::|INFO: fuzzed for)' "$work/fuzz.log"
 echo "run_fuzz: no finding in ${seconds}s, ${execs:-?} inputs run"
 [[ -n ${CQD_FUZZ_DIR:-} ]] || rm -rf "$work"
 exit 0
