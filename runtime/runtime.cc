@@ -357,6 +357,9 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
     // rather than leaving the engine's ibv_destroy_cq waiting forever. Its counters stay live
     // in GetStats (released_).
     cq->device->backend->ReleaseCq(cq->cq);
+    // Let an event the event thread is handling for it finish (and be acked), so that the totals
+    // balance when this returns.
+    events_->RunSync([] {});
     cqs_by_native_.erase(cq->native);
     released_.push_back(std::move(it->second));
     cqs_.erase(it);

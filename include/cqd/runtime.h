@@ -193,9 +193,11 @@ class Runtime {
   // `registration` is handed over (registered() becomes false) and the returned Teardown says
   // when it is over; once it is, no completion of the QP is left in its CQs, so the engine may
   // destroy the QP and a new QP that gets the same qp_num receives nothing of the old one.
-  // Errors: kInvalidArgument (not registered, or another runtime's), kFailedPrecondition (shut
-  // down, already tearing down), kInternal (the device refused the error transition or the
-  // marker: the registration stays as it was).
+  // Errors: kInvalidArgument (not registered, another runtime's, a UD QP), kFailedPrecondition
+  // (shut down, already tearing down), or the device's error when it refused the error
+  // transition or the send marker (kInternal with errno on verbs; kResourceExhausted when the
+  // simulated CQ has no room): the registration stays as it was, the QP possibly in error, and
+  // TeardownQp may be tried again.
   Result<Teardown> TeardownQp(Registration& registration, const TeardownOptions& options = {});
 
   // Engine-driven consumers: dispatches up to `max` queued items (completion runs and async
