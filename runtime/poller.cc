@@ -11,12 +11,13 @@ namespace cqd::internal {
 using Clock = std::chrono::steady_clock;
 
 Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
-               const SlotPool& slots, OrphanSink& orphans)
+               const SlotPool& slots, OrphanSink& orphans, StrayMarkers& strays)
     : index_(index),
       options_(options),
       consumers_(consumers),
       slots_(slots),
       orphans_(orphans),
+      strays_(strays),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)) {
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
@@ -61,7 +62,11 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       if (n <= 0) break;
       Count(cq->completions, n);
       Count(completions_, n);
-      orphans_.Take({wcs_.get(), static_cast<size_t>(n)});
+      for (int i = 0; i < n; ++i) {
+        const ibv_wc& wc = wcs_[i];
+        if (wc.status != IBV_WC_SUCCESS && strays_.Take(wc.wr_id)) continue;  // the runtime's
+        orphans_.Take({&wc, 1});
+      }
       taken += n;
     }
   });
@@ -289,6 +294,8 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
   const DeviceId device = cq->device->id;
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs_[i];
+    // A marker of a teardown that ended before it came back: the runtime's own, for nobody.
+    if (wc.status != IBV_WC_SUCCESS && strays_.Take(wc.wr_id)) [[unlikely]] continue;
     const Slot* slot = table.Lookup(wc.qp_num);
     if (slot != nullptr) {
       uint64_t state = slot->state.load(std::memory_order_acquire);

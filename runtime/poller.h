@@ -46,13 +46,14 @@
 #include "runtime/parker.h"
 #include "runtime/records.h"
 #include "runtime/registry.h"
+#include "runtime/teardown.h"
 
 namespace cqd::internal {
 
 class Poller {
  public:
   Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
-         const SlotPool& slots, OrphanSink& orphans);
+         const SlotPool& slots, OrphanSink& orphans, StrayMarkers& strays);
   ~Poller();
   Poller(const Poller&) = delete;
   Poller& operator=(const Poller&) = delete;
@@ -133,6 +134,7 @@ class Poller {
   std::vector<Consumer*> consumers_;
   const SlotPool& slots_;
   OrphanSink& orphans_;
+  StrayMarkers& strays_;
   std::vector<CqRecord*> cqs_;
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
   std::vector<std::unique_ptr<Outbox>> outboxes_;  // one per consumer

@@ -117,12 +117,19 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
   }
   std::vector<Poller*> pollers;
   for (int i = 0; i < options_.pollers; ++i) {
-    pollers_.push_back(std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
+    pollers_.push_back(
+        std::make_unique<Poller>(i, options_, consumers, slots_, orphans_, strays_));
     pollers.push_back(pollers_.back().get());
   }
   events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
   teardowns_ = std::make_unique<TeardownWorker>(
-      [this](uint32_t slot, uint32_t generation) { (void)Unregister(slot, generation); });
+      [this](uint32_t slot, uint32_t generation) { (void)Unregister(slot, generation); },
+      [this](uint32_t slot) {
+        const Slot& s = slots_.slot(slot);
+        return std::make_pair(s.send_cq.load(std::memory_order_relaxed),
+                              s.recv_cq.load(std::memory_order_relaxed));
+      },
+      strays_);
 }
 
 Status RuntimeImpl::Start() {
@@ -350,6 +357,7 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
   // From here the poller neither polls nor arms it; what the CQ still holds went to the orphan
   // sink. Flush the acks (see CqRecord::retiring).
   pollers_[cq->shard]->RemoveCq(cq);
+  strays_.ForgetCq(cq->id);
   cq->retiring.store(true, std::memory_order_seq_cst);
   cq->Ack(cq->acks.TakeAll());
   if (cq->adopted) {

@@ -72,6 +72,7 @@ class RuntimeImpl {
   bool shut_down_ = false;  // guarded by mu_
   SlotPool slots_;
   OrphanSink orphans_;
+  StrayMarkers strays_;  // before the pollers, which use it
   // Declared before the pollers and the event loop: their producer tokens must go first.
   std::vector<std::unique_ptr<Consumer>> consumers_;
   std::vector<std::unique_ptr<Poller>> pollers_;

@@ -6,8 +6,41 @@
 
 namespace cqd::internal {
 
-TeardownWorker::TeardownWorker(std::function<void(uint32_t, uint32_t)> unregister)
-    : unregister_(std::move(unregister)) {}
+void StrayMarkers::Add(const std::shared_ptr<TeardownState>& state, uint32_t send_cq,
+                       uint32_t recv_cq) {
+  const uint32_t seen = state->seen.load(std::memory_order_acquire);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!(seen & TeardownState::kSendMarker)) {
+    strays_.push_back({state->send_marker(), {state, send_cq}});
+  }
+  if (!state->srq && !(seen & TeardownState::kRecvMarker)) {
+    strays_.push_back({state->recv_marker(), {state, recv_cq}});
+  }
+  count_.store(static_cast<uint32_t>(strays_.size()), std::memory_order_release);
+}
+
+bool StrayMarkers::TakeSlow(uint64_t wr_id) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < strays_.size(); ++i) {
+    if (strays_[i].first == wr_id) {
+      strays_.erase(strays_.begin() + i);
+      count_.store(static_cast<uint32_t>(strays_.size()), std::memory_order_release);
+      return true;
+    }
+  }
+  return false;
+}
+
+void StrayMarkers::ForgetCq(uint32_t cq_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(strays_, [&](const auto& entry) { return entry.second.cq_id == cq_id; });
+  count_.store(static_cast<uint32_t>(strays_.size()), std::memory_order_release);
+}
+
+TeardownWorker::TeardownWorker(
+    std::function<void(uint32_t, uint32_t)> unregister,
+    std::function<std::pair<uint32_t, uint32_t>(uint32_t)> cqs_of, StrayMarkers& strays)
+    : unregister_(std::move(unregister)), cqs_of_(std::move(cqs_of)), strays_(strays) {}
 
 TeardownWorker::~TeardownWorker() { Stop(); }
 
@@ -97,6 +130,12 @@ void TeardownWorker::Run() {
 }
 
 void TeardownWorker::Finish(const std::shared_ptr<TeardownState>& state, Status result) {
+  // Markers still out become strays before the registration goes, so that no poller can route
+  // one to whatever registers the qp_num next.
+  if (!state->end_with) {
+    auto [send_cq, recv_cq] = cqs_of_(state->slot);
+    strays_.Add(state, send_cq, recv_cq);
+  }
   unregister_(state->slot, state->generation);
   {
     std::lock_guard<std::mutex> lock(state->mu);

@@ -67,10 +67,42 @@ struct alignas(8) TeardownState {
   }
 };
 
+// Markers of teardowns that ended before they came back (deadline, shutdown). They may still be
+// in a CQ, where a later registration of the same qp_num would take them for its own: pollers
+// drop them instead. Each keeps its TeardownState alive, so that no other allocation can take the
+// address a marker's wr_id is made of. Entries go when their marker is polled or their CQ is
+// destroyed. Take() costs one relaxed load while the set is empty (it almost always is), and
+// pollers call it only for unsuccessful completions (markers complete with a flush error).
+class StrayMarkers {
+ public:
+  // Teardown thread: the markers of `state` not seen yet become strays.
+  void Add(const std::shared_ptr<TeardownState>& state, uint32_t send_cq, uint32_t recv_cq);
+  // Poller: returns true (and forgets it) if `wr_id` is a stray marker.
+  bool Take(uint64_t wr_id) noexcept {
+    if (count_.load(std::memory_order_acquire) == 0) return false;
+    return TakeSlow(wr_id);
+  }
+  // Control path: the CQ is gone, and so are the markers in it.
+  void ForgetCq(uint32_t cq_id);
+
+ private:
+  struct Stray {
+    std::shared_ptr<TeardownState> state;
+    uint32_t cq_id;
+  };
+  bool TakeSlow(uint64_t wr_id) noexcept;
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, Stray>> strays_;  // guarded by mu_; few
+  std::atomic<uint32_t> count_{0};
+};
+
 class TeardownWorker {
  public:
   // `unregister` ends a registration (the runtime's Unregister); it runs on the worker thread.
-  explicit TeardownWorker(std::function<void(uint32_t slot, uint32_t generation)> unregister);
+  // `cqs_of(slot)` returns the registration's send and recv CQ ids, for `strays`.
+  TeardownWorker(std::function<void(uint32_t slot, uint32_t generation)> unregister,
+                 std::function<std::pair<uint32_t, uint32_t>(uint32_t slot)> cqs_of,
+                 StrayMarkers& strays);
   ~TeardownWorker();
   TeardownWorker(const TeardownWorker&) = delete;
   TeardownWorker& operator=(const TeardownWorker&) = delete;
@@ -88,6 +120,8 @@ class TeardownWorker {
   void Finish(const std::shared_ptr<TeardownState>& state, Status result);
 
   const std::function<void(uint32_t, uint32_t)> unregister_;
+  const std::function<std::pair<uint32_t, uint32_t>(uint32_t)> cqs_of_;
+  StrayMarkers& strays_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_

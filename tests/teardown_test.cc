@@ -259,5 +259,62 @@ TEST(Teardown, ManyTeardownsUnderTraffic) {
   for (auto& r : regs) r.Unregister();
 }
 
+// A teardown that hits its deadline leaves its markers behind in the CQ (here: the CQ is held back
+// by another QP of the stalled consumer). When they are polled later, even after a new QP got
+// the same qp_num on the same CQ, nobody sees them: not the new handler, not the orphan handler.
+// (Found by the fuzzer.)
+TEST(Teardown, MarkersOfATeardownPastItsDeadlineReachNobody) {
+  class ErrorCounter : public OrphanHandler {
+   public:
+    void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
+      for (const ibv_wc& wc : wcs) errors += wc.status != IBV_WC_SUCCESS;
+    }
+    std::atomic<int> errors{0};
+  } orphan_errors;
+  RuntimeOptions options;
+  options.orphan_handler = &orphan_errors;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;  // never drained
+  options.consumers[0].queue_capacity = 2;
+  options.consumers[0].spill_capacity = 2;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(old_qp, sim->CreateQp(cq.sim(), cq.sim()));
+  CQD_ASSERT_OK_AND_ASSIGN(blocker, sim->CreateQp(cq.sim(), cq.sim()));
+  RecordingHandler old_handler, blocker_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(old_reg, rt->RegisterQp(*old_qp, old_handler, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(blocker_reg, rt->RegisterQp(*blocker, blocker_handler, 0));
+  ASSERT_TRUE(InjectRecvs(blocker, 0, 10));  // fills consumer 0's queue and spill
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[0].spill_depth == 2; }));
+  ASSERT_TRUE(InjectRecvs(old_qp, 100, 3));  // wait in the CQ behind the blocker's
+
+  TeardownOptions short_deadline;
+  short_deadline.timeout = std::chrono::milliseconds(30);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, rt->TeardownQp(old_reg, short_deadline));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
+  const uint32_t number = old_qp->qp_num();
+  CQD_ASSERT_OK(sim->DestroyQp(old_qp));
+  CQD_ASSERT_OK_AND_ASSIGN(new_qp, sim->CreateQp(cq.sim(), cq.sim()));
+  ASSERT_EQ(new_qp->qp_num(), number);
+  RecordingHandler new_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(new_reg, rt->RegisterQp(*new_qp, new_handler, 1));
+  blocker_reg.Unregister();  // the CQ is polled again: the leftovers come out now
+  ASSERT_TRUE(WaitFor([&] { return cq.sim()->size() == 0; }));
+  ASSERT_TRUE(InjectRecvs(new_qp, 0, 2, /*solicited=*/true));
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& e : new_handler.log()) {
+      if (e.wr_id == 1) return true;
+    }
+    return false;
+  }));
+  for (const auto& e : new_handler.log()) {
+    EXPECT_EQ(e.status, IBV_WC_SUCCESS) << "a marker (wr_id " << e.wr_id << ") reached a handler";
+  }
+  EXPECT_EQ(orphan_errors.errors.load(), 0) << "a marker reached the orphan handler";
+  new_reg.Unregister();
+}
+
 }  // namespace
 }  // namespace cqd
