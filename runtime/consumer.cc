@@ -217,9 +217,11 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
   Slot& slot = slots_.slot(item.slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
   if (StateLive(state) && StateGeneration(state) == item.generation) {
-    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
-    async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
-                           std::memory_order_relaxed);
+    if (!join->fence) {
+      slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
+      async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
+                             std::memory_order_relaxed);
+    }
     if (StateDraining(state) && join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED) {
       TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
       teardown->worker->Note(teardown, TeardownState::kLastWqe);

@@ -46,6 +46,7 @@ enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker };
 // the last part (the consumer, or a poller purging a dead registration's items).
 struct EventJoin {
   AsyncEvent event;
+  bool fence = false;  // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
   std::atomic<int> parts{0};
   // Returns true for the caller that released the last part (it must delete the join).
   bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }

@@ -221,7 +221,12 @@ void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
 }
 
 bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId device) {
-  const Slot& slot = slots_.slot(index);
+  return PostQpEvent(slots_, pollers_, index, event, device, /*fence=*/false);
+}
+
+bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
+                 const AsyncEvent& event, DeviceId device, bool fence) {
+  const Slot& slot = slots.slot(index);
   uint64_t state = slot.state.load(std::memory_order_acquire);
   if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
   const int send_shard = slot.send_shard.load(std::memory_order_relaxed);
@@ -229,6 +234,7 @@ bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId 
   auto* join = new (std::nothrow) EventJoin;
   if (join == nullptr) return false;  // out of memory: the device handler gets it instead
   join->event = event;
+  join->fence = fence;
   join->parts.store(send_shard == recv_shard ? 1 : 2, std::memory_order_relaxed);
   Item item;
   item.join = join;
@@ -239,10 +245,10 @@ bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId 
   const uint32_t send_cq = slot.send_cq.load(std::memory_order_relaxed);
   const uint32_t recv_cq = slot.recv_cq.load(std::memory_order_relaxed);
   if (send_shard == recv_shard) {
-    pollers_[send_shard]->PostEvent(consumer, item, send_cq, recv_cq == send_cq ? 0 : recv_cq);
+    pollers[send_shard]->PostEvent(consumer, item, send_cq, recv_cq == send_cq ? 0 : recv_cq);
   } else {
-    pollers_[send_shard]->PostEvent(consumer, item, send_cq, 0);
-    pollers_[recv_shard]->PostEvent(consumer, item, recv_cq, 0);
+    pollers[send_shard]->PostEvent(consumer, item, send_cq, 0);
+    pollers[recv_shard]->PostEvent(consumer, item, recv_cq, 0);
   }
   return true;
 }

@@ -35,6 +35,13 @@
 
 namespace cqd::internal {
 
+// Sends `event` to the handler of `slot` through the pollers of its CQs (see poller.h); false
+// unless the slot holds a live registration of event.qp_num on `device`. With `fence`, the
+// handler is not called: the consumer only notes it for the slot's teardown (teardown.h). Any
+// thread.
+bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t slot,
+                 const AsyncEvent& event, DeviceId device, bool fence);
+
 class EventLoop {
  public:
   EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers, const SlotPool& slots);

@@ -124,6 +124,17 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
   events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
   teardowns_ = std::make_unique<TeardownWorker>(
       [this](uint32_t slot, uint32_t generation) { (void)Unregister(slot, generation); },
+      [this](uint32_t index, uint32_t generation) {
+        const Slot& slot = slots_.slot(index);
+        if (StateGeneration(slot.state.load(std::memory_order_acquire)) != generation) return;
+        AsyncEvent fence;
+        fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
+        fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
+        fence.device = slot.device.load(std::memory_order_relaxed);
+        std::vector<Poller*> pollers;
+        for (auto& p : pollers_) pollers.push_back(p.get());
+        PostQpEvent(slots_, pollers, index, fence, fence.device, /*fence=*/true);
+      },
       [this](uint32_t slot) {
         const Slot& s = slots_.slot(slot);
         return std::make_pair(s.send_cq.load(std::memory_order_relaxed),

@@ -39,8 +39,12 @@ void StrayMarkers::ForgetCq(uint32_t cq_id) {
 
 TeardownWorker::TeardownWorker(
     std::function<void(uint32_t, uint32_t)> unregister,
+    std::function<void(uint32_t, uint32_t)> post_fence,
     std::function<std::pair<uint32_t, uint32_t>(uint32_t)> cqs_of, StrayMarkers& strays)
-    : unregister_(std::move(unregister)), cqs_of_(std::move(cqs_of)), strays_(strays) {}
+    : unregister_(std::move(unregister)),
+      post_fence_(std::move(post_fence)),
+      cqs_of_(std::move(cqs_of)),
+      strays_(strays) {}
 
 TeardownWorker::~TeardownWorker() { Stop(); }
 
@@ -87,6 +91,7 @@ void TeardownWorker::Run() {
     const Clock::time_point now = Clock::now();
     Clock::time_point wake = Clock::time_point::max();
     std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
+    std::vector<std::shared_ptr<TeardownState>> fencing;
     for (auto& state : active_) {
       const bool send_seen =
           (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
@@ -97,8 +102,6 @@ void TeardownWorker::Run() {
         ending.emplace_back(state, *state->end_with);
       } else if (state->Drained()) {
         ending.emplace_back(state, Status::Ok());
-      } else if (state->srq && send_seen && now >= state->grace_ends) {
-        ending.emplace_back(state, Status::Ok());  // the device sends no LAST_WQE_REACHED
       } else if (stop_) {
         ending.emplace_back(state, Cancelled("TeardownQp: the runtime shut down before QP "
                                              "slot " + std::to_string(state->slot) +
@@ -108,13 +111,23 @@ void TeardownWorker::Run() {
                                        "TeardownQp: the QP's work did not flush back before "
                                        "the deadline; unregistered anyway"));
       } else {
+        if (state->srq && send_seen && !state->fence_posted) {
+          if (now >= state->grace_ends) {
+            // The device sends no LAST_WQE_REACHED: stand in for it with a fence that follows
+            // every completion now in the QP's CQs (as an event would), noted like one.
+            state->fence_posted = true;
+            fencing.push_back(state);
+          } else {
+            wake = std::min(wake, state->grace_ends);
+          }
+        }
         wake = std::min(wake, state->deadline);
-        if (state->srq && send_seen) wake = std::min(wake, state->grace_ends);
       }
     }
     for (auto& [state, result] : ending) std::erase(active_, state);
-    if (!ending.empty()) {
+    if (!ending.empty() || !fencing.empty()) {
       lock.unlock();  // Unregister may wait for a consumer, whose Note takes mu_
+      for (auto& state : fencing) post_fence_(state->slot, state->generation);
       for (auto& [state, result] : ending) Finish(state, std::move(result));
       lock.lock();
       continue;

@@ -5,9 +5,11 @@
 // address (send) and address + 1 (recv). A poller that routes a completion of a draining QP
 // with a marker wr_id queues it as a kTeardownMarker item, in order behind the QP's flushed
 // completions; the consumer, on reaching it, calls Note(). LAST_WQE_REACHED events of a draining
-// QP are noted the same way after the handler got them. The TeardownWorker thread ends each
-// teardown exactly once: drained (OK), SRQ grace over (OK), deadline (kDeadlineExceeded) or
-// shutdown (kCancelled). Ending means: unregister the QP (which waits for the consumer's batch
+// QP are noted the same way after the handler got them. On a device that never sends it, once
+// the send marker is back and last_wqe_grace has passed, the worker sends a fence instead: an
+// internal event through the pollers of the QP's CQs, which follows every completion in them,
+// noted as LAST_WQE_REACHED. The TeardownWorker thread ends each teardown exactly once: drained
+// (OK), deadline (kDeadlineExceeded) or shutdown (kCancelled). Ending means: unregister the QP (which waits for the consumer's batch
 // that may still read the state), publish the result, call on_done.
 //
 // Threading: TeardownState's `seen` is set by consumers (atomic); everything else in it is
@@ -51,6 +53,7 @@ struct alignas(8) TeardownState {
 
   std::atomic<uint32_t> seen{0};  // k* bits, set by the QP's consumer
   Clock::time_point grace_ends;   // worker-owned: set when the send marker is seen (SRQ)
+  bool fence_posted = false;      // worker-owned: the grace ran out and a fence stands in
 
   std::mutex mu;
   std::condition_variable cv;
@@ -98,9 +101,12 @@ class StrayMarkers {
 
 class TeardownWorker {
  public:
-  // `unregister` ends a registration (the runtime's Unregister); it runs on the worker thread.
-  // `cqs_of(slot)` returns the registration's send and recv CQ ids, for `strays`.
+  // `unregister` ends a registration (the runtime's Unregister); `post_fence` sends the
+  // registration's consumer a fence through the pollers of its CQs, which the consumer notes as
+  // kLastWqe; `cqs_of(slot)` returns the registration's send and recv CQ ids, for `strays`. All
+  // run on the worker thread.
   TeardownWorker(std::function<void(uint32_t slot, uint32_t generation)> unregister,
+                 std::function<void(uint32_t slot, uint32_t generation)> post_fence,
                  std::function<std::pair<uint32_t, uint32_t>(uint32_t slot)> cqs_of,
                  StrayMarkers& strays);
   ~TeardownWorker();
@@ -120,6 +126,7 @@ class TeardownWorker {
   void Finish(const std::shared_ptr<TeardownState>& state, Status result);
 
   const std::function<void(uint32_t, uint32_t)> unregister_;
+  const std::function<void(uint32_t, uint32_t)> post_fence_;
   const std::function<std::pair<uint32_t, uint32_t>(uint32_t)> cqs_of_;
   StrayMarkers& strays_;
   std::mutex mu_;

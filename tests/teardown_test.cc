@@ -316,5 +316,30 @@ TEST(Teardown, MarkersOfATeardownPastItsDeadlineReachNobody) {
   new_reg.Unregister();
 }
 
+// Without LAST_WQE_REACHED, the grace period alone does not end an SRQ QP's teardown: a fence
+// that follows the QP's completions must reach its consumer first, so a consumer that is slow to
+// drain still gets every completion (none is orphaned). (Found by the fuzzer.)
+TEST(Teardown, SrqGraceWaitsForTheConsumerToCatchUp) {
+  Bed bed;
+  bed.Build(ConsumerKind::kEngineDriven, /*last_wqe_reached=*/false, /*solicited_only=*/false);
+  SimQpOptions srq;
+  srq.srq = true;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 8));
+  TeardownOptions options;
+  options.last_wqe_grace = std::chrono::milliseconds(5);
+  options.timeout = std::chrono::seconds(60);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the grace is long over
+  EXPECT_FALSE(teardown.done()) << "ended before the consumer got the QP's completions";
+  ASSERT_TRUE(testing::DrainUntil(*bed.rt, 0, [&] { return teardown.done(); }));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), 8u);
+  EXPECT_EQ(handler.events(), 0u);  // the fence is the runtime's own
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
+}
+
 }  // namespace
 }  // namespace cqd
