@@ -75,7 +75,8 @@ struct TeardownOptions {
   // unregistered.
   std::chrono::milliseconds timeout{5000};
   // SRQ-attached QPs: how long to wait for IBV_EVENT_QP_LAST_WQE_REACHED after the send queue
-  // has flushed, before taking the device for one that never sends it (rxe does not).
+  // has flushed, before taking the device for one that never sends it (rxe does not); then a
+  // fence of the runtime's own, sent behind the QP's completions, stands in for it.
   std::chrono::milliseconds last_wqe_grace{200};
   // Optional: called once with the result, on the runtime's teardown thread, after the QP was
   // unregistered. It may call the runtime (except Shutdown) and must not block for long.
