@@ -603,6 +603,16 @@ void WaitUntil(State& st, Done done, const char* what) {
 
 // ---- teardowns ----
 
+void SettleTeardown(State& st, QpEnt& q);
+
+// A new registration or teardown of the same QP replaces the fuzzer's record of the last
+// teardown: that one must have ended (it does by its deadline) and be checked first.
+void SettleEarlierTeardown(State& st, QpEnt& q) {
+  if (!q.td_active) return;
+  WaitUntil(st, [&] { return q.td.done(); }, "HANG: a teardown did not end by its deadline");
+  SettleTeardown(st, q);
+}
+
 // The fuzzer's side of a teardown that has ended: checks its result and takes it off the books.
 void SettleTeardown(State& st, QpEnt& q) {
   if (!q.td_active) return;
@@ -893,7 +903,7 @@ void DoCreateQp(State& st, uint8_t a, uint8_t b) {
 void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   static const int kOpt[] = {-1, 0, 1, 2, 4, 16, -2, -1};
   if (q == nullptr || q->sim == nullptr) return;
-  if (q->td_active && q->td.done()) SettleTeardown(st, *q);
+  SettleEarlierTeardown(st, *q);
   cqd::QpOptions options;
   options.send_wrs = kOpt[(b >> 1) & 7];
   options.recv_wrs = kOpt[(b >> 4) & 7];
@@ -1136,7 +1146,7 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   static const int kGraceMs[] = {0, 1, 5, 200};
   QpEnt* q = PickQp(st, a);
   if (q == nullptr) return;
-  if (q->td_active && q->td.done()) SettleTeardown(st, *q);
+  SettleEarlierTeardown(st, *q);
   const int mode = (b >> 4) & 3;
   std::unique_lock<std::mutex> lock(q->reg_mu);
   if (!q->reg.registered()) {
