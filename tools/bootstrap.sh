@@ -8,6 +8,8 @@ PACKAGES=(
   bazel-bootstrap        # Bazel 4.2.3; its deps pull in the system JDK the server runs on
   g++
   libibverbs-dev
+  librdmacm-dev          # rdma_cm connection setup (the runtime's CM channel, the examples)
+  rdmacm-utils           # rping, the interop client the blockd example serves
   rdma-core
   ibverbs-providers
   libtbb-dev
