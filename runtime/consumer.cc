@@ -1,5 +1,6 @@
 #include "runtime/consumer.h"
 
+#include "runtime/cm_router.h"
 #include "runtime/teardown.h"
 
 #include <pthread.h>
@@ -176,6 +177,8 @@ int Consumer::Dispatch(int max) noexcept {
     if (first.kind != ItemKind::kCompletion) {
       if (first.kind == ItemKind::kAsyncEvent) {
         DeliverEvent(first);
+      } else if (first.kind == ItemKind::kListenerEvent) {
+        DeliverListenerEvent(first);
       } else {
         DeliverMarker(first);
       }
@@ -216,18 +219,42 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
   if (!join->ReleasePart()) return;  // the other poller's part is still on its way
   Slot& slot = slots_.slot(item.slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (StateLive(state) && StateGeneration(state) == item.generation) {
-    if (!join->fence) {
-      slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
-      async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
-                             std::memory_order_relaxed);
-    }
-    if (StateDraining(state) && join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED) {
-      TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
-      teardown->worker->Note(teardown, TeardownState::kLastWqe);
-    }
+  if (!StateLive(state) || StateGeneration(state) != item.generation) {
+    HandOnOrDelete(join);  // unregistered after it was routed here
+    return;
+  }
+  QpHandler* handler = slot.handler.load(std::memory_order_relaxed);
+  switch (join->kind) {
+    case EventJoin::Kind::kAsync:
+      handler->OnAsyncEvent(join->event);
+      CountEvent();
+      break;
+    case EventJoin::Kind::kCm:
+      handler->OnCmEvent(join->cm);
+      CountEvent();
+      break;
+    case EventJoin::Kind::kFence:
+    case EventJoin::Kind::kListener:
+      break;
+  }
+  if (StateDraining(state) && join->kind != EventJoin::Kind::kCm &&
+      join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+    TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
+    teardown->worker->Note(teardown, TeardownState::kLastWqe);
   }
   delete join;
+}
+
+void Consumer::DeliverListenerEvent(const Item& item) noexcept {
+  EventJoin* join = item.join;
+  join->watch->handler->OnCmEvent(join->cm);
+  CountEvent();
+  delete join;
+}
+
+void Consumer::CountEvent() noexcept {
+  async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
 }
 
 void Consumer::DeliverMarker(const Item& item) noexcept {
@@ -242,8 +269,13 @@ void Consumer::DeliverMarker(const Item& item) noexcept {
                                        : TeardownState::kRecvMarker);
 }
 
-void Consumer::DropEventPart(const Item& item) noexcept {
-  if (item.join->ReleasePart()) delete item.join;
+void Consumer::DropEventPart(const Item& item, bool hand_on) noexcept {
+  if (!item.join->ReleasePart()) return;
+  if (hand_on) {
+    HandOnOrDelete(item.join);
+  } else {
+    delete item.join;
+  }
 }
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
@@ -323,8 +355,9 @@ void Consumer::OrphanRemaining() noexcept {
     for (size_t k = 0; k < n; ++k) {
       if (batch_[k].kind == ItemKind::kCompletion) {
         orphans_.Take({&batch_[k].wc, 1});
-      } else if (batch_[k].kind == ItemKind::kAsyncEvent) {
-        DropEventPart(batch_[k]);
+      } else if (batch_[k].kind == ItemKind::kAsyncEvent ||
+                 batch_[k].kind == ItemKind::kListenerEvent) {
+        DropEventPart(batch_[k], /*hand_on=*/false);  // no thread is left to run a CmHandler
       }
     }
   }

@@ -36,17 +36,32 @@
 
 namespace cqd::internal {
 
+// kAsyncEvent: a part of an EventJoin for a registration (async, fence or CM event).
 // kTeardownMarker: a completion of a TeardownQp marker work request (teardown.h).
-enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker };
+// kListenerEvent: a CM event for a channel's CmHandler (EventJoin kind kListener; slot kNoSlot).
+enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker, kListenerEvent };
+inline constexpr uint32_t kNoSlot = ~uint32_t{0};
 
-// One async event for one registration, travelling as one part per poller of the QP's CQs (one,
-// or two when its send and recv CQs are on different shards). Each part follows what its poller
-// took off the CQs before it; the consumer delivers the event when it dequeues the last part, so
-// after everything either poller had taken. Made by the event thread; freed by whoever releases
-// the last part (the consumer, or a poller purging a dead registration's items).
+struct CmWatch;  // cm_router.h
+
+// One event for one registration, travelling as one part per poller of the QP's CQs (one, or two
+// when its send and recv CQs are on different shards). Each part follows what its poller took
+// off the CQs before it; the consumer delivers the event when it dequeues the last part, so
+// after everything either poller had taken. Made by the event thread (or a teardown, for a
+// fence); freed by whoever releases the last part (the consumer, or a poller purging a dead
+// registration's items), except that a CM event whose registration is gone is handed on to its
+// channel's CmHandler (cm_router.h).
 struct EventJoin {
+  enum class Kind : uint8_t {
+    kAsync,     // `event` for QpHandler::OnAsyncEvent
+    kFence,     // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
+    kCm,        // `cm` for QpHandler::OnCmEvent
+    kListener,  // `cm` for the CmHandler of `watch`
+  };
+  Kind kind = Kind::kAsync;
   AsyncEvent event;
-  bool fence = false;  // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
+  CmEvent cm;
+  const CmWatch* watch = nullptr;  // kCm, kListener: the channel the event came from
   std::atomic<int> parts{0};
   // Returns true for the caller that released the last part (it must delete the join).
   bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
@@ -57,7 +72,7 @@ struct Item {
   Item() : wc{} {}
   union {
     ibv_wc wc;
-    EventJoin* join;  // kAsyncEvent
+    EventJoin* join;  // kAsyncEvent, kListenerEvent
   };
   uint32_t slot = 0;
   uint32_t generation = 0;
@@ -92,8 +107,10 @@ class Consumer {
   static bool OnConsumerThread() noexcept;
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
   void OrphanRemaining() noexcept;
-  // Any thread: releases an event part without delivering it (its registration is gone).
-  static void DropEventPart(const Item& item) noexcept;
+  // Any thread: releases an event part without delivering it (its registration is gone). The
+  // last part of a CM event goes on to its channel's CmHandler (unless `hand_on` is false: the
+  // runtime is being destroyed).
+  static void DropEventPart(const Item& item, bool hand_on = true) noexcept;
 
   // Producers. ReserveUpTo reserves room for at most `n` items and returns how many (0 when the
   // queue holds queue_capacity items). Reserve always succeeds (Shutdown's final hand-over).
@@ -112,6 +129,7 @@ class Consumer {
   ConsumerKind kind() const { return options_.kind; }
   const std::string& name() const { return options_.name; }
   uint64_t delivered() const { return delivered_.load(std::memory_order_relaxed); }
+  // Async and CM events handed to QP handlers and CmHandlers.
   uint64_t async_delivered() const { return async_delivered_.load(std::memory_order_relaxed); }
   uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
   uint64_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
@@ -121,6 +139,8 @@ class Consumer {
   void NoteDepth(uint64_t depth) noexcept;
   void DeliverRun(const Item* items, size_t n) noexcept;
   void DeliverEvent(const Item& item) noexcept;
+  void DeliverListenerEvent(const Item& item) noexcept;
+  void CountEvent() noexcept;
   void DeliverMarker(const Item& item) noexcept;
   void Signal() noexcept;  // engine-driven: make the notify fd readable
 

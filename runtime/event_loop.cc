@@ -28,6 +28,7 @@ EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers
     : ack_threshold_(ack_threshold),
       pollers_(pollers),
       slots_(slots),
+      cm_(slots_, pollers_),
       wake_shard_(pollers.size(), false) {}
 
 EventLoop::~EventLoop() {
@@ -66,6 +67,7 @@ void EventLoop::RunSync(const std::function<void()>& fn) {
 
 Status EventLoop::Watch(int fd, Source source) {
   if (Status s = SetNonBlocking(fd); !s.ok()) return s;
+  source.fd = fd;
   auto owned = std::make_unique<Source>(source);
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -83,6 +85,32 @@ Status EventLoop::WatchDevice(DeviceRecord* device) {
     if (!s.ok()) return s;
   }
   return Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr, -1});
+}
+
+Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer) {
+  for (const auto& source : sources_) {
+    if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
+      return AlreadyExists("WatchCmChannel: the channel is already watched");
+    }
+  }
+  const CmWatch* watch = cm_.AddWatch(channel, handler, consumer);
+  Source source{SourceKind::kCm, nullptr, nullptr, -1};
+  source.cm = watch;
+  if (Status s = Watch(channel->fd, source); !s.ok()) {
+    return Status(s.code(), "WatchCmChannel: " + s.message());
+  }
+  return Status::Ok();
+}
+
+Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
+  for (const auto& source : sources_) {
+    if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, source->fd, nullptr);
+      source->active = false;
+      return Status::Ok();
+    }
+  }
+  return NotFound("UnwatchCmChannel: the channel is not watched");
 }
 
 void EventLoop::Unwatch(int fd) {
@@ -104,7 +132,8 @@ void EventLoop::Run() {
     int n = epoll_wait(epoll_fd_, events, kMaxEvents, -1);
     if (n < 0) continue;  // EINTR; other errors cannot happen with a valid epoll fd
     for (int i = 0; i < n; ++i) {
-      const Source& source = *static_cast<const Source*>(events[i].data.ptr);
+      Source& source = *static_cast<Source*>(events[i].data.ptr);
+      if (!source.active) continue;  // unwatched by an earlier entry of this batch
       switch (source.kind) {
         case SourceKind::kWake: {
           uint64_t value;
@@ -118,6 +147,9 @@ void EventLoop::Run() {
           break;
         case SourceKind::kAsync:
           DrainAsync(source.device);
+          break;
+        case SourceKind::kCm:
+          DrainCm(source);
           break;
       }
     }
@@ -191,6 +223,12 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
   }
 }
 
+void EventLoop::DrainCm(Source& source) {
+  if (cm_.Drain(*source.cm)) return;
+  Unwatch(source.fd);  // the channel is broken: do not spin on it
+  source.active = false;
+}
+
 void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
   if (backend::IsQpEvent(event.type)) {
     const Slot* slot = device->qps.Lookup(event.qp_num);
@@ -226,15 +264,23 @@ bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId 
 
 bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
                  const AsyncEvent& event, DeviceId device, bool fence) {
-  const Slot& slot = slots.slot(index);
-  uint64_t state = slot.state.load(std::memory_order_acquire);
-  if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
-  const int send_shard = slot.send_shard.load(std::memory_order_relaxed);
-  const int recv_shard = slot.recv_shard.load(std::memory_order_relaxed);
   auto* join = new (std::nothrow) EventJoin;
   if (join == nullptr) return false;  // out of memory: the device handler gets it instead
+  join->kind = fence ? EventJoin::Kind::kFence : EventJoin::Kind::kAsync;
   join->event = event;
-  join->fence = fence;
+  if (PostJoin(slots, pollers, index, kAnyGeneration, join, event.qp_num, device)) return true;
+  delete join;
+  return false;
+}
+
+bool PostJoin(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
+              uint32_t generation, EventJoin* join, uint32_t qp_num, DeviceId device) {
+  const Slot& slot = slots.slot(index);
+  uint64_t state = slot.state.load(std::memory_order_acquire);
+  if (!StateLive(state) || !slot.Holds(device, qp_num)) return false;
+  if (generation != kAnyGeneration && StateGeneration(state) != generation) return false;
+  const int send_shard = slot.send_shard.load(std::memory_order_relaxed);
+  const int recv_shard = slot.recv_shard.load(std::memory_order_relaxed);
   join->parts.store(send_shard == recv_shard ? 1 : 2, std::memory_order_relaxed);
   Item item;
   item.join = join;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cqd/status.h"
+#include "runtime/cm_router.h"
 #include "runtime/consumer.h"
 #include "runtime/mailbox.h"
 #include "runtime/poller.h"
@@ -35,10 +36,16 @@
 
 namespace cqd::internal {
 
-// Sends `event` to the handler of `slot` through the pollers of its CQs (see poller.h); false
-// unless the slot holds a live registration of event.qp_num on `device`. With `fence`, the
-// handler is not called: the consumer only notes it for the slot's teardown (teardown.h). Any
-// thread.
+// Sends `join` (kind kAsync, kFence or kCm, parts unset) to the handler of `slot` through the
+// pollers of its CQs (see poller.h) and returns true; returns false, and leaves `join` with the
+// caller, unless the slot holds a live registration of `qp_num` on `device` (of `generation`,
+// unless that is kAnyGeneration). Any thread.
+inline constexpr uint32_t kAnyGeneration = ~uint32_t{0};
+bool PostJoin(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t slot,
+              uint32_t generation, EventJoin* join, uint32_t qp_num, DeviceId device);
+
+// PostJoin for an async event (or, with `fence`, a teardown's fence: the consumer only notes it
+// for the slot's teardown, see teardown.h); false if it was not posted. Any thread.
 bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t slot,
                  const AsyncEvent& event, DeviceId device, bool fence);
 
@@ -56,26 +63,36 @@ class EventLoop {
 
   // Event thread (call through RunSync once started).
   Status WatchDevice(DeviceRecord* device);  // its async fd and all its channels
+  // Starts reading a CM channel (kAlreadyExists if it is read already); see cm_router.h.
+  Status WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer);
+  // Stops reading a CM channel; kNotFound if it was not read.
+  Status UnwatchCm(rdma_event_channel* channel);
+  CmRouter& cm() { return cm_; }
   void MapCq(CqRecord* cq) { cqs_[cq->native] = cq; }
   void UnmapCq(CqRecord* cq);
 
   uint64_t async_events() const { return async_events_.load(std::memory_order_relaxed); }
+  uint64_t cm_events() const { return cm_.events(); }
   uint64_t stray_events() const { return stray_events_.load(std::memory_order_relaxed); }
   // fds taken out of the epoll set because they kept failing.
   uint64_t failed_fds() const { return failed_fds_.load(std::memory_order_relaxed); }
 
  private:
-  enum class SourceKind { kWake, kChannel, kAsync };
+  enum class SourceKind { kWake, kChannel, kAsync, kCm };
   struct Source {
     SourceKind kind;
     DeviceRecord* device;
     backend::Channel* channel;
     int shard;
+    const CmWatch* cm = nullptr;
+    int fd = -1;
+    bool active = true;  // false once unwatched: skipped even if already reported ready
   };
   void Run();
   Status Watch(int fd, Source source);
   void DrainChannel(const Source& source);
   void DrainAsync(DeviceRecord* device);
+  void DrainCm(Source& source);
   void Route(DeviceRecord* device, const AsyncEvent& event);
   // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
   // holds a live registration of event.qp_num on `device`.
@@ -93,6 +110,7 @@ class EventLoop {
   Mailbox mailbox_;
   std::vector<std::unique_ptr<Source>> sources_;
   std::unordered_map<void*, CqRecord*> cqs_;  // native CQ -> record
+  CmRouter cm_;
   std::vector<bool> wake_shard_;
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};

@@ -105,6 +105,7 @@ void Poller::DropUse(CqRecord* cq, uint32_t consumer) {
 void Poller::PurgeDead(uint32_t consumer) {
   RunSync([&] {
     auto live = [&](const Item& item) {
+      if (item.kind == ItemKind::kListenerEvent) return true;  // nobody's registration
       uint64_t state = slots_.slot(item.slot).state.load(std::memory_order_acquire);
       return StateLive(state) && StateGeneration(state) == item.generation;
     };

@@ -254,6 +254,49 @@ Result<ibv_context*> RuntimeImpl::VerbsContext(DeviceId id) {
   return devices_[id - 1]->verbs;
 }
 
+Result<DeviceId> RuntimeImpl::FindVerbsDevice(ibv_context* context) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("FindVerbsDevice");
+  if (context == nullptr) return InvalidArgument("FindVerbsDevice: context is null");
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& d : devices_) {
+    if (d->verbs == context) return d->id;
+  }
+  return NotFound("FindVerbsDevice: no device was added with this context (AddVerbsDevice)");
+}
+
+Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handler,
+                                   ConsumerId consumer) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("WatchCmChannel");
+  if (channel == nullptr) return InvalidArgument("WatchCmChannel: channel is null");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return FailedPrecondition("WatchCmChannel: the runtime is shut down");
+  if (consumer >= consumers_.size()) {
+    return InvalidArgument("WatchCmChannel: consumer " + Str(consumer) + " is not in 0.." +
+                           Str(consumers_.size() - 1));
+  }
+  Status status;
+  events_->RunSync([&] { status = events_->WatchCm(channel, &handler, consumer); });
+  return status;
+}
+
+Status RuntimeImpl::UnwatchCmChannel(rdma_event_channel* channel) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("UnwatchCmChannel");
+  std::lock_guard<std::mutex> lock(mu_);
+  Status status;
+  events_->RunSync([&] { status = events_->UnwatchCm(channel); });
+  return status;
+}
+
+void RuntimeImpl::BindCm(rdma_cm_id* id, const Registration& registration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Slot& slot = slots_.slot(registration.slot_);
+  const DeviceId device = slot.device.load(std::memory_order_relaxed);
+  events_->RunSync([&] {
+    events_->cm().Bind(id, registration.slot_, registration.generation_, registration.qp_num_,
+                       device);
+  });
+}
+
 Result<DeviceRecord*> RuntimeImpl::FindDevice(const char* op, DeviceId id, int shard) {
   if (shut_down_) return FailedPrecondition(std::string(op) + ": the runtime is shut down");
   if (id < 1 || id > devices_.size()) {
@@ -654,6 +697,7 @@ Stats RuntimeImpl::GetStats() const {
   stats.orphans = orphans_.total();
   stats.async_events = events_->async_events();
   stats.failed_fds = events_->failed_fds();
+  stats.cm_events = events_->cm_events();
   return stats;
 }
 
@@ -774,6 +818,31 @@ Result<Registration> Runtime::RegisterQp(ibv_qp* qp, QpHandler& handler, Consume
     return impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer,
                              options);
   });
+}
+Result<Registration> Runtime::RegisterQp(rdma_cm_id* id, QpHandler& handler, ConsumerId consumer,
+                                         const QpOptions& options) {
+  if (id == nullptr) return InvalidArgument("RegisterQp: id is null");
+  if (id->qp == nullptr) {
+    return InvalidArgument("RegisterQp: the rdma_cm_id has no QP (rdma_create_qp first)");
+  }
+  return Guarded("RegisterQp", [&]() -> Result<Registration> {
+    ibv_qp* qp = id->qp;
+    Result<Registration> registration = impl_->RegisterQp(
+        qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer, options);
+    if (registration.ok()) impl_->BindCm(id, *registration);
+    return registration;
+  });
+}
+Status Runtime::WatchCmChannel(rdma_event_channel* channel, CmHandler& handler,
+                               ConsumerId consumer) {
+  return Guarded("WatchCmChannel",
+                 [&] { return impl_->WatchCmChannel(channel, handler, consumer); });
+}
+Status Runtime::UnwatchCmChannel(rdma_event_channel* channel) {
+  return Guarded("UnwatchCmChannel", [&] { return impl_->UnwatchCmChannel(channel); });
+}
+Result<DeviceId> Runtime::FindVerbsDevice(ibv_context* context) {
+  return Guarded("FindVerbsDevice", [&] { return impl_->FindVerbsDevice(context); });
 }
 Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer,
                                          const QpOptions& options) {

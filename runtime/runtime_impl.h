@@ -34,6 +34,7 @@ class RuntimeImpl {
   Result<DeviceId> AddVerbsDevice(ibv_context* context, bool owned, DeviceEventHandler* events);
   Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device, DeviceEventHandler* events);
   Result<ibv_context*> VerbsContext(DeviceId device);
+  Result<DeviceId> FindVerbsDevice(ibv_context* context);
   Result<CqHandle> CreateCq(DeviceId device, int shard, const CqOptions& options);
   // The shard's channel as the backend knows it (ibv_comp_channel* or SimChannel*).
   Result<void*> NativeChannel(const char* op, DeviceId device, int shard, bool sim);
@@ -45,6 +46,10 @@ class RuntimeImpl {
   Result<Registration> RegisterQp(uint32_t qp_num, void* qp, void* send_cq, void* recv_cq,
                                   QpHandler& handler, ConsumerId consumer,
                                   const QpOptions& options);
+  Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
+  Status UnwatchCmChannel(rdma_event_channel* channel);
+  // Routes the CM events of `id` to `registration` (just made by RegisterQp).
+  void BindCm(rdma_cm_id* id, const Registration& registration);
   // Returns false (and does nothing) on a poller or the event thread.
   bool Unregister(uint32_t slot, uint32_t generation) noexcept;
   // Starts a drained teardown of the registration; see Runtime::TeardownQp.

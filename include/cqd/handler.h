@@ -1,13 +1,14 @@
 // cqd/handler.h: the callbacks an engine implements.
 //
-// QpHandler receives one QP's completions and async events on the consumer the QP was registered
-// with. A handler never runs on two threads at once and never runs after its Registration was
+// QpHandler receives one QP's completions, async events and (for a QP registered with its
+// rdma_cm_id) connection events on the consumer the QP was registered with. A handler never runs on two threads at once and never runs after its Registration was
 // unregistered (see runtime.h). All callbacks are `noexcept`: an override that is not noexcept does
 // not compile, so an exception can never unwind through a poller or consumer.
 #ifndef CQD_HANDLER_H_
 #define CQD_HANDLER_H_
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <cstdint>
 #include <span>
@@ -24,6 +25,22 @@ struct AsyncEvent {
   int port_num = 0;      // port events
 };
 
+// A connection-manager event, copied out of `rdma_cm_event` and acked before delivery, so that
+// the engine may rdma_destroy_id from its handler. `id` and `listen_id` are the engine's; the
+// runtime never dereferences them after the ack.
+struct CmEvent {
+  rdma_cm_event_type type = RDMA_CM_EVENT_ADDR_ERROR;
+  int status = 0;                   // rdma_cm_event::status (0, -errno, or a reject reason)
+  rdma_cm_id* id = nullptr;         // the connection's id; for CONNECT_REQUEST the new one
+  rdma_cm_id* listen_id = nullptr;  // CONNECT_REQUEST: the listening id it arrived on
+  uint32_t qp_num = 0;              // the registered QP it was routed to; 0 if none
+  // Connection parameters (CONNECT_REQUEST, CONNECT_RESPONSE, ESTABLISHED, REJECTED).
+  // conn.private_data is null: the bytes are copied into `private_data` below.
+  rdma_conn_param conn{};
+  uint8_t private_data_len = 0;
+  uint8_t private_data[255] = {};
+};
+
 class QpHandler {
  public:
   virtual ~QpHandler() = default;
@@ -35,6 +52,25 @@ class QpHandler {
   // runtime read the event (so QP_FATAL, LAST_WQE_REACHED or DEVICE_FATAL mean "everything before
   // has arrived").
   virtual void OnAsyncEvent(const AsyncEvent& event) noexcept { (void)event; }
+  // Runs on the QP's consumer, for a QP registered with RegisterQp(rdma_cm_id*, ...): the events
+  // of that id (ESTABLISHED, DISCONNECTED, errors) in the order they were read, each after every
+  // completion of the QP that was in its CQs when the runtime read it (so DISCONNECTED means
+  // "every completion polled before it has arrived"). An event the runtime read while the QP was
+  // registered but that found it unregistered goes to the channel's CmHandler instead: no
+  // connection event is dropped.
+  virtual void OnCmEvent(const CmEvent& event) noexcept { (void)event; }
+};
+
+// Takes the connection events of a watched rdma_event_channel that belong to no registered QP:
+// CONNECT_REQUEST on a listener, ADDR_RESOLVED and ROUTE_RESOLVED, errors before a QP is
+// registered, and events of an id whose registration has ended (TIMEWAIT_EXIT after a teardown).
+// Runs on the consumer given to Runtime::WatchCmChannel, so, like a QpHandler, it may call the
+// runtime (create, register and accept a QP for a CONNECT_REQUEST). Events of one channel arrive
+// in the order they were read.
+class CmHandler {
+ public:
+  virtual ~CmHandler() = default;
+  virtual void OnCmEvent(const CmEvent& event) noexcept = 0;
 };
 
 // Takes completions that no handler may receive: an unknown qp_num, or a QP unregistered while

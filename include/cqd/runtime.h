@@ -36,6 +36,7 @@
 #define CQD_RUNTIME_H_
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #include <cstdint>
 #include <memory>
@@ -152,6 +153,8 @@ class Runtime {
   Result<DeviceId> OpenVerbsDevice(const std::string& name, DeviceEventHandler* events = nullptr);
   // Returns the context of a verbs device, for the engine's PDs, MRs and QPs.
   Result<ibv_context*> VerbsContext(DeviceId device);
+  // Returns the device added with `context` (e.g. an rdma_cm_id's `verbs`), or kNotFound.
+  Result<DeviceId> FindVerbsDevice(ibv_context* context);
   // Adds a simulated device: one completion channel per shard is created on it and its async fd is
   // watched. `events` (optional, must outlive the runtime) receives device-level async events.
   Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device,
@@ -183,6 +186,24 @@ class Runtime {
   Result<Registration> RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer,
                                   const QpOptions& options = {});
   Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer,
+                                  const QpOptions& options = {});
+
+  // Connection management (librdmacm). The event thread reads `channel` (its fd is made
+  // non-blocking; the engine must not read it itself) and acks every event after copying it
+  // (CmEvent). Events of an id registered with RegisterQp(rdma_cm_id*) go to that QP's handler,
+  // ordered with its completions (QpHandler::OnCmEvent); every other event goes to `handler` on
+  // `consumer` (CmHandler). `handler` must outlive the runtime. kAlreadyExists if watched,
+  // kInvalidArgument for a null channel or a bad consumer.
+  Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
+  // Stops reading `channel`; events already read are still delivered. Afterwards the engine may
+  // destroy the channel. kNotFound if not watched.
+  Status UnwatchCmChannel(rdma_event_channel* channel);
+  // RegisterQp(id->qp, ...) for a QP made with rdma_create_qp, and from now on the id's events
+  // on a watched channel go to `handler`. Register before rdma_connect or rdma_accept, so that
+  // ESTABLISHED finds the registration. The device of id->verbs must have been added
+  // (AddVerbsDevice(id->verbs): librdmacm's context, not one OpenVerbsDevice opened).
+  // kInvalidArgument if the id or its QP is null.
+  Result<Registration> RegisterQp(rdma_cm_id* id, QpHandler& handler, ConsumerId consumer,
                                   const QpOptions& options = {});
 
   // Takes a registered QP out of service the careful way: moves it to the error state, posts a

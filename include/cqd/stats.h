@@ -56,6 +56,7 @@ struct Stats {
   // Completion channel or async fds the event thread stopped watching because reading them kept
   // failing (a device gone); the affected pollers then sleep in bounded steps.
   uint64_t failed_fds = 0;
+  uint64_t cm_events = 0;        // connection-manager events read from watched channels
   // Totals over every CQ this runtime has polled, destroyed ones included.
   uint64_t cq_events = 0;
   uint64_t cq_acked_events = 0;
