@@ -70,7 +70,7 @@ cp /etc/libibverbs.d/rxe.driver "$root/etc/libibverbs.d/"
 for f in "${extra[@]}"; do copy_with_libs "$(command -v "$f" || echo "$f")" "/bin/$(basename "$f")"; done
 
 modules="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover
-         net_failover virtio_net crc32_generic ib_core ib_uverbs ip6_udp_tunnel udp_tunnel rdma_rxe"
+         net_failover virtio_net crc32_generic ib_core ib_uverbs ip6_udp_tunnel udp_tunnel rdma_rxe configfs ib_cm iw_cm rdma_cm rdma_ucm"
 for m in $modules; do
   ko=$(find "$moddir" -name "$m.ko*" | head -1)
   [[ -n $ko ]] || fail "kernel module $m not found under $moddir"
