@@ -1,4 +1,7 @@
 // Bad input to the control path gets a status naming the problem: never a crash or a hang.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "cqd/runtime.h"
@@ -142,6 +145,38 @@ TEST_F(BadCalls, Registrations) {
   for (SimQp* q : {*qp, *qp2, *qp3, *foreign_qp}) CQD_ASSERT_OK(sim_->DestroyQp(q));
   CQD_ASSERT_OK(rt_->DestroyCq(*cq));
   CQD_ASSERT_OK(sim_->DestroyCq(*foreign_cq));
+}
+
+TEST_F(BadCalls, ConnectionManagement) {
+  // A stand-in channel: an fd that never becomes readable, so nothing is ever read from it.
+  rdma_event_channel channel{eventfd(0, EFD_CLOEXEC)};
+  ASSERT_GE(channel.fd, 0);
+  class : public CmHandler {
+    void OnCmEvent(const CmEvent&) noexcept override {}
+  } handler;
+  EXPECT_EQ(rt_->WatchCmChannel(nullptr, handler, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt_->WatchCmChannel(&channel, handler, 9).code(), StatusCode::kInvalidArgument);
+  CQD_ASSERT_OK(rt_->WatchCmChannel(&channel, handler, 1));
+  EXPECT_EQ(rt_->WatchCmChannel(&channel, handler, 0).code(), StatusCode::kAlreadyExists);
+  CQD_ASSERT_OK(rt_->UnwatchCmChannel(&channel));
+  EXPECT_EQ(rt_->UnwatchCmChannel(&channel).code(), StatusCode::kNotFound);
+  CQD_ASSERT_OK(rt_->WatchCmChannel(&channel, handler, 0));  // again, after unwatching
+
+  testing::SequenceHandler qp_handler;
+  EXPECT_EQ(rt_->RegisterQp(static_cast<rdma_cm_id*>(nullptr), qp_handler, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  rdma_cm_id no_qp{};  // an id before rdma_create_qp
+  auto registered = rt_->RegisterQp(&no_qp, qp_handler, 0);
+  EXPECT_EQ(registered.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(registered.status().message().find("no QP"), std::string::npos);
+  EXPECT_EQ(rt_->FindVerbsDevice(nullptr).status().code(), StatusCode::kInvalidArgument);
+  ibv_context not_added{};
+  EXPECT_EQ(rt_->FindVerbsDevice(&not_added).status().code(), StatusCode::kNotFound);
+
+  CQD_ASSERT_OK(rt_->Shutdown());
+  EXPECT_EQ(rt_->WatchCmChannel(&channel, handler, 0).code(), StatusCode::kFailedPrecondition);
+  rt_.reset();
+  close(channel.fd);
 }
 
 TEST_F(BadCalls, ConsumersAndShutdown) {
