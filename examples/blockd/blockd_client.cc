@@ -1,0 +1,344 @@
+// blockd_client: writes blocks to blockd_server and reads every one back, verifying it.
+//
+//   blockd_client --server=ADDR [--port=7472] [--connections=4] [--blocks-per-connection=64]
+//                 [--first-block=0] [--rounds=2] [--window=4] [--pollers=2] [--consumers=2]
+//
+// Connection i owns blocks [first + i*B, first + (i+1)*B). Each round writes every block with a
+// pattern naming the block and the round (one block per request), then reads them back in
+// requests of 1 to 4 blocks and compares each block with what was written; `window` requests
+// are outstanding at a time. Each request is a SEND; the server moves the data by RDMA READ /
+// WRITE from / into this connection's registered buffer and answers with an RDMA WRITE WITH
+// IMMEDIATE carrying the request's tag. The geometry comes in the server's accept (private
+// data). Connections end with a drained TeardownQp. Exit code 0 when every block read back
+// matched and every teardown drained, 1 otherwise.
+#include <endian.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "examples/blockd/protocol.h"
+#include "examples/common/cm_util.h"
+#include "examples/common/stats_out.h"
+
+namespace cqd::examples::blockd {
+namespace {
+
+constexpr uint32_t kMaxRead = 4;  // blocks per read request
+constexpr uint64_t kSendBit = 1ull << 32;
+
+void Pattern(char* out, uint32_t block_size, uint64_t block, uint32_t round) {
+  for (uint32_t k = 0; k < block_size; k += 8) {
+    const uint64_t word = (block << 32) ^ (static_cast<uint64_t>(round) << 16) ^ k;
+    memcpy(out + k, &word, std::min<uint32_t>(8, block_size - k));
+  }
+}
+
+enum class State { kConnecting, kRunning, kDone, kFailed };
+
+class Client;
+
+class Conn : public QpHandler {
+ public:
+  Conn(Client& client, uint32_t index, uint64_t first, uint64_t count, int window, int rounds)
+      : client_(client), index_(index), first_(first), count_(count), window_(window),
+        rounds_(rounds) {}
+  bool Connect(rdma_event_channel* channel, const sockaddr_in& server);
+  void OnSetupEvent(const CmEvent& event) noexcept;  // via the channel's CmHandler
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
+  void OnCmEvent(const CmEvent& event) noexcept override;
+  bool Finish();  // main thread: drained teardown, destroy
+  State state() const { return state_.load(std::memory_order_acquire); }
+  uint64_t verified() const { return verified_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Slot {
+    bool busy = false;
+    uint8_t op = 0;
+    uint64_t block = 0;
+    uint32_t blocks = 0;
+  };
+  void Pump() noexcept;  // issues requests while the window has room
+  bool Issue(int slot, uint8_t op, uint64_t block, uint32_t blocks) noexcept;
+  void OnReply(uint32_t imm) noexcept;
+  void Fail(const char* why) noexcept;
+  char* Data(int slot) { return buffers_.data + static_cast<size_t>(slot) * slot_bytes_; }
+
+  Client& client_;
+  const uint32_t index_;
+  const uint64_t first_, count_;
+  const int window_, rounds_;
+  rdma_cm_id* id_ = nullptr;
+  Region buffers_;   // window data slots of kMaxRead blocks, then window request slots
+  Registration registration_;
+  uint32_t block_size_ = 0;
+  size_t slot_bytes_ = 0;
+  std::vector<Slot> slots_;
+  int round_ = 1;
+  bool reading_ = false;  // the round's phase
+  uint64_t next_ = 0;     // the phase's next block (relative)
+  int outstanding_ = 0;
+  uint32_t seq_ = 0;
+  std::atomic<uint64_t> verified_{0};
+  std::atomic<State> state_{State::kConnecting};
+};
+
+class Client : public CmHandler {
+ public:
+  explicit Client(const Flags& flags) : flags_(flags) {}
+  int Run();
+  void OnCmEvent(const CmEvent& event) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ids_.find(event.id);
+    if (it != ids_.end()) it->second->OnSetupEvent(event);
+  }
+  void Track(rdma_cm_id* id, Conn* conn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (conn != nullptr) {
+      ids_[id] = conn;
+    } else {
+      ids_.erase(id);
+    }
+  }
+  Engine engine;
+  int consumers = 2;
+
+ private:
+  const Flags& flags_;
+  std::mutex mu_;
+  std::unordered_map<rdma_cm_id*, Conn*> ids_;
+};
+
+bool Conn::Connect(rdma_event_channel* channel, const sockaddr_in& server) {
+  if (rdma_create_id(channel, &id_, this, RDMA_PS_TCP) != 0) return false;
+  client_.Track(id_, this);
+  sockaddr_in to = server;
+  return rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 5000) == 0;
+}
+
+void Conn::OnSetupEvent(const CmEvent& event) noexcept {
+  if (event.type == RDMA_CM_EVENT_ADDR_RESOLVED) {
+    if (rdma_resolve_route(id_, 5000) != 0) Fail("rdma_resolve_route");
+    return;
+  }
+  if (event.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    if (state() == State::kConnecting) Fail(rdma_event_str(event.type));
+    return;
+  }
+  Engine& e = client_.engine;
+  QpShape shape;
+  shape.send_wrs = 2 * window_ + 1;  // a request's SEND may complete after its reply
+  shape.recv_wrs = window_ + 1;
+  if (!CreateQp(id_, e.pd, e.CqFor(index_), shape)) return Fail("rdma_create_qp");
+  // Replies are WRITE WITH IMMEDIATE: each consumes a receive, with no buffer.
+  for (int i = 0; i < window_ + 1; ++i) {
+    ibv_recv_wr wr{};
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_recv(id_->qp, &wr, &bad) != 0) return Fail("ibv_post_recv");
+  }
+  auto registration = e.runtime->RegisterQp(id_, *this, index_ % client_.consumers);
+  if (!registration.ok()) return Fail(registration.status().ToString().c_str());
+  registration_ = std::move(registration).value();
+  rdma_conn_param param{};
+  param.responder_resources = static_cast<uint8_t>(window_);  // the server's RDMA READs
+  param.initiator_depth = 1;
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  param.private_data = kHello;
+  param.private_data_len = sizeof(kHello);
+  if (rdma_connect(id_, &param) != 0) Fail("rdma_connect");
+}
+
+void Conn::OnCmEvent(const CmEvent& event) noexcept {
+  if (event.type != RDMA_CM_EVENT_ESTABLISHED) {
+    if (state() != State::kDone) Fail(rdma_event_str(event.type));
+    return;
+  }
+  Geometry geometry;
+  if (event.private_data_len < sizeof(geometry)) return Fail("no geometry in the accept");
+  memcpy(&geometry, event.private_data, sizeof(geometry));
+  if (geometry.magic != kMagic || first_ + count_ > geometry.blocks) {
+    return Fail("the server's geometry does not hold our blocks");
+  }
+  block_size_ = geometry.block_size;
+  slot_bytes_ = static_cast<size_t>(block_size_) * kMaxRead;
+  const size_t data = slot_bytes_ * window_;
+  if (!buffers_.Register(client_.engine.pd, data + window_ * sizeof(Request),
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                             IBV_ACCESS_REMOTE_WRITE)) {
+    return Fail("ibv_reg_mr");
+  }
+  slots_.assign(window_, Slot{});
+  state_.store(State::kRunning, std::memory_order_release);
+  Pump();
+}
+
+void Conn::Pump() noexcept {
+  for (int slot = 0; slot < window_ && state() == State::kRunning; ++slot) {
+    if (slots_[slot].busy) continue;
+    if (next_ == count_) {
+      if (outstanding_ > 0) return;  // the phase ends when all its requests are answered
+      if (reading_) {
+        if (round_ == rounds_) {
+          state_.store(State::kDone, std::memory_order_release);
+          return;
+        }
+        ++round_;
+      }
+      reading_ = !reading_;
+      next_ = 0;
+    }
+    const uint32_t blocks =
+        reading_ ? static_cast<uint32_t>(std::min<uint64_t>(1 + seq_ % kMaxRead, count_ - next_))
+                 : 1;
+    if (!reading_) Pattern(Data(slot), block_size_, first_ + next_, round_);
+    if (!Issue(slot, reading_ ? kRead : kWrite, first_ + next_, blocks)) {
+      return Fail("ibv_post_send");
+    }
+    next_ += blocks;
+  }
+}
+
+bool Conn::Issue(int slot, uint8_t op, uint64_t block, uint32_t blocks) noexcept {
+  Request* request = reinterpret_cast<Request*>(buffers_.data + slot_bytes_ * window_) + slot;
+  *request = Request{};
+  request->magic = kMagic;
+  request->op = op;
+  request->tag = ((seq_++ & 0xffffff) << 4) | static_cast<uint32_t>(slot);
+  request->count = blocks;
+  request->block = block;
+  request->addr = reinterpret_cast<uintptr_t>(Data(slot));
+  request->rkey = buffers_.mr->rkey;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(request), sizeof(Request), buffers_.mr->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = kSendBit | static_cast<uint64_t>(slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+  slots_[slot] = Slot{true, op, block, blocks};
+  ++outstanding_;
+  return true;
+}
+
+void Conn::OnReply(uint32_t imm) noexcept {
+  if (imm & kRefused) return Fail("the server refused a request");
+  const int slot = static_cast<int>(imm & 0xf);
+  if (slot >= window_ || !slots_[slot].busy) return Fail("a reply for no request");
+  Slot& s = slots_[slot];
+  if (s.op == kRead) {
+    std::vector<char> expected(block_size_);
+    for (uint32_t b = 0; b < s.blocks; ++b) {
+      Pattern(expected.data(), block_size_, s.block + b, round_);
+      if (memcmp(Data(slot) + static_cast<size_t>(b) * block_size_, expected.data(),
+                 block_size_) != 0) {
+        fprintf(stderr, "blockd_client: block %" PRIu64 " read back wrong\n", s.block + b);
+        return Fail("verification");
+      }
+      verified_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  s.busy = false;
+  --outstanding_;
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  if (ibv_post_recv(id_->qp, &wr, &bad) != 0) return Fail("ibv_post_recv");
+  Pump();
+}
+
+void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
+  for (const ibv_wc& wc : wcs) {
+    const State state = this->state();
+    if (state == State::kDone || state == State::kFailed) continue;
+    if (wc.status != IBV_WC_SUCCESS) return Fail(ibv_wc_status_str(wc.status));
+    if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) OnReply(be32toh(wc.imm_data));
+  }
+}
+
+void Conn::Fail(const char* why) noexcept {
+  if (state() == State::kFailed) return;
+  fprintf(stderr, "blockd_client: connection %u: %s\n", index_, why);
+  state_.store(State::kFailed, std::memory_order_release);
+}
+
+bool Conn::Finish() {
+  bool ok = state() == State::kDone;
+  if (registration_.registered()) {
+    rdma_disconnect(id_);
+    auto teardown = client_.engine.runtime->TeardownQp(registration_);
+    if (!teardown.ok() || !teardown->Wait().ok()) {
+      registration_.Unregister();
+      ok = false;
+    }
+  }
+  if (id_ != nullptr) {
+    client_.Track(id_, nullptr);
+    if (id_->qp != nullptr) rdma_destroy_qp(id_);
+    rdma_destroy_id(id_);
+    id_ = nullptr;
+  }
+  return ok;
+}
+
+int Client::Run() {
+  RuntimeOptions options;
+  options.pollers = static_cast<int>(flags_.Int("pollers", 2));
+  consumers = static_cast<int>(flags_.Int("consumers", 2));
+  options.consumers.resize(consumers);
+  if (!engine.Start(options, 4096)) return 1;
+  sockaddr_in server;
+  if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7472), &server)) return 1;
+  rdma_event_channel* channel = rdma_create_event_channel();
+  if (channel == nullptr) return 1;
+  if (Status s = engine.runtime->WatchCmChannel(channel, *this, 0); !s.ok()) {
+    fprintf(stderr, "blockd_client: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const int connections = static_cast<int>(flags_.Int("connections", 4));
+  const uint64_t per = static_cast<uint64_t>(flags_.Int("blocks-per-connection", 64));
+  const uint64_t first = static_cast<uint64_t>(flags_.Int("first-block", 0));
+  const int rounds = static_cast<int>(flags_.Int("rounds", 2));
+  const int window = std::clamp<int>(static_cast<int>(flags_.Int("window", 4)), 1, 15);
+  std::vector<std::unique_ptr<Conn>> conns;
+  for (int i = 0; i < connections; ++i) {
+    conns.push_back(
+        std::make_unique<Conn>(*this, i, first + i * per, per, window, rounds));
+    if (!conns.back()->Connect(channel, server)) return 1;
+  }
+  uint64_t verified = 0, ok = 0;
+  for (auto& conn : conns) {
+    while (conn->state() == State::kConnecting || conn->state() == State::kRunning) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    verified += conn->verified();
+    if (conn->Finish()) ++ok;
+  }
+  const uint64_t expected = static_cast<uint64_t>(connections) * per * rounds;
+  printf("blockd_client: connections=%d verified_blocks=%" PRIu64 " of %" PRIu64
+         " clean=%" PRIu64 "\n",
+         connections, verified, expected, ok);
+  WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
+  (void)engine.runtime->Shutdown();
+  conns.clear();
+  rdma_destroy_event_channel(channel);
+  return verified == expected && ok == static_cast<uint64_t>(connections) ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace cqd::examples::blockd
+
+int main(int argc, char** argv) {
+  cqd::examples::Flags flags(argc, argv);
+  cqd::examples::blockd::Client client(flags);
+  return client.Run();
+}
