@@ -1,7 +1,8 @@
 // blockd_client: writes blocks to blockd_server and reads every one back, verifying it.
 //
-//   blockd_client --server=ADDR [--port=7472] [--connections=4] [--blocks-per-connection=64]
-//                 [--first-block=0] [--rounds=2] [--window=4] [--pollers=2] [--consumers=2]
+//   blockd_client --server=ADDR [--port=7472] [--device=NAME] [--connections=4]
+//                 [--blocks-per-connection=64] [--first-block=0] [--rounds=2] [--window=4]
+//                 [--pollers=2] [--consumers=2]
 //
 // Connection i owns blocks [first + i*B, first + (i+1)*B). Each round writes every block with a
 // pattern naming the block and the round (one block per request), then reads them back in
@@ -295,7 +296,7 @@ int Client::Run() {
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
   consumers = static_cast<int>(flags_.Int("consumers", 2));
   options.consumers.resize(consumers);
-  if (!engine.Start(options, 4096)) return 1;
+  if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   sockaddr_in server;
   if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7472), &server)) return 1;
   rdma_event_channel* channel = rdma_create_event_channel();

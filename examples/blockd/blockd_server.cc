@@ -3,8 +3,9 @@
 // IMMEDIATE (protocol.h). The same port also serves unmodified rping clients (rdmacm-utils),
 // told apart by the private data of their connect request.
 //
-//   blockd_server [--addr=0.0.0.0] [--port=7472] [--blocks=4096] [--block-size=4096]
-//                 [--pollers=2] [--consumers=2] [--exit-after=N] [--stats-json=FILE]
+//   blockd_server [--addr=0.0.0.0] [--port=7472] [--device=NAME] [--blocks=4096]
+//                 [--block-size=4096] [--pollers=2] [--consumers=2] [--exit-after=N]
+//                 [--stats-json=FILE]
 //
 // Handlers run on runtime-owned consumer threads (connection n on consumer n % consumers); the
 // CM channel's CmHandler (connect requests) runs on consumer 0. A connection ends on
@@ -383,7 +384,7 @@ int Server::Run() {
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
   consumers = static_cast<int>(flags_.Int("consumers", 2));
   options.consumers.resize(consumers);
-  if (!engine.Start(options, 4096)) return 1;
+  if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   block_size = static_cast<uint32_t>(flags_.Int("block-size", 4096));
   blocks = static_cast<uint64_t>(flags_.Int("blocks", 4096));
   if (!store.Register(engine.pd, block_size * blocks, IBV_ACCESS_LOCAL_WRITE)) return 1;

@@ -75,6 +75,11 @@ bool Region::Register(ibv_pd* pd, size_t bytes, int access) {
 }
 
 bool CreateQp(rdma_cm_id* id, ibv_pd* pd, const CqHandle& cq, const QpShape& shape) {
+  if (id->verbs != pd->context) {
+    fprintf(stderr, "the connection is on device %s, not on %s (pick it with --device)\n",
+            ibv_get_device_name(id->verbs->device), ibv_get_device_name(pd->context->device));
+    return false;
+  }
   ibv_qp_init_attr attr{};
   attr.send_cq = cq.verbs();
   attr.recv_cq = cq.verbs();
@@ -97,14 +102,17 @@ Engine::~Engine() {
   if (devices != nullptr) rdma_free_devices(devices);
 }
 
-bool Engine::Start(const RuntimeOptions& options, int cq_depth) {
+bool Engine::Start(const RuntimeOptions& options, int cq_depth, const std::string& name) {
   int count = 0;
   devices = rdma_get_devices(&count);
-  if (devices == nullptr || count == 0) {
-    fprintf(stderr, "no RDMA device (rdma_get_devices)\n");
+  for (int i = 0; i < count && context == nullptr; ++i) {
+    if (name.empty() || name == ibv_get_device_name(devices[i]->device)) context = devices[i];
+  }
+  if (context == nullptr) {
+    fprintf(stderr, "no RDMA device%s%s among librdmacm's %d\n", name.empty() ? "" : " named ",
+            name.c_str(), count);
     return false;
   }
-  context = devices[0];
   auto rt = Runtime::Create(options);
   if (!rt.ok()) {
     fprintf(stderr, "%s\n", rt.status().ToString().c_str());

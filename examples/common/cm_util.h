@@ -54,15 +54,18 @@ struct QpShape {
   int recv_wrs = 64;
   int inline_bytes = 64;
 };
-// Gives `id` an RC QP on `cq` (send and receive) in `pd`; false (and a message) on failure.
+// Gives `id` an RC QP on `cq` (send and receive) in `pd`; false (and a message) on failure,
+// also when the id is on another device than `pd`.
 bool CreateQp(rdma_cm_id* id, ibv_pd* pd, const CqHandle& cq, const QpShape& shape);
 
 // One runtime per process, its device taken from librdmacm (the contexts rdma_cm ids use), one
 // CQ per shard. `cq_depth` per CQ; CQs grow as QPs register.
 struct Engine {
   ~Engine();
-  // Opens the first RDMA device librdmacm knows. False (and a message) on failure.
-  bool Start(const RuntimeOptions& options, int cq_depth);
+  // Starts the runtime on librdmacm's device `name` (empty: the first one). Connections must
+  // use that device (bind or resolve to an address of its ports). False (and a message) on
+  // failure.
+  bool Start(const RuntimeOptions& options, int cq_depth, const std::string& name);
   // The CQ for the `n`th connection: spread over the shards.
   const CqHandle& CqFor(uint64_t n) const { return cqs[n % cqs.size()]; }
 

@@ -1,7 +1,7 @@
 // echo_client: many RC connections to echo_server, each checking every reply, coming and going.
 //
-//   echo_client --server=ADDR [--port=7471] [--connections=16] [--requests=200] [--window=8]
-//               [--rounds=2] [--pollers=2] [--consumers=2]
+//   echo_client --server=ADDR [--port=7471] [--device=NAME] [--connections=16] [--requests=200]
+//               [--window=8] [--rounds=2] [--pollers=2] [--consumers=2]
 //
 // Connection i sends requests * (1 + i % 3) requests per round, at most `window` outstanding,
 // each 64 bytes naming the connection and sequence number; every reply must come back in order
@@ -246,7 +246,7 @@ int Client::Run() {
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
   consumers = static_cast<int>(flags_.Int("consumers", 2));
   options.consumers.resize(consumers);
-  if (!engine.Start(options, 4096)) return 1;
+  if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   sockaddr_in server;
   if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7471), &server)) return 1;
   rdma_event_channel* channel = rdma_create_event_channel();

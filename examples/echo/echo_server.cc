@@ -1,6 +1,6 @@
 // echo_server: an RC request/response server on cqd, driven by its own epoll loop.
 //
-//   echo_server [--addr=0.0.0.0] [--port=7471] [--pollers=2] [--exit-after=N]
+//   echo_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--pollers=2] [--exit-after=N]
 //               [--keepalive-ms=500] [--stats-json=FILE] [--stats-socket=PATH]
 //
 // The runtime's pollers drain the CQs; the server's one consumer is engine-driven: this thread
@@ -55,8 +55,8 @@ class Conn : public QpHandler {
   bool Setup(ConsumerId consumer);
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
   void OnCmEvent(const CmEvent& event) noexcept override;
-  // Starts the drained teardown once; `failed` counts the connection as failed.
-  void End(bool failed) noexcept;
+  // Starts the drained teardown once; a `failure` (nullptr for a clean end) is counted and shown.
+  void End(const char* failure) noexcept;
   // Called by the main loop every few milliseconds.
   void Tick(Clock::time_point now) noexcept;
   bool reapable() const { return ending_ && (unregistered_ || teardown_.done()); }
@@ -128,13 +128,13 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   for (const ibv_wc& wc : wcs) {
     if (ending_) continue;  // flushed by the teardown
     if (wc.status != IBV_WC_SUCCESS) {
-      End(wc.status != IBV_WC_WR_FLUSH_ERR);
+      End(ibv_wc_status_str(wc.status));  // the first error; flushes follow it
       continue;
     }
     if (wc.wr_id & kKeepalive) {
       keepalive_out_ = false;
     } else if (wc.wr_id & kSendBit) {
-      if (!PostRecv(static_cast<int>(wc.wr_id & 0xffff))) End(true);
+      if (!PostRecv(static_cast<int>(wc.wr_id & 0xffff))) End("ibv_post_recv failed");
     } else if (wc.opcode == IBV_WC_RECV) {
       const int slot = static_cast<int>(wc.wr_id);
       char* reply = buffers_.data + (kSlots + slot) * kSlotBytes;
@@ -148,7 +148,7 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
       wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
       ibv_send_wr* bad = nullptr;
       if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
-        End(true);
+        End("ibv_post_send failed");
         continue;
       }
       ++server_.totals.echoed;
@@ -163,18 +163,22 @@ void Conn::OnCmEvent(const CmEvent& event) noexcept {
       ++server_.totals.established;
       break;
     case RDMA_CM_EVENT_DISCONNECTED:
-      End(false);
+      End(nullptr);
       break;
     default:  // CONNECT_ERROR, UNREACHABLE, DEVICE_REMOVAL...
-      End(true);
+      End(rdma_event_str(event.type));
       break;
   }
 }
 
-void Conn::End(bool failed) noexcept {
+void Conn::End(const char* failure) noexcept {
   if (ending_) return;
   ending_ = true;
-  if (failed) ++server_.totals.failed;
+  if (failure != nullptr) {
+    ++server_.totals.failed;
+    printf("echo_server: connection qp %u failed: %s\n", id_->qp ? id_->qp->qp_num : 0, failure);
+    fflush(stdout);
+  }
   rdma_disconnect(id_);  // answers a peer's disconnect, or starts ours; fails if never connected
   auto teardown = server_.engine.runtime->TeardownQp(registration_);
   if (teardown.ok()) {
@@ -189,7 +193,7 @@ void Conn::End(bool failed) noexcept {
 void Conn::Tick(Clock::time_point now) noexcept {
   if (ending_) return;
   if (!established_) {
-    if (now - born_ > std::chrono::seconds(15)) End(true);  // the peer never completed it
+    if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s");
     return;
   }
   if (!keepalive_out_ && now - last_ > server_.keepalive) {
@@ -229,7 +233,7 @@ void Server::OnCmEvent(const CmEvent& event) noexcept {
   ++totals.connections;
   if (rdma_accept(event.id, &param) != 0) {
     perror("rdma_accept");
-    conn->End(true);
+    conn->End("rdma_accept failed");
   }
   conns_.push_back(std::move(conn));
 }
@@ -239,7 +243,7 @@ int Server::Run() {
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
   options.consumers[0].kind = ConsumerKind::kEngineDriven;
   options.consumers[0].name = "echo";
-  if (!engine.Start(options, 4096)) return 1;
+  if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   keepalive = std::chrono::milliseconds(flags_.Int("keepalive-ms", 500));
   rdma_event_channel* channel = rdma_create_event_channel();
   if (channel == nullptr) {
