@@ -1,37 +1,47 @@
 #!/bin/sh
 # Server half of the two-host example tests, run by busybox sh in run_two_vms.sh's server VM.
 #
-#   server_side.sh SERVER [SERVER_ARGS...] [-- LOCAL_CLIENT [CLIENT_ARGS...]]
+#   server_side.sh 'SERVER ARGS...' ['LOCAL_CLIENT ARGS...' ['MUST_PRINT']]
 #
 # Starts SERVER (it prints "cqd-ready" once listening; the runner then starts the client VM),
-# and optionally a client of this same VM (LOCAL_CLIENT, run against $CQD_SERVER_ADDR) that must
+# and optionally a client in this same VM ("@SERVER" in it becomes $CQD_SERVER_ADDR) that must
 # keep working whatever happens to the other host. Waits for the runner's "cqd-client-done CODE"
 # line on stdin, then gives the server 180 s to finish on its own (its --exit-after condition).
-# Exit code: 0 iff the server and the local client (if any) exited 0; 1 otherwise, also when the
-# server had to be killed.
-server=
-while [ $# -gt 0 ] && [ "$1" != -- ]; do server="$server $1"; shift; done
-[ "$1" = -- ] && shift
-$server &
+# Exit code: 0 iff the server and the local client (if any) exited 0 and the server's output
+# matched MUST_PRINT (a grep -E pattern), if given; 1 otherwise, also when the server did not
+# finish (the VM then powers off with it).
+( { $1 2>&1; echo $? > /tmp/server.rc; } |
+    while IFS= read -r line; do echo "$line"; echo "$line" >> /tmp/server.log; done ) &
 server_pid=$!
 local_pid=
-if [ $# -gt 0 ]; then
+if [ -n "$2" ]; then
   sleep 1
-  "$@" &
+  local_cmd=$(echo "$2" | sed "s/@SERVER/$CQD_SERVER_ADDR/g")
+  ( { $local_cmd 2>&1; echo $? > /tmp/local.rc; } |
+      while IFS= read -r line; do echo "local: $line"; done ) &
   local_pid=$!
 fi
 read -r done_line
 echo "server_side: $done_line"
 waited=0
-while kill -0 $server_pid 2>/dev/null && [ $waited -lt 180 ]; do sleep 1; waited=$((waited + 1)); done
-rc=0
-if kill -0 $server_pid 2>/dev/null; then
+while [ ! -f /tmp/server.rc ] && [ $waited -lt 180 ]; do sleep 1; waited=$((waited + 1)); done
+if [ ! -f /tmp/server.rc ]; then
   echo "server_side: the server did not finish within 180 s of the client side"
-  kill -9 $server_pid
-  rc=1
+  exit 1
 fi
-wait $server_pid || rc=1
+wait $server_pid
+rc=0
+code=$(cat /tmp/server.rc)
+echo "server_side: server exit $code"
+[ "$code" = 0 ] || rc=1
 if [ -n "$local_pid" ]; then
-  wait $local_pid || { echo "server_side: the local client failed"; rc=1; }
+  wait $local_pid
+  code=$(cat /tmp/local.rc 2>/dev/null || echo none)
+  echo "server_side: local client exit $code"
+  [ "$code" = 0 ] || rc=1
+fi
+if [ -n "$3" ] && ! grep -Eq "$3" /tmp/server.log; then
+  echo "server_side: the server never printed a line matching: $3"
+  rc=1
 fi
 exit $rc
