@@ -112,7 +112,9 @@ class Device {
   virtual Result<Channel*> CreateChannel() = 0;
   // Fails while CQs still use the channel.
   virtual Status DestroyChannel(Channel* channel) = 0;
-  virtual Result<Cq*> CreateCq(int depth, Channel* channel) = 0;
+  // `comp_vector`: as ibv_create_cq's (the simulated device has one vector and ignores it).
+  virtual Result<Cq*> CreateCq(int depth, Channel* channel, int comp_vector) = 0;
+  Result<Cq*> CreateCq(int depth, Channel* channel) { return CreateCq(depth, channel, 0); }
   // Wraps a CQ the engine created; kInvalidArgument unless it belongs to this device and uses
   // `channel`.
   virtual Result<Cq*> AdoptCq(void* native_cq, Channel* channel) = 0;

@@ -126,6 +126,8 @@ class Consumer {
   int notify_fd() const { return notify_fd_; }
 
   uint32_t index() const { return index_; }
+  // kOwnedThread: the thread, for placement (placement.h); 0 when there is none.
+  pthread_t native_thread() { return thread_.joinable() ? thread_.native_handle() : 0; }
   ConsumerKind kind() const { return options_.kind; }
   const std::string& name() const { return options_.name; }
   uint64_t delivered() const { return delivered_.load(std::memory_order_relaxed); }

@@ -91,6 +91,8 @@ class Poller {
   // Adds this poller's outbox figures for `consumer` to `out`.
   void AddSpillStats(uint32_t consumer, ConsumerStats& out) const;
   int index() const { return index_; }
+  // The thread, for placement (placement.h); 0 when there is none.
+  pthread_t native_thread() { return thread_.joinable() ? thread_.native_handle() : 0; }
 
  private:
   struct PostedEvent {

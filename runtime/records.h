@@ -54,6 +54,7 @@ struct CqRecord {
   bool adopted = false;
   bool solicited_only = false;
   bool grow = true;        // CqOptions::grow
+  int comp_vector = -1;    // the vector CreateCq used; -1 for an adopted CQ
   int registered_qps = 0;  // control path
   uint64_t committed = 0;  // control path: work requests its registered QPs may have outstanding
 

@@ -241,7 +241,14 @@ Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
     return Status(status.code(), op + ": " + status.message());
   }
   devices_.push_back(std::move(record));
-  return devices_.back()->id;
+  // NUMA placement (placement.h). Under mu_ with shut_down_ false: no thread has been joined.
+  const DeviceRecord& added = *devices_.back();
+  Placement::Threads threads;
+  for (auto& poller : pollers_) threads.pollers.push_back(poller->native_thread());
+  for (auto& consumer : consumers_) threads.consumers.push_back(consumer->native_thread());
+  placement_.OnDeviceAdded(added.id, added.backend->name(), added.verbs != nullptr,
+                           added.verbs != nullptr ? added.verbs->num_comp_vectors : 1, threads);
+  return added.id;
 }
 
 Result<ibv_context*> RuntimeImpl::VerbsContext(DeviceId id) {
@@ -321,7 +328,10 @@ Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
   if (options.depth < 1) {
     return InvalidArgument("CreateCq: depth " + Str(options.depth) + " must be at least 1");
   }
-  Result<backend::Cq*> cq = (*device)->backend->CreateCq(options.depth, (*device)->channels[shard]);
+  Result<int> vector = placement_.CompVector(id, options.comp_vector);
+  if (!vector.ok()) return InvalidArgument("CreateCq: " + vector.status().message());
+  Result<backend::Cq*> cq =
+      (*device)->backend->CreateCq(options.depth, (*device)->channels[shard], *vector);
   if (!cq.ok()) return cq.status();
   auto record = std::make_unique<CqRecord>();
   record->device = *device;
@@ -329,6 +339,7 @@ Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
   record->cq = *cq;
   record->solicited_only = options.solicited_only;
   record->grow = options.grow;
+  record->comp_vector = *vector;
   return AddCq(std::move(record));
 }
 
@@ -670,12 +681,14 @@ Stats RuntimeImpl::GetStats() const {
     for (const auto& poller : pollers_) poller->AddSpillStats(consumer->index(), c);
     stats.consumers.push_back(std::move(c));
   }
+  placement_.FillStats(stats);
   if (OnRuntimeThread()) return stats;  // the CQ part needs the mutex: see thread_role.h
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, cq] : cqs_) {
     CqStats c;
     c.id = id;
     c.shard = cq->shard;
+    c.comp_vector = cq->comp_vector;
     c.completions = cq->completions.load(std::memory_order_relaxed);
     c.events = cq->events.load(std::memory_order_relaxed);
     c.acked_events = cq->acked_events.load(std::memory_order_relaxed);

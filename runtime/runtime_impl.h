@@ -16,6 +16,7 @@
 #include "runtime/consumer.h"
 #include "runtime/event_loop.h"
 #include "runtime/orphans.h"
+#include "runtime/placement.h"
 #include "runtime/poller.h"
 #include "runtime/records.h"
 #include "runtime/registry.h"
@@ -93,6 +94,8 @@ class RuntimeImpl {
   uint64_t gone_events_ = 0;
   uint64_t gone_acked_ = 0;
   uint64_t gone_ack_calls_ = 0;
+  // NUMA placement of the threads and completion vectors of CQs (placement.h; own mutex).
+  Placement placement_{options_};
 };
 
 }  // namespace cqd::internal

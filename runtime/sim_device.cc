@@ -625,7 +625,8 @@ Status SimBackend::DestroyChannel(backend::Channel* channel) {
   return device_->DestroyChannel(static_cast<SimChannelImpl*>(channel));
 }
 
-Result<backend::Cq*> SimBackend::CreateCq(int depth, backend::Channel* channel) {
+Result<backend::Cq*> SimBackend::CreateCq(int depth, backend::Channel* channel,
+                                          int /*comp_vector*/) {
   Result<SimCq*> cq = device_->CreateCq(depth, static_cast<SimChannelImpl*>(channel));
   if (!cq.ok()) return cq.status();
   return static_cast<backend::Cq*>(static_cast<SimCqImpl*>(*cq));

@@ -265,7 +265,8 @@ class SimBackend final : public backend::Device {
   const std::string& name() const override { return device_->name(); }
   Result<backend::Channel*> CreateChannel() override;
   Status DestroyChannel(backend::Channel* channel) override;
-  Result<backend::Cq*> CreateCq(int depth, backend::Channel* channel) override;
+  using backend::Device::CreateCq;
+  Result<backend::Cq*> CreateCq(int depth, backend::Channel* channel, int comp_vector) override;
   Result<backend::Cq*> AdoptCq(void* native_cq, backend::Channel* channel) override;
   void ReleaseCq(backend::Cq*) override {}
   Status DestroyCq(backend::Cq* cq) override;

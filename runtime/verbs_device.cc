@@ -41,9 +41,10 @@ Status VerbsBackend::DestroyChannel(backend::Channel* channel) {
   return Status::Ok();
 }
 
-Result<backend::Cq*> VerbsBackend::CreateCq(int depth, backend::Channel* channel) {
+Result<backend::Cq*> VerbsBackend::CreateCq(int depth, backend::Channel* channel,
+                                            int comp_vector) {
   ibv_comp_channel* ch = channel ? static_cast<VerbsChannel*>(channel)->channel() : nullptr;
-  ibv_cq* cq = ibv_create_cq(context_, depth, nullptr, ch, 0);
+  ibv_cq* cq = ibv_create_cq(context_, depth, nullptr, ch, comp_vector);
   if (cq == nullptr) {
     return ErrnoStatus("ibv_create_cq(" + name_ + ", depth " + std::to_string(depth) + ")", errno);
   }

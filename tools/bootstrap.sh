@@ -7,6 +7,7 @@ set -euo pipefail
 PACKAGES=(
   bazel-bootstrap        # Bazel 4.2.3; its deps pull in the system JDK the server runs on
   g++
+  pkg-config             # cqd.pc consumers: //tests/pkgconfig:pkgconfig_test
   libibverbs-dev
   librdmacm-dev          # rdma_cm connection setup (the runtime's CM channel, the examples)
   rdmacm-utils           # rping, the interop client the blockd example serves

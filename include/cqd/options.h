@@ -24,7 +24,9 @@ enum class ConsumerKind {
 struct ConsumerOptions {
   ConsumerKind kind = ConsumerKind::kOwnedThread;
   std::string name;                  // shown in stats and thread names; defaults to "consumer<i>"
-  int cpu = -1;                      // kOwnedThread: CPU to pin to, -1 for none
+  // kOwnedThread: CPU to pin to; -1: none (then RuntimeOptions::auto_placement may confine the
+  // thread to the CPUs of the device's NUMA node).
+  int cpu = -1;
   // Items (completions and async events) queued for this consumer at most; the bound holds
   // except at Shutdown, when pollers hand over everything they hold.
   std::size_t queue_capacity = 1 << 16;
@@ -40,7 +42,8 @@ struct ConsumerOptions {
 
 struct RuntimeOptions {
   int pollers = 1;                   // poller threads = CQ shards (1..256)
-  std::vector<int> poller_cpus;      // empty: not pinned; else one CPU per poller
+  // Empty: not pinned (but see auto_placement); else one CPU per poller.
+  std::vector<int> poller_cpus;
   int poll_batch = 32;               // completions per ibv_poll_cq call (1..256)
   // A poller that found nothing for this long arms its CQs, polls once more, and sleeps.
   std::chrono::microseconds idle_budget{50};
@@ -49,6 +52,13 @@ struct RuntimeOptions {
   std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  // at least one
   uint32_t max_registrations = 1 << 16;  // concurrently registered QPs (1..1<<24)
   OrphanHandler* orphan_handler = nullptr;  // optional; orphans are counted either way
+  // When the first verbs device whose NUMA node is known is added (sysfs numa_node), confine
+  // the pollers and owned consumers that have no CPU of their own to that node's CPUs (those
+  // the process may run on), unless those are all the CPUs it may use anyway; and spread CQs
+  // created with CqOptions::comp_vector == -1 round robin over each device's completion
+  // vectors. Explicit CPUs and vectors always win. Stats reports what was decided. false: no
+  // thread is moved, and comp_vector -1 means vector 0.
+  bool auto_placement = true;
 };
 
 // Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.
@@ -59,6 +69,10 @@ struct CqOptions {
   // When the sum would exceed the depth: true grows the CQ first (ibv_resize_cq), false refuses
   // the registration with kResourceExhausted.
   bool grow = true;
+  // CreateCq only (an adopted CQ keeps the vector the engine created it on): the completion
+  // vector (0..ibv_context::num_comp_vectors-1; the simulated device has one) whose interrupt
+  // signals the CQ's events. -1: the runtime's choice (RuntimeOptions::auto_placement).
+  int comp_vector = -1;
 };
 
 // What a QP may have outstanding, for Runtime::RegisterQp's CQ capacity guard. -1: read it from

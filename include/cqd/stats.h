@@ -12,7 +12,8 @@
 namespace cqd {
 
 struct PollerStats {
-  int cpu = -1;                  // pinned CPU, -1 if not pinned
+  int cpu = -1;                  // pinned CPU (RuntimeOptions::poller_cpus), -1 if not pinned
+  int numa_node = -1;            // NUMA node whose CPUs auto_placement confined it to, or -1
   uint64_t polls = 0;            // poll calls on CQs
   uint64_t empty_polls = 0;      // ... of which returned nothing
   uint64_t completions = 0;      // completions taken off CQs
@@ -25,6 +26,7 @@ struct PollerStats {
 struct CqStats {
   uint32_t id = 0;
   int shard = 0;
+  int comp_vector = -1;          // the completion vector it was created on; -1 if adopted
   uint64_t completions = 0;      // completions polled from this CQ
   uint64_t events = 0;           // completion events read from the channel
   uint64_t acked_events = 0;     // events acknowledged so far
@@ -34,6 +36,8 @@ struct CqStats {
 
 struct ConsumerStats {
   std::string name;
+  int cpu = -1;                  // pinned CPU (ConsumerOptions::cpu), -1 if not pinned
+  int numa_node = -1;            // NUMA node whose CPUs auto_placement confined it to, or -1
   uint64_t delivered = 0;        // completions handed to handlers
   uint64_t async_events = 0;     // async events handed to handlers
   uint64_t queue_depth = 0;      // items queued now
@@ -47,10 +51,20 @@ struct ConsumerStats {
   uint64_t stalled_ns = 0;       // time spent stalled, over stalls that have ended
 };
 
+struct DeviceStats {
+  uint32_t id = 0;               // the DeviceId
+  std::string name;
+  int numa_node = -1;            // from sysfs; -1: unknown, none, or the simulated device
+  int comp_vectors = 1;          // ibv_context::num_comp_vectors (1 on the simulated device)
+};
+
 struct Stats {
   std::vector<PollerStats> pollers;
   std::vector<CqStats> cqs;
   std::vector<ConsumerStats> consumers;
+  std::vector<DeviceStats> devices;
+  // The CPUs auto_placement confined threads to, as a cpulist ("0-3,8-11"); empty if none.
+  std::string placement_cpus;
   uint64_t orphans = 0;          // completions given to the orphan handler (or dropped if none)
   uint64_t async_events = 0;     // async events read from devices
   // Completion channel or async fds the event thread stopped watching because reading them kept

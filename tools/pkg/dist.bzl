@@ -1,0 +1,139 @@
+"""cqd_dist: the install tree of //:cqd for engines that do not build with Bazel.
+
+Lays out, under bazel-bin/<package>/<name>/:
+
+  lib/libcqd.a             every object file of the cc_library targets of this workspace that
+                           `deps` link (today //:cqd_internal and //:tsan_suppressions); a new
+                           runtime .cc file, or a new cc_library //:cqd depends on, is picked up
+                           without editing this rule
+  lib/pkgconfig/cqd.pc     pkg-config file; prefix=${pcfiledir}/../.., so the tree is relocatable
+                           (tools/install.sh writes the real prefix instead)
+  include/cqd/*.h          the public headers (`hdrs`)
+
+and, beside it, <name>.link_flags: the -fsanitize=... link options of the build configuration
+(empty in a plain build), which a consumer of a sanitizer build's libcqd.a must link with too.
+
+The pkg-config requirements come from the link flags of `deps` (CcInfo user_link_flags): a flag
+named in `pc_modules` (e.g. -libverbs) becomes that module in Requires, any other flag (e.g.
+-pthread) goes to Libs. So when runtime code starts linking @rdmacm (-lrdmacm), cqd.pc requires
+librdmacm without an edit here. Static libraries of other workspaces (@foo with .a srcs) cannot
+be folded in and fail the build.
+
+libcqd.a is a static library only, so its dependencies are needed by every link, not only a
+--static one: they go in Requires and Libs, not in Requires.private / Libs.private. Both
+`pkg-config --libs cqd` and `pkg-config --libs --static cqd` link.
+"""
+
+load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
+
+def _library_objects(lib):
+    # Prefer position-independent objects: Debian's g++ links PIE executables by default.
+    objects = lib.pic_objects or lib.objects
+    if objects:
+        return objects
+    archive = lib.pic_static_library or lib.static_library
+    if archive:
+        fail("cqd_dist: %s has a static library but no object files" % archive.path)
+    return []
+
+def _cqd_dist_impl(ctx):
+    cc_toolchain = find_cpp_toolchain(ctx)
+    prefix = ctx.label.name + "/"
+
+    objects = []
+    link_flags = []
+    for dep in ctx.attr.deps:
+        for linker_input in dep[CcInfo].linking_context.linker_inputs.to_list():
+            for flag in linker_input.user_link_flags:
+                if flag not in link_flags:
+                    link_flags.append(flag)
+            for lib in linker_input.libraries:
+                if linker_input.owner.workspace_name != "":
+                    if lib.static_library or lib.pic_static_library or lib.objects or lib.pic_objects:
+                        fail("cqd_dist: %s is a static library of another workspace; libcqd.a " %
+                             linker_input.owner + "cannot carry it (link it as a system library)")
+                    continue
+                for obj in _library_objects(lib):
+                    if obj not in objects:
+                        objects.append(obj)
+    if not objects:
+        fail("cqd_dist: no object files found in deps")
+
+    # lib/libcqd.a: q appends without replacing members of equal basename; s writes the index;
+    # D keeps it deterministic.
+    archive = ctx.actions.declare_file(prefix + "lib/lib%s.a" % ctx.attr.library_name)
+    args = ctx.actions.args()
+    args.add("qcsD")
+    args.add(archive)
+    args.add_all(objects)
+    ctx.actions.run(
+        executable = cc_toolchain.ar_executable,
+        arguments = [args],
+        inputs = depset(objects, transitive = [cc_toolchain.all_files]),
+        outputs = [archive],
+        mnemonic = "CqdArchive",
+        progress_message = "Archiving %s" % archive.short_path,
+    )
+
+    # lib/pkgconfig/cqd.pc
+    requires = []
+    libs = []
+    for flag in link_flags:
+        module = ctx.attr.pc_modules.get(flag)
+        if module:
+            if module not in requires:
+                requires.append(module)
+        else:
+            libs.append(flag)
+    pc = ctx.actions.declare_file(prefix + "lib/pkgconfig/%s.pc" % ctx.attr.library_name)
+    ctx.actions.write(pc, "\n".join([
+        "prefix=${pcfiledir}/../..",
+        "exec_prefix=${prefix}",
+        "libdir=${exec_prefix}/lib",
+        "includedir=${prefix}/include",
+        "",
+        "Name: %s" % ctx.attr.library_name,
+        "Description: %s" % ctx.attr.description,
+        "Version: %s" % ctx.attr.version,
+        "Requires: %s" % ", ".join(requires),
+        "Libs: %s" % " ".join(["-L${libdir}", "-l" + ctx.attr.library_name] + libs),
+        "Cflags: -I${includedir}",
+        "",
+    ]))
+
+    # include/<prefix>/*.h
+    headers = []
+    for hdr in ctx.files.hdrs:
+        out = ctx.actions.declare_file(prefix + "include/%s/%s" % (ctx.attr.include_dir, hdr.basename))
+        ctx.actions.symlink(output = out, target_file = hdr)
+        headers.append(out)
+
+    # <name>.link_flags: what a consumer of this configuration's objects must link with.
+    sanitizers = [f for f in ctx.fragments.cpp.linkopts if f.startswith("-fsanitize=")]
+    flags = ctx.actions.declare_file(ctx.label.name + ".link_flags")
+    ctx.actions.write(flags, " ".join(sanitizers) + "\n")
+
+    files = [archive, pc] + headers
+    return [DefaultInfo(
+        files = depset(files + [flags]),
+        runfiles = ctx.runfiles(files = files + [flags]),
+    )]
+
+cqd_dist = rule(
+    implementation = _cqd_dist_impl,
+    doc = "The install tree (lib/, lib/pkgconfig/, include/) of a cc_library; see the file comment.",
+    attrs = {
+        "deps": attr.label_list(providers = [CcInfo], mandatory = True),
+        "hdrs": attr.label_list(allow_files = [".h"], mandatory = True),
+        "library_name": attr.string(mandatory = True),
+        "include_dir": attr.string(mandatory = True),
+        "version": attr.string(mandatory = True),
+        "description": attr.string(mandatory = True),
+        # Link flag -> pkg-config module that provides it.
+        "pc_modules": attr.string_dict(),
+        "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
+    },
+    fragments = ["cpp"],
+    toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
+    incompatible_use_toolchain_transition = True,
+)
