@@ -27,6 +27,7 @@ void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
   out->status = raw.status;
   out->id = raw.id;
   out->listen_id = raw.listen_id;
+  out->context = raw.id != nullptr ? raw.id->context : nullptr;  // the id lives until the ack
   // The union's private data fields sit alike in its conn and ud members; the rest of `conn`
   // means something only on connected port spaces.
   const void* data = raw.param.conn.private_data;

@@ -78,6 +78,7 @@ class Conn : public QpHandler {
   const uint64_t first_, count_;
   const int window_, rounds_;
   rdma_cm_id* id_ = nullptr;
+  uintptr_t serial_ = 0;  // the id's context (Client::Track)
   Region buffers_;   // window data slots of kMaxRead blocks, then window request slots
   Registration registration_;
   uint32_t block_size_ = 0;
@@ -98,16 +99,19 @@ class Client : public CmHandler {
   int Run();
   void OnCmEvent(const CmEvent& event) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = ids_.find(event.id);
-    if (it != ids_.end()) it->second->OnSetupEvent(event);
+    auto it = conns_.find(reinterpret_cast<uintptr_t>(event.context));
+    if (it != conns_.end()) it->second->OnSetupEvent(event);
   }
-  void Track(rdma_cm_id* id, Conn* conn) {
+  // Returns the serial a new connection's id carries as its context (never reused, unlike the
+  // id's address) and routes its setup events to `conn` until Forget.
+  uintptr_t Track(Conn* conn) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (conn != nullptr) {
-      ids_[id] = conn;
-    } else {
-      ids_.erase(id);
-    }
+    conns_[++serial_] = conn;
+    return serial_;
+  }
+  void Forget(uintptr_t serial) {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.erase(serial);
   }
   Engine engine;
   int consumers = 2;
@@ -115,12 +119,15 @@ class Client : public CmHandler {
  private:
   const Flags& flags_;
   std::mutex mu_;
-  std::unordered_map<rdma_cm_id*, Conn*> ids_;
+  std::unordered_map<uintptr_t, Conn*> conns_;
+  uintptr_t serial_ = 0;
 };
 
 bool Conn::Connect(rdma_event_channel* channel, const sockaddr_in& server) {
-  if (rdma_create_id(channel, &id_, this, RDMA_PS_TCP) != 0) return false;
-  client_.Track(id_, this);
+  serial_ = client_.Track(this);
+  if (rdma_create_id(channel, &id_, reinterpret_cast<void*>(serial_), RDMA_PS_TCP) != 0) {
+    return false;
+  }
   sockaddr_in to = server;
   return rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 5000) == 0;
 }
@@ -283,7 +290,7 @@ bool Conn::Finish() {
     }
   }
   if (id_ != nullptr) {
-    client_.Track(id_, nullptr);
+    client_.Forget(serial_);
     if (id_->qp != nullptr) rdma_destroy_qp(id_);
     rdma_destroy_id(id_);
     id_ = nullptr;

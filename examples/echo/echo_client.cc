@@ -66,6 +66,7 @@ class Conn : public QpHandler {
   const int window_;
   const uint32_t requests_;
   rdma_cm_id* id_ = nullptr;
+  uintptr_t serial_ = 0;  // the id's context (Client::Track)
   Region buffers_;  // window receive slots, then window send slots
   Registration registration_;
   uint32_t sent_ = 0;
@@ -78,20 +79,23 @@ class Client : public CmHandler {
  public:
   explicit Client(const Flags& flags) : flags_(flags) {}
   int Run();
-  // Consumer 0. An event may name an id that was destroyed since it was read: look it up, never
-  // dereference it.
+  // Consumer 0. An event may name an id that was destroyed since it was read, and whose address a
+  // new id may have: match it by its context, a serial that is never reused.
   void OnCmEvent(const CmEvent& event) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = ids_.find(event.id);
-    if (it != ids_.end()) it->second->OnSetupEvent(event);
+    auto it = conns_.find(reinterpret_cast<uintptr_t>(event.context));
+    if (it != conns_.end()) it->second->OnSetupEvent(event);
   }
-  void Track(rdma_cm_id* id, Conn* conn) {
+  // Returns the serial a new connection's id carries as its context (never reused, unlike the
+  // id's address) and routes its setup events to `conn` until Forget.
+  uintptr_t Track(Conn* conn) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (conn != nullptr) {
-      ids_[id] = conn;
-    } else {
-      ids_.erase(id);
-    }
+    conns_[++serial_] = conn;
+    return serial_;
+  }
+  void Forget(uintptr_t serial) {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.erase(serial);
   }
   Engine engine;
   int consumers = 2;
@@ -99,17 +103,18 @@ class Client : public CmHandler {
  private:
   const Flags& flags_;
   std::mutex mu_;
-  std::unordered_map<rdma_cm_id*, Conn*> ids_;
+  std::unordered_map<uintptr_t, Conn*> conns_;
+  uintptr_t serial_ = 0;
 };
 
 bool Conn::Connect(rdma_event_channel* channel, const sockaddr_in& server) {
   sent_ = received_ = 0;
   state_.store(State::kConnecting, std::memory_order_release);
-  if (rdma_create_id(channel, &id_, this, RDMA_PS_TCP) != 0) {
+  serial_ = client_.Track(this);
+  if (rdma_create_id(channel, &id_, reinterpret_cast<void*>(serial_), RDMA_PS_TCP) != 0) {
     perror("rdma_create_id");
     return false;
   }
-  client_.Track(id_, this);
   sockaddr_in to = server;
   if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 5000) != 0) {
     perror("rdma_resolve_addr");
@@ -233,7 +238,7 @@ bool Conn::Finish() {
     }
   }
   if (id_ != nullptr) {
-    client_.Track(id_, nullptr);
+    client_.Forget(serial_);
     if (id_->qp != nullptr) rdma_destroy_qp(id_);
     rdma_destroy_id(id_);
     id_ = nullptr;

@@ -33,6 +33,10 @@ struct CmEvent {
   int status = 0;                   // rdma_cm_event::status (0, -errno, or a reject reason)
   rdma_cm_id* id = nullptr;         // the connection's id; for CONNECT_REQUEST the new one
   rdma_cm_id* listen_id = nullptr;  // CONNECT_REQUEST: the listening id it arrived on
+  // id->context when the event was read. The id may have been destroyed (and its address reused
+  // by a new id) by the time a CmHandler gets the event: give each id a context that is never
+  // reused (a connection serial, say) and match events by it, not by `id`.
+  void* context = nullptr;
   uint32_t qp_num = 0;              // the registered QP it was routed to; 0 if none
   // Connection parameters (CONNECT_REQUEST, CONNECT_RESPONSE, ESTABLISHED, REJECTED).
   // conn.private_data is null: the bytes are copied into `private_data` below.

@@ -26,6 +26,7 @@ using std::chrono::milliseconds;
 
 constexpr int kMessages = 256;
 constexpr int kQueueDepth = kMessages + 16;
+void* const kClientContext = reinterpret_cast<void*>(uintptr_t{0xc11e47});
 
 const char* Address() {
   const char* addr = getenv("CQD_RDMA_ADDR");
@@ -87,6 +88,7 @@ class Channel : public CmHandler {
     {
       std::lock_guard<std::mutex> lock(mu_);
       types_.push_back(event.type);
+      contexts_.push_back(event.context);
     }
     if (react) react(event);
   }
@@ -100,11 +102,16 @@ class Channel : public CmHandler {
     }
     return false;
   }
+  std::vector<void*> contexts() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return contexts_;
+  }
   std::function<void(const CmEvent&)> react;
 
  private:
   mutable std::mutex mu_;
   std::vector<rdma_cm_event_type> types_;
+  std::vector<void*> contexts_;
 };
 
 std::string Names(const std::vector<Conn::Seen>& seen) {
@@ -229,7 +236,7 @@ class RxeCm : public ::testing::Test {
         EXPECT_EQ(rdma_connect(event.id, &param), 0) << strerror(errno);
       }
     };
-    ASSERT_EQ(rdma_create_id(client_channel_, &client_id_, nullptr, RDMA_PS_TCP), 0);
+    ASSERT_EQ(rdma_create_id(client_channel_, &client_id_, kClientContext, RDMA_PS_TCP), 0);
     sockaddr_in to = server_addr_;
     to.sin_port = port;
     ASSERT_EQ(rdma_resolve_addr(client_id_, nullptr, reinterpret_cast<sockaddr*>(&to), 5000), 0)
@@ -280,6 +287,8 @@ TEST_F(RxeCm, DisconnectedFollowsEveryCompletionPolledBeforeIt) {
   EXPECT_EQ(client_cm_.types(), (std::vector<rdma_cm_event_type>{
                                     RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}));
   EXPECT_EQ(server_conn_.seen().front().qp_num, server_id_.load()->qp->qp_num);
+  // Each event carries its id's context as it was when read.
+  EXPECT_EQ(client_cm_.contexts(), (std::vector<void*>{kClientContext, kClientContext}));
 
   for (int i = 0; i < kMessages; ++i) {
     Status posted = rxe::PostSend(client_id_->qp, i, buffers_, i, 64, false);
