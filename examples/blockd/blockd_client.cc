@@ -158,7 +158,7 @@ void Conn::OnSetupEvent(const CmEvent& event) noexcept {
   rdma_conn_param param{};
   param.responder_resources = static_cast<uint8_t>(window_);  // the server's RDMA READs
   param.initiator_depth = 1;
-  param.retry_count = 7;
+  param.retry_count = 6;  // both ends' transport retries; rxe takes 7 as "for ever"
   param.rnr_retry_count = 7;
   param.private_data = kHello;
   param.private_data_len = sizeof(kHello);

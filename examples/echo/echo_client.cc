@@ -149,7 +149,7 @@ void Conn::OnSetupEvent(const CmEvent& event) noexcept {
   registration_ = std::move(registration).value();
   rdma_conn_param param{};
   param.responder_resources = param.initiator_depth = 1;
-  param.retry_count = 7;
+  param.retry_count = 6;  // both ends' transport retries; rxe takes 7 as "for ever"
   param.rnr_retry_count = 7;
   if (rdma_connect(id_, &param) != 0) Fail("rdma_connect");
 }
