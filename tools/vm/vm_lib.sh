@@ -8,6 +8,7 @@
 #   vm_fetch     array: GUEST:HOST files printed base64 on the console after the run [none]
 #   vm_addr      eth0's address [10.0.2.15/24]
 #   vm_pre_run   guest shell lines /init runs after rxe0 is up, before the program [none]
+# CQD_VM_SMP sets the VM's vCPUs (default 2).
 # Console protocol (what /init prints): "cqd-vm: ..." lines, then the program's output,
 # then each fetched file between "cqd-vm-file-begin GUEST" and "cqd-vm-file-end", then
 # "CQD_VM_EXIT=<code>"; then the VM powers off.
