@@ -12,8 +12,8 @@
 # a qemu socket netdev on 127.0.0.1 (the server's qemu listens on a free port, the client's
 # connects) and by nothing else: no route leaves this machine. server eth0 = 10.0.3.1/24,
 # client eth0 = 10.0.3.2/24; both programs get CQD_SERVER_ADDR, CQD_CLIENT_ADDR, CQD_SELF_ADDR
-# and CQD_VM_ROLE (server|client) in their environment. Programs may be busybox sh scripts;
-# --with files (and their libraries) are on PATH in both VMs.
+# and CQD_VM_ROLE (server|client) in their environment. Programs (a path, or a name on PATH)
+# may be busybox sh scripts; --with files (and their libraries) are on PATH in both VMs.
 #
 # Order: the client program starts only once the server program has printed a line matching
 # --ready (ERE, default '^cqd-ready') and the client VM has booted (its /init waits for a "go"
@@ -24,7 +24,8 @@
 # code, 137 if killed, 97 if it reported none. A server may read that line as its end
 # condition, or have its own (e.g. "served N clients") and never read stdin.
 # --kill-client-on REGEX: when the client program prints a matching line (ERE), the client qemu
-# gets SIGKILL at once (a host losing power mid-traffic); the server runs on.
+# gets SIGKILL (a host losing power mid-traffic); the server runs on. The runner polls the
+# consoles every 0.5 s, so the client may run on for that long after the line.
 #
 # Exit code: with --kill-client-on, once the kill happened, the server's; otherwise the server's
 # if non-zero, else the client's. 97 if a VM that had to report a code did not (boot failure,
