@@ -1,0 +1,407 @@
+// Adversarial tests of connection management (rdma_cm) on rxe: sequences, through the public API
+// only, that break what handler.h, runtime.h and README "Connection management" promise.
+//
+// Layout: consumer 0 is runtime-owned and runs both channels' CmHandlers and the client's QP;
+// consumer 1 is engine-driven (the test thread drains it) and holds the server's QP, so that the
+// test decides exactly when the server's queued CM events are dispatched.
+#include <arpa/inet.h>
+#include <rdma/rdma_cma.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "gtest/gtest.h"
+#include "tests/rxe/verbs_util.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using ::cqd::testing::WaitFor;
+using std::chrono::milliseconds;
+
+constexpr int kQueueDepth = 64;
+constexpr ConsumerId kOwned = 0;
+constexpr ConsumerId kEngine = 1;
+
+const char* Address() {
+  const char* addr = getenv("CQD_RDMA_ADDR");
+  return addr != nullptr && *addr != '\0' ? addr : "10.0.2.15";
+}
+
+std::string Str(rdma_cm_event_type type) { return rdma_event_str(type); }
+
+class Conn : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc>) noexcept override {}
+  void OnCmEvent(const CmEvent& event) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_.push_back(event.type);
+    events_.push_back(event);
+  }
+  std::vector<CmEvent> events() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+  bool Saw(rdma_cm_event_type type) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(seen_.begin(), seen_.end(), type) != seen_.end();
+  }
+  Registration registration;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<rdma_cm_event_type> seen_;
+  std::vector<CmEvent> events_;
+};
+
+// Records (type, id) pairs in arrival order and runs `react` on the consumer.
+class Channel : public CmHandler {
+ public:
+  struct Seen {
+    rdma_cm_event_type type;
+    rdma_cm_id* id;
+  };
+  void OnCmEvent(const CmEvent& event) noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.push_back({event.type, event.id});
+    }
+    if (react) react(event);
+  }
+  std::vector<Seen> seen() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+  bool Saw(rdma_cm_event_type type) const {
+    for (const Seen& s : seen()) {
+      if (s.type == type) return true;
+    }
+    return false;
+  }
+  std::string Names() const {
+    std::string out;
+    for (const Seen& s : seen()) out += Str(s.type) + " ";
+    return out;
+  }
+  std::function<void(const CmEvent&)> react;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Seen> seen_;
+};
+
+class RxeCmAttack : public ::testing::Test {
+ protected:
+  // `engine` configures consumer 1 (engine-driven).
+  void Start(ConsumerOptions engine = {}) {
+    server_channel_ = rdma_create_event_channel();
+    client_channel_ = rdma_create_event_channel();
+    ASSERT_NE(server_channel_, nullptr) << "rdma_create_event_channel: " << strerror(errno);
+    ASSERT_NE(client_channel_, nullptr);
+    ASSERT_EQ(rdma_create_id(server_channel_, &listen_id_, nullptr, RDMA_PS_TCP), 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    ASSERT_EQ(inet_pton(AF_INET, Address(), &addr.sin_addr), 1);
+    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0)
+        << strerror(errno);
+    ASSERT_NE(listen_id_->verbs, nullptr) << Address() << " is not an RDMA device's address";
+    server_addr_ = addr;
+    server_addr_.sin_port = rdma_get_src_port(listen_id_);
+
+    RuntimeOptions options;
+    options.pollers = 2;
+    options.consumers.resize(2);
+    engine.kind = ConsumerKind::kEngineDriven;
+    options.consumers[kEngine] = engine;
+    auto rt = Runtime::Create(options);
+    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+    rt_ = std::move(rt).value();
+    auto dev = rt_->AddVerbsDevice(listen_id_->verbs);
+    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+    dev_ = *dev;
+    pd_ = ibv_alloc_pd(listen_id_->verbs);
+    ASSERT_NE(pd_, nullptr);
+    CQD_ASSERT_OK(buffers_.Register(pd_, kQueueDepth, 64));
+    for (int shard = 0; shard < 2; ++shard) {
+      auto cq = rt_->CreateCq(dev_, shard, {});
+      ASSERT_TRUE(cq.ok()) << cq.status().ToString();
+      cqs_.push_back(*cq);
+    }
+  }
+
+  void TearDown() override {
+    for (Conn* conn : {&server_conn_, &client_conn_}) conn->registration.Unregister();
+    for (rdma_cm_id* id : {server_id_.load(), client_id_}) {
+      if (id == nullptr) continue;
+      if (id->qp != nullptr) rdma_destroy_qp(id);
+      rdma_destroy_id(id);
+    }
+    for (rdma_cm_id* id : extra_ids_) rdma_destroy_id(id);
+    if (listen_id_ != nullptr) rdma_destroy_id(listen_id_);
+    if (rt_ != nullptr) {
+      for (CqHandle cq : cqs_) (void)rt_->DestroyCq(cq);
+      if (buffers_.mr != nullptr) ibv_dereg_mr(buffers_.mr);
+      buffers_.mr = nullptr;
+      if (pd_ != nullptr) ibv_dealloc_pd(pd_);
+      rt_.reset();
+    }
+    if (server_channel_ != nullptr) rdma_destroy_event_channel(server_channel_);
+    if (client_channel_ != nullptr) rdma_destroy_event_channel(client_channel_);
+  }
+
+  // An RC QP on shard 0's CQ alone (so each of its events travels as one part), registered with
+  // its id on `consumer`.
+  bool MakeQp(rdma_cm_id* id, Conn& conn, ConsumerId consumer, int recvs,
+              ibv_qp_type type = IBV_QPT_RC) {
+    ibv_qp_init_attr attr{};
+    attr.send_cq = attr.recv_cq = cqs_[0].verbs();
+    attr.qp_type = type;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = kQueueDepth;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    if (rdma_create_qp(id, pd_, &attr) != 0) {
+      ADD_FAILURE() << "rdma_create_qp: " << strerror(errno);
+      return false;
+    }
+    for (int i = 0; i < recvs; ++i) {
+      if (!rxe::PostRecv(id->qp, i, buffers_, i).ok()) return false;
+    }
+    auto registration = rt_->RegisterQp(id, conn, consumer);
+    if (!registration.ok()) {
+      ADD_FAILURE() << registration.status().ToString();
+      return false;
+    }
+    conn.registration = std::move(registration).value();
+    return true;
+  }
+
+  // Server QP on the engine-driven consumer, client QP on the owned one; both CmHandlers on the
+  // owned one. Returns once the client saw ESTABLISHED.
+  void Connect() {
+    CQD_ASSERT_OK(rt_->WatchCmChannel(server_channel_, server_cm_, kOwned));
+    CQD_ASSERT_OK(rt_->WatchCmChannel(client_channel_, client_cm_, kOwned));
+    ASSERT_EQ(rdma_listen(listen_id_, 8), 0) << strerror(errno);
+    server_cm_.react = [this](const CmEvent& event) {
+      if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST) return;
+      server_id_ = event.id;
+      if (!MakeQp(event.id, server_conn_, kEngine, 8)) return;
+      rdma_conn_param param{};
+      param.responder_resources = param.initiator_depth = 1;
+      EXPECT_EQ(rdma_accept(event.id, &param), 0) << strerror(errno);
+    };
+    client_cm_.react = [this](const CmEvent& event) {
+      if (event.type == RDMA_CM_EVENT_ADDR_RESOLVED) {
+        EXPECT_EQ(rdma_resolve_route(event.id, 5000), 0) << strerror(errno);
+      } else if (event.type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+        if (!MakeQp(event.id, client_conn_, kOwned, 0)) return;
+        rdma_conn_param param{};
+        param.responder_resources = param.initiator_depth = 1;
+        param.retry_count = 6;
+        param.rnr_retry_count = 7;
+        EXPECT_EQ(rdma_connect(event.id, &param), 0) << strerror(errno);
+      }
+    };
+    ASSERT_EQ(rdma_create_id(client_channel_, &client_id_, nullptr, RDMA_PS_TCP), 0);
+    ASSERT_EQ(rdma_resolve_addr(client_id_, nullptr, reinterpret_cast<sockaddr*>(&server_addr_),
+                                5000),
+              0)
+        << strerror(errno);
+    ASSERT_TRUE(WaitFor([&] { return client_conn_.Saw(RDMA_CM_EVENT_ESTABLISHED); }))
+        << "no connection; client channel saw " << client_cm_.Names();
+  }
+
+  uint64_t EngineDepth() const { return rt_->GetStats().consumers[kEngine].queue_depth; }
+
+  std::unique_ptr<Runtime> rt_;
+  DeviceId dev_ = 0;
+  rdma_event_channel* server_channel_ = nullptr;
+  rdma_event_channel* client_channel_ = nullptr;
+  rdma_cm_id* listen_id_ = nullptr;
+  std::atomic<rdma_cm_id*> server_id_{nullptr};
+  rdma_cm_id* client_id_ = nullptr;
+  std::vector<rdma_cm_id*> extra_ids_;
+  sockaddr_in server_addr_{};
+  ibv_pd* pd_ = nullptr;
+  rxe::Buffers buffers_;
+  std::vector<CqHandle> cqs_;
+  Channel server_cm_, client_cm_;
+  Conn server_conn_, client_conn_;
+};
+
+// Control: the server's ESTABLISHED waits on the engine-driven consumer; the QP is unregistered
+// before it is drained; draining hands it on to the server channel's CmHandler. This holds.
+TEST_F(RxeCmAttack, HandOnBeforeShutdownReachesCmHandler) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
+  server_conn_.registration.Unregister();
+  rt_->Drain(kEngine, 64);
+  EXPECT_TRUE(WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED); },
+                      milliseconds(5000)))
+      << "server channel saw " << server_cm_.Names();
+  EXPECT_FALSE(server_conn_.Saw(RDMA_CM_EVENT_ESTABLISHED));
+}
+
+// FINDING: a CM event read while its QP was registered, found unregistered when the engine
+// drains it after Shutdown (which runtime.h explicitly allows), is handed to poller 0, whose
+// inbox is closed, so it is pushed straight into the CmHandler's consumer queue: an owned
+// consumer that Shutdown already stopped. Nobody ever dispatches it; the destructor deletes it
+// (OrphanRemaining, hand_on=false). "No connection event is dropped" does not hold.
+TEST_F(RxeCmAttack, EventHandedOnAfterShutdownIsLost) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
+  server_conn_.registration.Unregister();  // the consumer is not dispatching: no wait
+  CQD_ASSERT_OK(rt_->Shutdown());
+  int drained = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    int n = rt_->Drain(kEngine, 64);
+    if (n > 0) drained += n;
+    return drained >= 1;
+  }));
+  EXPECT_TRUE(WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED); },
+                      milliseconds(3000)))
+      << "the server's ESTABLISHED (read while registered, found unregistered) never reached "
+         "the CmHandler; server channel saw: "
+      << server_cm_.Names() << "; consumer 0 queue_depth="
+      << rt_->GetStats().consumers[kOwned].queue_depth;
+  client_conn_.registration.Unregister();  // registrations must not outlive the runtime
+  for (CqHandle cq : cqs_) (void)rt_->DestroyCq(cq);
+  cqs_.clear();
+  rt_.reset();  // the destructor drops it for good
+  EXPECT_TRUE(server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED)) << "lost for good";
+}
+
+// FINDING: "Events of one channel arrive in the order they were read" (CmHandler) and
+// "each event in the order they were read" break for one id when its QP is unregistered while
+// an event of it is queued: the queued DISCONNECTED is handed on only when the consumer reaches
+// it, while the id's later TIMEWAIT_EXIT (read after the unregister) goes straight to the
+// CmHandler. The CmHandler sees TIMEWAIT_EXIT, then DISCONNECTED, for the same id.
+TEST_F(RxeCmAttack, CmHandlerSeesTimewaitExitBeforeDisconnectedOfSameId) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_TRUE(WaitFor([&] {
+    rt_->Drain(kEngine, 64);
+    return server_conn_.Saw(RDMA_CM_EVENT_ESTABLISHED);
+  }));
+  ASSERT_EQ(EngineDepth(), 0u);
+  ASSERT_EQ(rdma_disconnect(client_id_), 0) << strerror(errno);
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server DISCONNECTED not queued";
+  server_conn_.registration.Unregister();  // e.g. the engine's timer thread gives up on it
+  ASSERT_EQ(rdma_disconnect(server_id_.load()), 0) << strerror(errno);  // answer: DREP
+  ASSERT_TRUE(WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT); },
+                      milliseconds(60000)))
+      << "no TIMEWAIT_EXIT; server channel saw " << server_cm_.Names();
+  ASSERT_TRUE(WaitFor([&] {
+    rt_->Drain(kEngine, 64);
+    return server_cm_.Saw(RDMA_CM_EVENT_DISCONNECTED);
+  }, milliseconds(5000))) << "DISCONNECTED never handed on; saw " << server_cm_.Names();
+  int disconnected = -1, timewait = -1, i = 0;
+  for (const Channel::Seen& s : server_cm_.seen()) {
+    if (s.id == server_id_.load()) {
+      if (s.type == RDMA_CM_EVENT_DISCONNECTED) disconnected = i;
+      if (s.type == RDMA_CM_EVENT_TIMEWAIT_EXIT) timewait = i;
+    }
+    ++i;
+  }
+  EXPECT_LT(disconnected, timewait) << "the CmHandler got the id's events out of read order: "
+                                    << server_cm_.Names();
+}
+
+// FINDING: runtime.h "Bounds": a consumer's queue never holds more than queue_capacity items and
+// each poller at most spill_capacity more. Listener events for a CmHandler on a stalled consumer
+// are held without bound in poller 0's inbox/deferred list (which Stats do not show): here 64
+// events are read, acked and held while the documented bound is 1 + 2 * 1 = 3.
+TEST_F(RxeCmAttack, ListenerEventsToAStalledConsumerExceedTheBounds) {
+  ConsumerOptions engine;
+  engine.queue_capacity = 1;
+  engine.spill_capacity = 1;
+  ASSERT_NO_FATAL_FAILURE(Start(engine));
+  CQD_ASSERT_OK(rt_->WatchCmChannel(client_channel_, client_cm_, kEngine));
+  constexpr int kIds = 64;
+  for (int i = 0; i < kIds; ++i) {
+    rdma_cm_id* id = nullptr;
+    ASSERT_EQ(rdma_create_id(client_channel_, &id, nullptr, RDMA_PS_TCP), 0);
+    extra_ids_.push_back(id);
+    ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000),
+              0)
+        << strerror(errno);
+  }
+  ASSERT_TRUE(WaitFor([&] { return rt_->GetStats().cm_events >= kIds; }))
+      << "read " << rt_->GetStats().cm_events;
+  std::this_thread::sleep_for(milliseconds(200));
+  Stats stats = rt_->GetStats();
+  const uint64_t visible = stats.consumers[kEngine].queue_depth +
+                           stats.consumers[kEngine].spill_depth;
+  const uint64_t bound = engine.queue_capacity + 2 * engine.spill_capacity;
+  int delivered = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    int n = rt_->Drain(kEngine, 64);
+    if (n > 0) delivered += n;
+    return delivered >= kIds;
+  }, milliseconds(10000))) << delivered;
+  EXPECT_LE(static_cast<uint64_t>(delivered), bound)
+      << "the runtime held " << delivered << " read-and-acked events for a stalled consumer "
+      << "(Stats showed " << visible << "), documented bound " << bound;
+}
+
+
+// FINDING (API/doc gap): for RDMA_PS_UDP ids, CopyEvent copies only the private data; the
+// event's rdma_ud_param (the remote QP number, qkey and address handle of a SIDR ESTABLISHED, or
+// of a MULTICAST_JOIN) has no place in CmEvent, and `conn` stays zero. An engine using UD through
+// rdma_cm cannot learn whom to send to. handler.h says `conn` carries "Connection parameters
+// (CONNECT_REQUEST, CONNECT_RESPONSE, ESTABLISHED, REJECTED)" without excepting UDP.
+TEST_F(RxeCmAttack, UdEstablishedCarriesNoRemoteQp) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  rdma_cm_id* udp_listen = nullptr;
+  ASSERT_EQ(rdma_create_id(server_channel_, &udp_listen, nullptr, RDMA_PS_UDP), 0);
+  extra_ids_.push_back(udp_listen);
+  sockaddr_in addr = server_addr_;
+  addr.sin_port = 0;
+  ASSERT_EQ(rdma_bind_addr(udp_listen, reinterpret_cast<sockaddr*>(&addr)), 0) << strerror(errno);
+  ASSERT_EQ(rdma_listen(udp_listen, 8), 0) << strerror(errno);
+  addr.sin_port = rdma_get_src_port(udp_listen);
+  CQD_ASSERT_OK(rt_->WatchCmChannel(server_channel_, server_cm_, kOwned));
+  CQD_ASSERT_OK(rt_->WatchCmChannel(client_channel_, client_cm_, kOwned));
+  static std::atomic<uint32_t> server_qpn;  // static: a late callback must not dangle
+  server_qpn = 0;
+  server_cm_.react = [&](const CmEvent& event) {
+    if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST) return;
+    server_id_ = event.id;
+    if (!MakeQp(event.id, server_conn_, kOwned, 0, IBV_QPT_UD)) return;
+    server_qpn = event.id->qp->qp_num;
+    rdma_conn_param param{};
+    EXPECT_EQ(rdma_accept(event.id, &param), 0) << strerror(errno);
+  };
+  client_cm_.react = [&](const CmEvent& event) {
+    if (event.type == RDMA_CM_EVENT_ADDR_RESOLVED) {
+      EXPECT_EQ(rdma_resolve_route(event.id, 5000), 0) << strerror(errno);
+    } else if (event.type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+      if (!MakeQp(event.id, client_conn_, kOwned, 0, IBV_QPT_UD)) return;
+      rdma_conn_param param{};
+      EXPECT_EQ(rdma_connect(event.id, &param), 0) << strerror(errno);
+    }
+  };
+  ASSERT_EQ(rdma_create_id(client_channel_, &client_id_, nullptr, RDMA_PS_UDP), 0);
+  ASSERT_EQ(rdma_resolve_addr(client_id_, nullptr, reinterpret_cast<sockaddr*>(&addr), 5000), 0)
+      << strerror(errno);
+  ASSERT_TRUE(WaitFor([&] { return !client_conn_.events().empty(); }, milliseconds(20000)))
+      << "client channel saw " << client_cm_.Names() << "; server channel saw "
+      << server_cm_.Names();
+  const CmEvent event = client_conn_.events().front();
+  ASSERT_EQ(event.type, RDMA_CM_EVENT_ESTABLISHED) << Str(event.type) << " " << event.status;
+  EXPECT_EQ(event.conn.qp_num, server_qpn.load())
+      << "a UD ESTABLISHED's remote QP number (rdma_ud_param::qp_num) is nowhere in CmEvent";
+}
+
+}  // namespace
+}  // namespace cqd
