@@ -1,25 +1,60 @@
 #include "runtime/cm_router.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
 
-#include "runtime/event_loop.h"
 #include "runtime/poller.h"
 
 namespace cqd::internal {
 namespace {
 
-// Sends a listener join through its channel's poller to the CmHandler's consumer.
+// Delivers a listener join on this thread: its consumer has closed (Shutdown), so no other
+// thread can be running that consumer's handlers.
+void DeliverHere(EventJoin* join) noexcept {
+  join->watch->handler->OnCmEvent(join->cm);
+  delete join;
+}
+
+// Sends a join through its channel's poller to the CmHandler's consumer.
 void PostToListener(EventJoin* join) noexcept {
   join->kind = EventJoin::Kind::kListener;
   join->cm.qp_num = 0;
+  join->binding.reset();
   join->parts.store(1, std::memory_order_relaxed);
   Item item;
   item.join = join;
   item.slot = kNoSlot;
   item.kind = ItemKind::kListenerEvent;
-  join->watch->poller->PostEvent(join->watch->consumer, item, 0, 0);
+  if (!join->watch->poller->PostEvent(join->watch->consumer, item, 0, 0)) DeliverHere(join);
+}
+
+// Sends a kCm join along its binding's road, as PostJoin does for a live slot. A part refused
+// (its consumer closed) is released at once: the last part hands the event on.
+void PostBound(EventJoin* join, const std::vector<Poller*>& pollers) noexcept {
+  const CmBinding& b = *join->binding;
+  const bool one = b.send_shard == b.recv_shard;
+  join->parts.store(one ? 1 : 2, std::memory_order_relaxed);
+  Item item;
+  item.join = join;
+  item.slot = b.slot;
+  item.generation = b.generation;
+  item.kind = ItemKind::kAsyncEvent;
+  if (one) {
+    if (!pollers[b.send_shard]->PostEvent(b.consumer, item, b.send_cq,
+                                          b.recv_cq == b.send_cq ? 0 : b.recv_cq)) {
+      Consumer::DropEventPart(item);
+    }
+    return;
+  }
+  // Both parts may be released by others as soon as they are posted: copy what is needed first.
+  const int recv_shard = b.recv_shard;
+  const uint32_t consumer = b.consumer, recv_cq = b.recv_cq;
+  if (!pollers[b.send_shard]->PostEvent(consumer, item, b.send_cq, 0)) {
+    Consumer::DropEventPart(item);
+  }
+  if (!pollers[recv_shard]->PostEvent(consumer, item, recv_cq, 0)) Consumer::DropEventPart(item);
 }
 
 void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
@@ -28,68 +63,103 @@ void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
   out->id = raw.id;
   out->listen_id = raw.listen_id;
   out->context = raw.id != nullptr ? raw.id->context : nullptr;  // the id lives until the ack
-  // The union's private data fields sit alike in its conn and ud members; the rest of `conn`
-  // means something only on connected port spaces.
+  // The union's private data fields sit alike in its conn and ud members; the rest means
+  // something only for the port space it belongs to.
   const void* data = raw.param.conn.private_data;
   const uint8_t len = data == nullptr ? 0 : raw.param.conn.private_data_len;
   if (raw.id != nullptr && (raw.id->ps == RDMA_PS_TCP || raw.id->ps == RDMA_PS_IB)) {
     out->conn = raw.param.conn;
+    out->conn.private_data = nullptr;
+    out->conn.private_data_len = len;
+  } else if (raw.id != nullptr && (raw.id->ps == RDMA_PS_UDP || raw.id->ps == RDMA_PS_IPOIB)) {
+    out->ud = raw.param.ud;
+    out->ud.private_data = nullptr;
+    out->ud.private_data_len = len;
   }
-  out->conn.private_data = nullptr;
-  out->conn.private_data_len = len;
   out->private_data_len = len;
   if (len > 0) std::memcpy(out->private_data, data, len);
 }
 
 }  // namespace
 
-void HandOnOrDelete(EventJoin* join) noexcept {
-  if (join->kind == EventJoin::Kind::kCm && join->watch != nullptr) {
-    PostToListener(join);
-  } else {
-    delete join;
-  }
+EventJoin::~EventJoin() {
+  if (watch != nullptr) watch->unfinished.fetch_sub(1, std::memory_order_release);
 }
 
-CmWatch* CmRouter::AddWatch(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer) {
+void HandOnOrDelete(EventJoin* join) noexcept {
+  if (join->kind != EventJoin::Kind::kCm || join->watch == nullptr) {
+    delete join;
+    return;
+  }
+  std::shared_ptr<CmBinding> binding = std::move(join->binding);
+  PostToListener(join);
+  // Only now: the event thread sends the id's next events straight to the CmHandler once
+  // nothing is in flight, and they must come after this one.
+  if (binding != nullptr) binding->in_flight.fetch_sub(1, std::memory_order_release);
+}
+
+CmWatch* CmRouter::AddWatch(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
+                            int64_t limit) {
   auto watch = std::make_unique<CmWatch>();
   watch->channel = channel;
   watch->handler = handler;
   watch->consumer = consumer;
   watch->poller = pollers_[0];
+  watch->limit = std::max<int64_t>(1, limit);
   watches_.push_back(std::move(watch));
   return watches_.back().get();
 }
 
-bool CmRouter::Live(const Binding& binding) const {
+bool CmRouter::Live(const CmBinding& binding) const {
   const uint64_t state = slots_.slot(binding.slot).state.load(std::memory_order_acquire);
   return StateLive(state) && StateGeneration(state) == binding.generation;
 }
 
-void CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation, uint32_t qp_num,
-                    DeviceId device) {
-  if (bindings_.size() >= sweep_at_) {
-    std::erase_if(bindings_, [&](const auto& entry) { return !Live(entry.second); });
-    sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
+bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept {
+  try {
+    if (bindings_.size() >= sweep_at_) {
+      std::erase_if(bindings_, [&](const auto& entry) {
+        return !Live(*entry.second) && entry.second->in_flight.load(std::memory_order_acquire) == 0;
+      });
+      sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
+    }
+    auto binding = std::make_shared<CmBinding>();
+    const Slot& s = slots_.slot(slot);
+    binding->slot = slot;
+    binding->generation = generation;
+    binding->qp_num = s.qp_num.load(std::memory_order_relaxed);
+    binding->device = s.device.load(std::memory_order_relaxed);
+    binding->consumer = StateConsumer(s.state.load(std::memory_order_acquire));
+    binding->send_shard = s.send_shard.load(std::memory_order_relaxed);
+    binding->recv_shard = s.recv_shard.load(std::memory_order_relaxed);
+    binding->send_cq = s.send_cq.load(std::memory_order_relaxed);
+    binding->recv_cq = s.recv_cq.load(std::memory_order_relaxed);
+    bindings_[id] = std::move(binding);
+    return true;
+  } catch (const std::bad_alloc&) {
+    return false;
   }
-  bindings_[id] = Binding{slot, generation, qp_num, device};
 }
 
-bool CmRouter::Drain(const CmWatch& watch) {
+CmRouter::DrainResult CmRouter::Drain(CmWatch& watch) {
   for (;;) {
+    if (watch.unfinished.load(std::memory_order_acquire) >= watch.limit) {
+      return DrainResult::kFull;
+    }
     // Made before the read, so that running out of memory leaves the event in the channel.
     auto* join = new (std::nothrow) EventJoin;
-    if (join == nullptr) return true;
+    if (join == nullptr) return DrainResult::kFull;
     rdma_cm_event* raw = nullptr;
     if (rdma_get_cm_event(watch.channel, &raw) != 0) {
       const int error = errno;
       delete join;
       if (error == EINTR) continue;
-      return error == EAGAIN || error == EWOULDBLOCK;
+      return error == EAGAIN || error == EWOULDBLOCK ? DrainResult::kEmpty : DrainResult::kBroken;
     }
     CopyEvent(*raw, &join->cm);
     rdma_ack_cm_event(raw);  // everything needed is copied
     events_.fetch_add(1, std::memory_order_relaxed);
+    watch.unfinished.fetch_add(1, std::memory_order_relaxed);
     join->watch = &watch;
     Route(join);
   }
@@ -98,16 +168,18 @@ bool CmRouter::Drain(const CmWatch& watch) {
 void CmRouter::Route(EventJoin* join) {
   auto it = bindings_.find(join->cm.id);
   if (it != bindings_.end() && join->cm.type != RDMA_CM_EVENT_CONNECT_REQUEST) {
-    const Binding binding = it->second;
-    if (Live(binding)) {
+    const std::shared_ptr<CmBinding>& binding = it->second;
+    // While an earlier event of the id is on its way to the QP's consumer, this one follows it
+    // there (it is handed on behind it if the registration ended), to keep the id's order.
+    if (Live(*binding) || binding->in_flight.load(std::memory_order_acquire) > 0) {
       join->kind = EventJoin::Kind::kCm;
-      join->cm.qp_num = binding.qp_num;
-      if (PostJoin(slots_, pollers_, binding.slot, binding.generation, join, binding.qp_num,
-                   binding.device)) {
-        return;
-      }
+      join->cm.qp_num = binding->qp_num;
+      join->binding = binding;
+      binding->in_flight.fetch_add(1, std::memory_order_relaxed);
+      PostBound(join, pollers_);
+      return;
     }
-    bindings_.erase(it);  // the registration ended
+    bindings_.erase(it);  // the registration ended and nothing of it is in flight
   }
   PostToListener(join);
 }

@@ -95,7 +95,11 @@ void Consumer::Run() {
       continue;
     }
     if (stop_.load(std::memory_order_acquire)) {
-      if (depth_.load(std::memory_order_acquire) == 0) return;
+      std::lock_guard<std::mutex> lock(close_mu_);
+      if (depth_.load(std::memory_order_seq_cst) == 0) {
+        closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
+        return;
+      }
       continue;  // items reserved but not yet visible: they are about to be
     }
     if (idle_loops++ % 64 != 0) {
@@ -149,6 +153,14 @@ void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noe
     while (!queue_.enqueue_bulk(token, items, n)) std::this_thread::yield();  // out of memory
   }
   parker_.Wake();
+}
+
+bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (closed_) return false;
+  Reserve(1);
+  Push(token, &item, 1);
+  return true;
 }
 
 int Consumer::Dispatch(int max) noexcept {
@@ -232,6 +244,10 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
     case EventJoin::Kind::kCm:
       handler->OnCmEvent(join->cm);
       CountEvent();
+      // The id's next event may go straight to the CmHandler now (cm_router.h).
+      if (join->binding != nullptr) {
+        join->binding->in_flight.fetch_sub(1, std::memory_order_release);
+      }
       break;
     case EventJoin::Kind::kFence:
     case EventJoin::Kind::kListener:
@@ -246,10 +262,9 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
 }
 
 void Consumer::DeliverListenerEvent(const Item& item) noexcept {
-  EventJoin* join = item.join;
-  join->watch->handler->OnCmEvent(join->cm);
+  item.join->watch->handler->OnCmEvent(item.join->cm);
   CountEvent();
-  delete join;
+  delete item.join;
 }
 
 void Consumer::CountEvent() noexcept {

@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -42,7 +43,8 @@ namespace cqd::internal {
 enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker, kListenerEvent };
 inline constexpr uint32_t kNoSlot = ~uint32_t{0};
 
-struct CmWatch;  // cm_router.h
+struct CmWatch;    // cm_router.h
+struct CmBinding;  // cm_router.h
 
 // One event for one registration, travelling as one part per poller of the QP's CQs (one, or two
 // when its send and recv CQs are on different shards). Each part follows what its poller took
@@ -58,10 +60,15 @@ struct EventJoin {
     kCm,        // `cm` for QpHandler::OnCmEvent
     kListener,  // `cm` for the CmHandler of `watch`
   };
+  EventJoin() = default;
+  EventJoin(const EventJoin&) = delete;
+  EventJoin& operator=(const EventJoin&) = delete;
+  ~EventJoin();  // a CM event's is its last step: it no longer counts against its channel
   Kind kind = Kind::kAsync;
   AsyncEvent event;
   CmEvent cm;
-  const CmWatch* watch = nullptr;  // kCm, kListener: the channel the event came from
+  CmWatch* watch = nullptr;                // kCm, kListener: the channel the event came from
+  std::shared_ptr<CmBinding> binding;      // kCm: the id's registration, as bound
   std::atomic<int> parts{0};
   // Returns true for the caller that released the last part (it must delete the join).
   bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
@@ -118,6 +125,9 @@ class Consumer {
   void Reserve(size_t n) noexcept;
   // Enqueues `n` reserved items and wakes the consumer if it sleeps.
   void Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept;
+  // Reserve(1) and Push, unless the consumer has closed (an owned consumer whose thread exited
+  // at Shutdown: nothing would dispatch it); returns false then. Callers serialize per token.
+  bool PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept;
 
   // Consumer thread: dispatches up to `max` items; returns how many.
   int Dispatch(int max) noexcept;
@@ -165,6 +175,8 @@ class Consumer {
   bool self_signaled_ = false;
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit
+  bool closed_ = false;  // guarded by close_mu_
   Parker parker_;
 
   alignas(64) std::atomic<uint64_t> depth_{0};

@@ -87,13 +87,14 @@ Status EventLoop::WatchDevice(DeviceRecord* device) {
   return Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr, -1});
 }
 
-Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer) {
+Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
+                          int64_t limit) {
   for (const auto& source : sources_) {
     if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
       return AlreadyExists("WatchCmChannel: the channel is already watched");
     }
   }
-  const CmWatch* watch = cm_.AddWatch(channel, handler, consumer);
+  CmWatch* watch = cm_.AddWatch(channel, handler, consumer, limit);
   Source source{SourceKind::kCm, nullptr, nullptr, -1};
   source.cm = watch;
   if (Status s = Watch(channel->fd, source); !s.ok()) {
@@ -107,6 +108,8 @@ Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
     if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, source->fd, nullptr);
       source->active = false;
+      if (source->paused) --paused_cm_;
+      source->paused = false;
       return Status::Ok();
     }
   }
@@ -129,7 +132,7 @@ void EventLoop::Run() {
   constexpr int kMaxEvents = 64;
   epoll_event events[kMaxEvents];
   while (!stop_.load(std::memory_order_acquire)) {
-    int n = epoll_wait(epoll_fd_, events, kMaxEvents, -1);
+    int n = epoll_wait(epoll_fd_, events, kMaxEvents, paused_cm_ > 0 ? 1 : -1);
     if (n < 0) continue;  // EINTR; other errors cannot happen with a valid epoll fd
     for (int i = 0; i < n; ++i) {
       Source& source = *static_cast<Source*>(events[i].data.ptr);
@@ -153,6 +156,7 @@ void EventLoop::Run() {
           break;
       }
     }
+    if (paused_cm_ > 0) ResumeCm();
     for (size_t shard = 0; shard < wake_shard_.size(); ++shard) {
       if (wake_shard_[shard]) {
         wake_shard_[shard] = false;
@@ -224,9 +228,38 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
 }
 
 void EventLoop::DrainCm(Source& source) {
-  if (cm_.Drain(*source.cm)) return;
-  Unwatch(source.fd);  // the channel is broken: do not spin on it
-  source.active = false;
+  switch (cm_.Drain(*source.cm)) {
+    case CmRouter::DrainResult::kEmpty:
+      return;
+    case CmRouter::DrainResult::kFull: {
+      // Leave the rest in the kernel until deliveries bring the count down (ResumeCm).
+      epoll_event ev{};
+      ev.data.ptr = &source;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, source.fd, &ev);
+      source.paused = true;
+      ++paused_cm_;
+      return;
+    }
+    case CmRouter::DrainResult::kBroken:
+      Unwatch(source.fd);  // the channel is broken: do not spin on it
+      source.active = false;
+      return;
+  }
+}
+
+void EventLoop::ResumeCm() {
+  for (const auto& source : sources_) {
+    if (!source->paused ||
+        source->cm->unfinished.load(std::memory_order_acquire) >= source->cm->limit) {
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;  // level-triggered: what waits in the channel is reported at once
+    ev.data.ptr = source.get();
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, source->fd, &ev);
+    source->paused = false;
+    --paused_cm_;
+  }
 }
 
 void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {

@@ -64,7 +64,9 @@ class EventLoop {
   // Event thread (call through RunSync once started).
   Status WatchDevice(DeviceRecord* device);  // its async fd and all its channels
   // Starts reading a CM channel (kAlreadyExists if it is read already); see cm_router.h.
-  Status WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer);
+  // `limit`: events read ahead of their delivery at most (cm_router.h).
+  Status WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
+                 int64_t limit);
   // Stops reading a CM channel; kNotFound if it was not read.
   Status UnwatchCm(rdma_event_channel* channel);
   CmRouter& cm() { return cm_; }
@@ -84,15 +86,18 @@ class EventLoop {
     DeviceRecord* device;
     backend::Channel* channel;
     int shard;
-    const CmWatch* cm = nullptr;
+    CmWatch* cm = nullptr;
     int fd = -1;
-    bool active = true;  // false once unwatched: skipped even if already reported ready
+    bool active = true;   // false once unwatched: skipped even if already reported ready
+    bool paused = false;  // a CM channel at its limit: in the epoll set without events
   };
   void Run();
   Status Watch(int fd, Source source);
   void DrainChannel(const Source& source);
   void DrainAsync(DeviceRecord* device);
   void DrainCm(Source& source);
+  // Reads again from CM channels that were paused at their limit and are below it now.
+  void ResumeCm();
   void Route(DeviceRecord* device, const AsyncEvent& event);
   // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
   // holds a live registration of event.qp_num on `device`.
@@ -111,6 +116,7 @@ class EventLoop {
   std::vector<std::unique_ptr<Source>> sources_;
   std::unordered_map<void*, CqRecord*> cqs_;  // native CQ -> record
   CmRouter cm_;
+  int paused_cm_ = 0;  // CM sources paused: the loop then wakes every millisecond to resume
   std::vector<bool> wake_shard_;
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};

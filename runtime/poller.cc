@@ -127,19 +127,18 @@ void Poller::PurgeDead(uint32_t consumer) {
   });
 }
 
-void Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
+bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
   std::unique_lock<std::mutex> lock(inbox_mu_);
   if (!inbox_open_) {
     // The thread has stopped (Shutdown): nothing it polled is still held, so hand it over now.
     Item copy = item;
-    consumers_[consumer]->Reserve(1);
-    consumers_[consumer]->Push(tokens_[consumer], &copy, 1);
-    return;
+    return consumers_[consumer]->PushIfOpen(tokens_[consumer], copy);
   }
   inbox_.push_back({consumer, item, {cq_a, cq_b}});
   inbox_pending_.store(true, std::memory_order_seq_cst);
   lock.unlock();
   parker_.Wake();
+  return true;
 }
 
 void Poller::NotificationsBroken() noexcept {

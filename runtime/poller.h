@@ -81,7 +81,9 @@ class Poller {
 
   // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
   // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
-  void PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b);
+  // Returns false only after the poller stopped, when `consumer` has closed too (an owned
+  // consumer past Shutdown): the caller still owns the part.
+  bool PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b);
   // Event thread: a CQ of this shard got an event.
   void Wake() noexcept { parker_.Wake(); }
   // Event thread: the shard's completion channel failed; never sleep unbounded again.

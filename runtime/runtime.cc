@@ -281,27 +281,28 @@ Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handl
     return InvalidArgument("WatchCmChannel: consumer " + Str(consumer) + " is not in 0.." +
                            Str(consumers_.size() - 1));
   }
+  const ConsumerOptions& c = options_.consumers[consumer];
+  const int64_t limit = static_cast<int64_t>(c.queue_capacity + c.spill_capacity);
   Status status;
-  events_->RunSync([&] { status = events_->WatchCm(channel, &handler, consumer); });
+  events_->RunSync([&] { status = events_->WatchCm(channel, &handler, consumer, limit); });
   return status;
 }
 
 Status RuntimeImpl::UnwatchCmChannel(rdma_event_channel* channel) {
   CQD_REFUSE_ON_RUNTIME_THREAD("UnwatchCmChannel");
+  if (channel == nullptr) return InvalidArgument("UnwatchCmChannel: channel is null");
   std::lock_guard<std::mutex> lock(mu_);
   Status status;
   events_->RunSync([&] { status = events_->UnwatchCm(channel); });
   return status;
 }
 
-void RuntimeImpl::BindCm(rdma_cm_id* id, const Registration& registration) {
+bool RuntimeImpl::BindCm(rdma_cm_id* id, const Registration& registration) {
   std::lock_guard<std::mutex> lock(mu_);
-  const Slot& slot = slots_.slot(registration.slot_);
-  const DeviceId device = slot.device.load(std::memory_order_relaxed);
-  events_->RunSync([&] {
-    events_->cm().Bind(id, registration.slot_, registration.generation_, registration.qp_num_,
-                       device);
-  });
+  bool bound = false;
+  events_->RunSync(
+      [&] { bound = events_->cm().Bind(id, registration.slot_, registration.generation_); });
+  return bound;
 }
 
 Result<DeviceRecord*> RuntimeImpl::FindDevice(const char* op, DeviceId id, int shard) {
@@ -842,7 +843,10 @@ Result<Registration> Runtime::RegisterQp(rdma_cm_id* id, QpHandler& handler, Con
     ibv_qp* qp = id->qp;
     Result<Registration> registration = impl_->RegisterQp(
         qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer, options);
-    if (registration.ok()) impl_->BindCm(id, *registration);
+    if (registration.ok() && !impl_->BindCm(id, *registration)) {
+      registration->Unregister();
+      return ResourceExhausted("RegisterQp: out of memory binding the rdma_cm_id");
+    }
     return registration;
   });
 }

@@ -49,8 +49,9 @@ class RuntimeImpl {
                                   const QpOptions& options);
   Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
   Status UnwatchCmChannel(rdma_event_channel* channel);
-  // Routes the CM events of `id` to `registration` (just made by RegisterQp).
-  void BindCm(rdma_cm_id* id, const Registration& registration);
+  // Routes the CM events of `id` to `registration` (just made by RegisterQp); false if memory
+  // ran out.
+  bool BindCm(rdma_cm_id* id, const Registration& registration);
   // Returns false (and does nothing) on a poller or the event thread.
   bool Unregister(uint32_t slot, uint32_t generation) noexcept;
   // Starts a drained teardown of the registration; see Runtime::TeardownQp.

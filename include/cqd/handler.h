@@ -38,9 +38,13 @@ struct CmEvent {
   // reused (a connection serial, say) and match events by it, not by `id`.
   void* context = nullptr;
   uint32_t qp_num = 0;              // the registered QP it was routed to; 0 if none
-  // Connection parameters (CONNECT_REQUEST, CONNECT_RESPONSE, ESTABLISHED, REJECTED).
+  // Connected port spaces (RDMA_PS_TCP, RDMA_PS_IB): connection parameters of CONNECT_REQUEST,
+  // CONNECT_RESPONSE, ESTABLISHED and REJECTED.
   // conn.private_data is null: the bytes are copied into `private_data` below.
   rdma_conn_param conn{};
+  // UD port spaces (RDMA_PS_UDP, RDMA_PS_IPOIB): the remote QP number, qkey and address of a
+  // SIDR ESTABLISHED or a multicast join. ud.private_data is null, as above.
+  rdma_ud_param ud{};
   uint8_t private_data_len = 0;
   uint8_t private_data[255] = {};
 };
@@ -69,8 +73,11 @@ class QpHandler {
 // CONNECT_REQUEST on a listener, ADDR_RESOLVED and ROUTE_RESOLVED, errors before a QP is
 // registered, and events of an id whose registration has ended (TIMEWAIT_EXIT after a teardown).
 // Runs on the consumer given to Runtime::WatchCmChannel, so, like a QpHandler, it may call the
-// runtime (create, register and accept a QP for a CONNECT_REQUEST). Events of one channel arrive
-// in the order they were read.
+// runtime (create, register and accept a QP for a CONNECT_REQUEST). Events of one id arrive in
+// the order they were read (those of different ids may not, when one id's events first went to
+// its QP's consumer). None is dropped before the runtime is destroyed; an event for the
+// CmHandler of an owned consumer that Shutdown has stopped runs on the thread that hands it on
+// (the one delivering the QP's events, or calling Drain).
 class CmHandler {
  public:
   virtual ~CmHandler() = default;
