@@ -30,6 +30,7 @@
 #include "cqd/handler.h"
 #include "cqd/options.h"
 #include "cqd/status.h"
+#include "runtime/latency.h"
 #include "runtime/orphans.h"
 #include "runtime/parker.h"
 #include "runtime/registry.h"
@@ -77,7 +78,9 @@ struct Item {
   uint32_t slot = 0;
   uint32_t generation = 0;
   ItemKind kind = ItemKind::kCompletion;
+  uint32_t stamp = 0;  // completions: when polled, if latency is recorded (latency.h)
 };
+static_assert(sizeof(Item) == 64, "an Item is one cache line");
 
 struct ItemQueueTraits : moodycamel::ConcurrentQueueDefaultTraits {
   static const size_t BLOCK_SIZE = 256;
@@ -135,6 +138,8 @@ class Consumer {
   uint64_t async_delivered() const { return async_delivered_.load(std::memory_order_relaxed); }
   uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
   uint64_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
+  // Null unless ConsumerOptions::record_latency.
+  const LatencyHistogram* latency() const { return latency_.get(); }
 
  private:
   void Run();
@@ -166,6 +171,8 @@ class Consumer {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   Parker parker_;
+  const std::unique_ptr<LatencyHistogram> latency_ =
+      options_.record_latency ? std::make_unique<LatencyHistogram>() : nullptr;
 
   alignas(64) std::atomic<uint64_t> depth_{0};
   std::atomic<uint64_t> high_water_{0};

@@ -679,6 +679,7 @@ Stats RuntimeImpl::GetStats() const {
     c.queue_depth = consumer->depth();
     c.high_water = consumer->high_water();
     for (const auto& poller : pollers_) poller->AddSpillStats(consumer->index(), c);
+    if (consumer->latency() != nullptr) c.latency = consumer->latency()->Snapshot();
     stats.consumers.push_back(std::move(c));
   }
   placement_.FillStats(stats);

@@ -38,6 +38,11 @@ struct ConsumerOptions {
   int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
   // kOwnedThread: spin this long on an empty queue before sleeping.
   std::chrono::microseconds idle_spin{20};
+  // Record each completion's poll -> dispatch latency in a histogram (ConsumerStats::latency).
+  // Costs, while any consumer has it: one clock read per CQ poll that returned completions (on
+  // every poller); for this consumer one clock read per dispatch batch and one histogram update
+  // per run of completions from the same poll. Off: nothing but a predictable branch.
+  bool record_latency = false;
 };
 
 struct RuntimeOptions {
