@@ -670,6 +670,9 @@ Result<int> RuntimeImpl::NotifyFd(ConsumerId consumer) {
 
 Stats RuntimeImpl::GetStats() const {
   Stats stats;
+  stats.uptime_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - created_)
+                        .count();
   for (const auto& poller : pollers_) stats.pollers.push_back(poller->stats());
   for (const auto& consumer : consumers_) {
     ConsumerStats c;

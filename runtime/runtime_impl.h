@@ -6,6 +6,7 @@
 #ifndef CQD_RUNTIME_RUNTIME_IMPL_H_
 #define CQD_RUNTIME_RUNTIME_IMPL_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,7 @@ class RuntimeImpl {
 
   const RuntimeOptions options_;
   const uint64_t serial_;  // tells this runtime's CqHandles from another's
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by mu_

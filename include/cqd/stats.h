@@ -81,6 +81,7 @@ struct DeviceStats {
 };
 
 struct Stats {
+  uint64_t uptime_ns = 0;        // steady-clock time from Runtime::Create to this snapshot
   std::vector<PollerStats> pollers;
   std::vector<CqStats> cqs;
   std::vector<ConsumerStats> consumers;
