@@ -105,6 +105,7 @@ std::atomic<uint64_t> next_runtime_serial{1};
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     : options_(options),
       serial_(next_runtime_serial.fetch_add(1, std::memory_order_relaxed)),
+      log_(options.log),
       slots_(options.max_registrations),
       orphans_(options.orphan_handler) {
   std::vector<Consumer*> consumers;
@@ -141,6 +142,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
                               s.recv_cq.load(std::memory_order_relaxed));
       },
       strays_);
+  events_->set_logger(&log_);
+  teardowns_->set_logger(&log_);
 }
 
 Status RuntimeImpl::Start() {
@@ -241,6 +244,10 @@ Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
     return Status(status.code(), op + ": " + status.message());
   }
   devices_.push_back(std::move(record));
+  if (log_.enabled()) {
+    log_.Info("device " + devices_.back()->backend->name() + " added as device " +
+              Str(devices_.back()->id) + " (" + Str(options_.pollers) + " channels)");
+  }
   // NUMA placement (placement.h). Under mu_ with shut_down_ false: no thread has been joined.
   const DeviceRecord& added = *devices_.back();
   Placement::Threads threads;
@@ -617,6 +624,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   teardown->worker = teardowns_.get();
   teardown->slot = index;
   teardown->generation = generation;
+  teardown->qp_num = slot.qp_num.load(std::memory_order_relaxed);
   teardown->deadline = TeardownState::Clock::now() + options.timeout;
   teardown->last_wqe_grace = options.last_wqe_grace;
   teardown->on_done = options.on_done;

@@ -16,6 +16,7 @@
 #include "cqd/runtime.h"
 #include "runtime/consumer.h"
 #include "runtime/event_loop.h"
+#include "runtime/log.h"
 #include "runtime/orphans.h"
 #include "runtime/placement.h"
 #include "runtime/poller.h"
@@ -74,6 +75,7 @@ class RuntimeImpl {
 
   const RuntimeOptions options_;
   const uint64_t serial_;  // tells this runtime's CqHandles from another's
+  const Logger log_;       // RuntimeOptions::log; before every thread that logs
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;
   std::mutex shutdown_mu_;

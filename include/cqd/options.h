@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cqd/status.h"
@@ -45,6 +46,11 @@ struct ConsumerOptions {
   bool record_latency = false;
 };
 
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
+
+// Returns "debug", "info", "warning" or "error".
+std::string_view LogLevelName(LogLevel level);
+
 struct RuntimeOptions {
   int pollers = 1;                   // poller threads = CQ shards (1..256)
   // Empty: not pinned (but see auto_placement); else one CPU per poller.
@@ -64,6 +70,12 @@ struct RuntimeOptions {
   // vectors. Explicit CPUs and vectors always win. Stats reports what was decided. false: no
   // thread is moved, and comp_vector -1 means vector 0.
   bool auto_placement = true;
+  // Optional: where the runtime's log messages go (it prints nothing itself). Called on control
+  // paths only, never by a poller or a consumer: from the thread making a control call, the
+  // event thread, the teardown thread and the stats thread, possibly concurrently, so it must be
+  // thread-safe. It must not block for long (it delays the event thread) and must not call the
+  // runtime. Messages have no trailing newline. Exceptions it throws are swallowed.
+  std::function<void(LogLevel level, std::string_view message)> log;
 };
 
 // Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.
