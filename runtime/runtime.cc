@@ -95,6 +95,9 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
       if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
     }
   }
+  if (!o.stats_socket.empty()) {
+    if (Status s = StatsServer::CheckPath(o.stats_socket); !s.ok()) return s;
+  }
   return Status::Ok();
 }
 
@@ -153,10 +156,16 @@ Status RuntimeImpl::Start() {
   if (Status s = events_->Start(); !s.ok()) return s;
   for (auto& poller : pollers_) poller->Start();
   teardowns_->Start();
+  if (!options_.stats_socket.empty()) {
+    auto server = StatsServer::Start(options_.stats_socket, [this] { return GetStats(); }, log_);
+    if (!server.ok()) return server.status();
+    stats_server_ = std::move(server).value();
+  }
   return Status::Ok();
 }
 
 RuntimeImpl::~RuntimeImpl() {
+  if (stats_server_ != nullptr) stats_server_->Stop();  // Shutdown may be refused here
   (void)Shutdown();
   for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
   // The threads are gone: poll every CQ empty (to the orphan sink), flush its unacked events
@@ -737,6 +746,8 @@ Status RuntimeImpl::Shutdown() {
     if (shut_down_) return Status::Ok();
     shut_down_ = true;
   }
+  // Not under mu_: the server's thread may be waiting for it in GetStats.
+  if (stats_server_ != nullptr) stats_server_->Stop();
   // The event thread first: what it read it already posted to the pollers. Then the pollers:
   // they hand everything they hold to the consumers. Then the owned consumers, which dispatch
   // everything queued before they exit.

@@ -22,6 +22,7 @@
 #include "runtime/poller.h"
 #include "runtime/records.h"
 #include "runtime/registry.h"
+#include "runtime/stats_server.h"
 #include "runtime/teardown.h"
 
 namespace cqd::internal {
@@ -100,6 +101,8 @@ class RuntimeImpl {
   uint64_t gone_ack_calls_ = 0;
   // NUMA placement of the threads and completion vectors of CQs (placement.h; own mutex).
   Placement placement_{options_};
+  // RuntimeOptions::stats_socket. Last: its thread calls GetStats, so it goes first.
+  std::unique_ptr<StatsServer> stats_server_;
 };
 
 }  // namespace cqd::internal
