@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <string_view>
+#include <thread>
 
 #include "cqd/stats_format.h"
 #include "runtime/consumer.h"  // PinAndNameThread
@@ -159,7 +160,8 @@ void StatsServer::Run() {
   while (!stop_.load(std::memory_order_acquire)) {
     if (Wait(listen_fd_, POLLIN, -1) < 0) {
       if (stop_.load(std::memory_order_acquire)) return;
-      Wait(-1, 0, kBackoffMs);  // poll itself failed (ENOMEM): back off
+      // poll itself failed (ENOMEM): back off without it
+      std::this_thread::sleep_for(std::chrono::milliseconds(kBackoffMs));
       continue;
     }
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
