@@ -230,6 +230,9 @@ std::vector<Label> CqLabels(const CqStats& cq) {
 std::vector<Label> ConsumerLabels(const ConsumerStats& c, size_t index) {
   return {{"consumer", c.name}, {"consumer_id", std::to_string(index)}};
 }
+std::vector<Label> DeviceLabels(const DeviceStats& d) {
+  return {{"device", std::to_string(d.id)}, {"name", d.name}};
+}
 
 // Power-of-two nanoseconds as exact decimal seconds (2^k has at most 10 digits for k <= 32).
 std::string PowerOfTwoSeconds(int k) {
@@ -251,6 +254,18 @@ void AppendStatsJson(std::string& out, const Stats& s) {
   root.U64("cq_events", s.cq_events);
   root.U64("cq_acked_events", s.cq_acked_events);
   root.U64("cq_ack_calls", s.cq_ack_calls);
+  AppendJsonString(root.Key("placement_cpus"), s.placement_cpus);
+  root.Key("devices") += '[';
+  for (size_t i = 0; i < s.devices.size(); ++i) {
+    if (i > 0) out += ',';
+    const DeviceStats& d = s.devices[i];
+    JsonObject o(out);
+    o.U64("id", d.id);
+    AppendJsonString(o.Key("name"), d.name);
+    o.I64("numa_node", d.numa_node);
+    o.I64("comp_vectors", d.comp_vectors);
+  }
+  out += ']';
   root.Key("pollers") += '[';
   for (size_t i = 0; i < s.pollers.size(); ++i) {
     if (i > 0) out += ',';
@@ -258,6 +273,7 @@ void AppendStatsJson(std::string& out, const Stats& s) {
     JsonObject o(out);
     o.U64("index", i);
     o.I64("cpu", p.cpu);
+    o.I64("numa_node", p.numa_node);
     o.U64("polls", p.polls);
     o.U64("empty_polls", p.empty_polls);
     o.U64("completions", p.completions);
@@ -274,6 +290,7 @@ void AppendStatsJson(std::string& out, const Stats& s) {
     JsonObject o(out);
     o.U64("id", c.id);
     o.I64("shard", c.shard);
+    o.I64("comp_vector", c.comp_vector);
     o.U64("completions", c.completions);
     o.U64("events", c.events);
     o.U64("acked_events", c.acked_events);
@@ -288,6 +305,8 @@ void AppendStatsJson(std::string& out, const Stats& s) {
     JsonObject o(out);
     o.U64("index", i);
     AppendJsonString(o.Key("name"), c.name);
+    o.I64("cpu", c.cpu);
+    o.I64("numa_node", c.numa_node);
     o.U64("delivered", c.delivered);
     o.U64("async_events", c.async_events);
     o.U64("queue_depth", c.queue_depth);
@@ -306,7 +325,8 @@ void AppendStatsJson(std::string& out, const Stats& s) {
 
 std::string StatsToJson(const Stats& s) {
   std::string out;
-  out.reserve(512 + 200 * (s.pollers.size() + s.cqs.size() + s.consumers.size()));
+  out.reserve(512 + 200 * (s.pollers.size() + s.cqs.size() + s.consumers.size() +
+                           s.devices.size()));
   AppendStatsJson(out, s);  // its object is closed when it returns
   return out;
 }
@@ -342,6 +362,11 @@ std::string StatsToPrometheus(const Stats& s) {
   for (size_t i = 0; i < s.pollers.size(); ++i) {
     w.I64("cqd_poller_cpu", PollerLabels(i), s.pollers[i].cpu);
   }
+  w.Family("cqd_poller_numa_node", "gauge",
+           "NUMA node whose CPUs auto_placement confined the poller to, -1 if none.");
+  for (size_t i = 0; i < s.pollers.size(); ++i) {
+    w.I64("cqd_poller_numa_node", PollerLabels(i), s.pollers[i].numa_node);
+  }
   for (const PollerCounter& c : kPollerCounters) {
     w.Family(c.name, "counter", c.help);
     for (size_t i = 0; i < s.pollers.size(); ++i) {
@@ -367,6 +392,9 @@ std::string StatsToPrometheus(const Stats& s) {
     w.Family(c.name, "counter", c.help);
     for (const CqStats& cq : s.cqs) w.U64(c.name, CqLabels(cq), cq.*c.field);
   }
+  w.Family("cqd_cq_comp_vector", "gauge",
+           "Completion vector the CQ was created on, -1 if the engine created it.");
+  for (const CqStats& cq : s.cqs) w.I64("cqd_cq_comp_vector", CqLabels(cq), cq.comp_vector);
 
   // Consumers.
   struct ConsumerField {
@@ -395,6 +423,15 @@ std::string StatsToPrometheus(const Stats& s) {
     for (size_t i = 0; i < s.consumers.size(); ++i) {
       w.U64(f.name, ConsumerLabels(s.consumers[i], i), s.consumers[i].*f.field);
     }
+  }
+  w.Family("cqd_consumer_cpu", "gauge", "CPU the consumer's thread is pinned to, -1 if none.");
+  for (size_t i = 0; i < s.consumers.size(); ++i) {
+    w.I64("cqd_consumer_cpu", ConsumerLabels(s.consumers[i], i), s.consumers[i].cpu);
+  }
+  w.Family("cqd_consumer_numa_node", "gauge",
+           "NUMA node whose CPUs auto_placement confined the consumer to, -1 if none.");
+  for (size_t i = 0; i < s.consumers.size(); ++i) {
+    w.I64("cqd_consumer_numa_node", ConsumerLabels(s.consumers[i], i), s.consumers[i].numa_node);
   }
   w.Family("cqd_consumer_stalled_seconds_total", "counter",
            "Time spent stalled, over stalls that have ended.");
@@ -439,6 +476,21 @@ std::string StatsToPrometheus(const Stats& s) {
       w.Seconds("cqd_consumer_latency_max_seconds", ConsumerLabels(s.consumers[i], i),
                 s.consumers[i].latency.max_ns);
     }
+  }
+
+  // Devices and placement.
+  w.Family("cqd_device_numa_node", "gauge", "NUMA node of the device, -1 if unknown or none.");
+  for (const DeviceStats& d : s.devices) {
+    w.I64("cqd_device_numa_node", DeviceLabels(d), d.numa_node);
+  }
+  w.Family("cqd_device_comp_vectors", "gauge", "Completion vectors of the device.");
+  for (const DeviceStats& d : s.devices) {
+    w.I64("cqd_device_comp_vectors", DeviceLabels(d), d.comp_vectors);
+  }
+  if (!s.placement_cpus.empty()) {
+    w.Family("cqd_placement_info", "gauge",
+             "Always 1; cpus is the cpulist auto_placement confined threads to.");
+    w.U64("cqd_placement_info", {{"cpus", s.placement_cpus}}, 1);
   }
 
   // Runtime totals.

@@ -50,6 +50,7 @@ Stats SampleStats() {
   s.cq_ack_calls = 1;
   PollerStats p;
   p.cpu = 2;
+  p.numa_node = 1;
   p.polls = 1000;
   p.empty_polls = 10;
   p.completions = 18'446'744'073'709'551'615u;  // 2^64 - 1 must come out exact
@@ -59,11 +60,14 @@ Stats SampleStats() {
   CqStats cq;
   cq.id = 7;
   cq.shard = 1;
+  cq.comp_vector = 3;
   cq.completions = 999;
   cq.events = 100;
   s.cqs = {cq};
   ConsumerStats a;
   a.name = "quote\" backslash\\ newline\n tab\t bell\x07 \xc3\xbc\xe2\x82\xac\xf0\x9f\x98\x80";
+  a.cpu = 5;
+  a.numa_node = 0;
   a.delivered = 42;
   a.stalled_ns = 1'500'000'001;
   a.latency.enabled = true;
@@ -78,6 +82,8 @@ Stats SampleStats() {
   ConsumerStats b;
   b.name = "bad utf8 \xff\xfe \xc0\xaf \xed\xa0\x80 end";  // invalid, overlong, surrogate
   s.consumers = {a, b};
+  s.devices = {{1, "mlx5_0", 0, 8}, {2, "sim\"0\"", -1, 1}};
+  s.placement_cpus = "0-3,8-11";
   return s;
 }
 
@@ -397,16 +403,30 @@ TEST(StatsFormat, JsonIsWellFormedAndCarriesEveryField) {
   EXPECT_EQ(pollers->items[0].U64("completions"), 18'446'744'073'709'551'615u);
   EXPECT_EQ(pollers->items[0].U64("empty_polls"), 10u);
   EXPECT_EQ(pollers->items[1].U64("index"), 1u);
+  EXPECT_EQ(pollers->items[0].I64("numa_node"), 1);
+  EXPECT_EQ(pollers->items[1].I64("numa_node"), -1);
   const Value* cqs = root->Get("cqs");
   ASSERT_TRUE(cqs && cqs->items.size() == 1);
   EXPECT_EQ(cqs->items[0].U64("id"), 7u);
   EXPECT_EQ(cqs->items[0].I64("shard"), 1);
   EXPECT_EQ(cqs->items[0].U64("events"), 100u);
+  EXPECT_EQ(cqs->items[0].I64("comp_vector"), 3);
+  const Value* devices = root->Get("devices");
+  ASSERT_TRUE(devices && devices->items.size() == 2);
+  EXPECT_EQ(devices->items[0].Str("name"), "mlx5_0");
+  EXPECT_EQ(devices->items[0].I64("comp_vectors"), 8);
+  EXPECT_EQ(devices->items[1].U64("id"), 2u);
+  EXPECT_EQ(devices->items[1].Str("name"), "sim\"0\"");
+  EXPECT_EQ(devices->items[1].I64("numa_node"), -1);
+  EXPECT_EQ(root->Str("placement_cpus"), "0-3,8-11");
   const Value* consumers = root->Get("consumers");
   ASSERT_TRUE(consumers && consumers->items.size() == 2);
   const Value& a = consumers->items[0];
   EXPECT_EQ(a.Str("name"), s.consumers[0].name) << "escaped and decoded back";
   EXPECT_EQ(a.U64("delivered"), 42u);
+  EXPECT_EQ(a.I64("cpu"), 5);
+  EXPECT_EQ(a.I64("numa_node"), 0);
+  EXPECT_EQ(consumers->items[1].I64("cpu"), -1);
   EXPECT_EQ(a.U64("stalled_ns"), 1'500'000'001u);
   const Value* latency = a.Get("latency");
   ASSERT_TRUE(latency && latency->Get("enabled") && latency->Get("enabled")->boolean);
@@ -464,6 +484,18 @@ TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   EXPECT_EQ(samples["cqd_uptime_seconds"][0].value_text, "12.345678901");
   EXPECT_EQ(samples["cqd_failed_fds_total"][0].value, 1);
   EXPECT_EQ(samples["cqd_cm_events_total"][0].value, 9);
+  EXPECT_EQ(samples["cqd_poller_numa_node"][0].value, 1);
+  EXPECT_EQ(samples["cqd_poller_numa_node"][1].value, -1);
+  EXPECT_EQ(samples["cqd_cq_comp_vector"][0].value, 3);
+  EXPECT_EQ(samples["cqd_consumer_cpu"][0].value, 5);
+  EXPECT_EQ(samples["cqd_consumer_numa_node"][1].value, -1);
+  ASSERT_EQ(samples["cqd_device_comp_vectors"].size(), 2u);
+  EXPECT_EQ(LabelOf(samples["cqd_device_comp_vectors"][0], "device"), "1");
+  EXPECT_EQ(LabelOf(samples["cqd_device_comp_vectors"][0], "name"), "mlx5_0");
+  EXPECT_EQ(samples["cqd_device_comp_vectors"][0].value, 8);
+  EXPECT_EQ(LabelOf(samples["cqd_device_numa_node"][1], "name"), "sim\"0\"");
+  ASSERT_EQ(samples["cqd_placement_info"].size(), 1u);
+  EXPECT_EQ(LabelOf(samples["cqd_placement_info"][0], "cpus"), "0-3,8-11");
 
   // The histogram: only the consumer that records latency; exact counts at powers of two.
   ASSERT_EQ(samples["cqd_consumer_latency_seconds_count"].size(), 1u);
@@ -630,6 +662,8 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   EXPECT_GT(root->U64("uptime_ns"), 0u);
   ASSERT_EQ(root->Get("pollers")->items.size(), 2u);
   ASSERT_EQ(root->Get("cqs")->items.size(), 2u);
+  ASSERT_EQ(root->Get("devices")->items.size(), 1u);
+  EXPECT_EQ(root->Get("devices")->items[0].Str("name"), "sim0");
   const Value* consumers = root->Get("consumers");
   ASSERT_EQ(consumers->items.size(), 2u);
   EXPECT_EQ(consumers->items[0].Str("name"), "fast \"lane\"");
