@@ -276,7 +276,9 @@ void CheckPrometheus(const std::string& text, Samples* out = nullptr) {
   for (const auto& [family, type] : types) {
     if (type != "histogram") continue;
     std::map<std::string, std::vector<const Sample*>> buckets;
-    for (const Sample& s : samples[family + "_bucket"]) buckets[LabelKey(s.labels, "le")].push_back(&s);
+    for (const Sample& s : samples[family + "_bucket"]) {
+      buckets[LabelKey(s.labels, "le")].push_back(&s);
+    }
     std::map<std::string, double> counts;
     for (const Sample& s : samples[family + "_count"]) counts[LabelKey(s.labels)] = s.value;
     EXPECT_EQ(buckets.size(), counts.size()) << family;

@@ -13,7 +13,12 @@ fi
 sock=$dir/cqd.sock
 "$demo" --seconds=60 --qps=16 --stats_socket="$sock" --latency >"$dir/demo.out" 2>&1 &
 demo_pid=$!
-trap 'kill "$demo_pid" 2>/dev/null; wait "$demo_pid" 2>/dev/null; rm -rf "${cleanup_dir:-/nonexistent}"' EXIT
+cleanup() {
+  kill "$demo_pid" 2>/dev/null
+  wait "$demo_pid" 2>/dev/null
+  [[ -n ${cleanup_dir:-} ]] && rm -rf "$cleanup_dir"
+}
+trap cleanup EXIT
 for _ in $(seq 1 300); do
   [[ -S $sock ]] && break
   sleep 0.1

@@ -26,9 +26,9 @@
 // HELP and TYPE lines; counters end in "_total"; labels poller="<index>", cq="<id>" (with
 // shard="<shard>"), consumer="<name>" (with consumer_id="<index>", since names need not be
 // unique), device="<id>" (with name="<name>"). Durations are in seconds. Placement (CPUs, NUMA
-// nodes, completion vectors) comes as gauges, -1 for none, and cqd_placement_info. Consumers that record latency get a histogram
-// cqd_consumer_latency_seconds with buckets at powers of two nanoseconds (16 ns .. 2^32 ns),
-// exact because the runtime's buckets end at powers of two.
+// nodes, completion vectors) comes as gauges, -1 for none, and cqd_placement_info. Consumers
+// that record latency get a histogram cqd_consumer_latency_seconds with buckets at powers of two
+// nanoseconds (16 ns .. 2^32 ns), exact because the runtime's buckets end at powers of two.
 #ifndef CQD_STATS_FORMAT_H_
 #define CQD_STATS_FORMAT_H_
 
