@@ -171,6 +171,9 @@ int Consumer::Dispatch(int max) noexcept {
   size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), want);
   if (n == 0) return 0;
   depth_.fetch_sub(n, std::memory_order_release);
+  if (latency_ != nullptr) [[unlikely]] {
+    latency_->RecordBatch(batch_.get(), n, ItemKind::kCompletion);
+  }
   const DispatchFrame frame{this, tls_dispatch_frames};
   tls_dispatch_frames = &frame;
   // Publish which slots this batch may call (see the header), then make the sequence odd.

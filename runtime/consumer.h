@@ -31,6 +31,7 @@
 #include "cqd/handler.h"
 #include "cqd/options.h"
 #include "cqd/status.h"
+#include "runtime/latency.h"
 #include "runtime/orphans.h"
 #include "runtime/parker.h"
 #include "runtime/registry.h"
@@ -84,7 +85,9 @@ struct Item {
   uint32_t slot = 0;
   uint32_t generation = 0;
   ItemKind kind = ItemKind::kCompletion;
+  uint32_t stamp = 0;  // completions: when polled, if latency is recorded (latency.h)
 };
+static_assert(sizeof(Item) == 64, "an Item is one cache line");
 
 struct ItemQueueTraits : moodycamel::ConcurrentQueueDefaultTraits {
   static const size_t BLOCK_SIZE = 256;
@@ -145,6 +148,8 @@ class Consumer {
   uint64_t async_delivered() const { return async_delivered_.load(std::memory_order_relaxed); }
   uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
   uint64_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
+  // Null unless ConsumerOptions::record_latency.
+  const LatencyHistogram* latency() const { return latency_.get(); }
 
  private:
   void Run();
@@ -178,6 +183,8 @@ class Consumer {
   std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit
   bool closed_ = false;  // guarded by close_mu_
   Parker parker_;
+  const std::unique_ptr<LatencyHistogram> latency_ =
+      options_.record_latency ? std::make_unique<LatencyHistogram>() : nullptr;
 
   alignas(64) std::atomic<uint64_t> depth_{0};
   std::atomic<uint64_t> high_water_{0};

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <new>
+#include <string>
 
 #include "runtime/thread_role.h"
 
@@ -117,8 +119,13 @@ Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
 }
 
 void EventLoop::Unwatch(int fd) {
+  const int err = errno;  // of the failed read
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   failed_fds_.fetch_add(1, std::memory_order_relaxed);
+  if (log_ != nullptr && log_->enabled()) {
+    log_->Warning("event thread: fd " + std::to_string(fd) + " failed (" + strerror(err) +
+                  "); no longer watched");
+  }
 }
 
 void EventLoop::UnmapCq(CqRecord* cq) {
@@ -222,6 +229,7 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
     if (event.type == IBV_EVENT_DEVICE_FATAL) {
       // Stop reading a dead device's async fd; its CQs are no longer armed by the pollers.
       epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, device->backend->async_fd(), nullptr);
+      if (log_ != nullptr) log_->Error("device " + device->backend->name() + ": DEVICE_FATAL");
       return;
     }
   }

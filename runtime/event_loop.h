@@ -29,6 +29,7 @@
 #include "cqd/status.h"
 #include "runtime/cm_router.h"
 #include "runtime/consumer.h"
+#include "runtime/log.h"
 #include "runtime/mailbox.h"
 #include "runtime/poller.h"
 #include "runtime/records.h"
@@ -56,6 +57,8 @@ class EventLoop {
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
 
+  // Before Start: where to log fds given up and DEVICE_FATAL (may stay unset).
+  void set_logger(const Logger* log) { log_ = log; }
   Status Start();
   void Stop();
   // Runs `fn` on the event thread (inline once it stopped) and waits for it.
@@ -121,6 +124,7 @@ class EventLoop {
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};
   std::atomic<uint64_t> failed_fds_{0};
+  const Logger* log_ = nullptr;
 };
 
 }  // namespace cqd::internal

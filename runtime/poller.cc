@@ -18,7 +18,9 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       slots_(slots),
       orphans_(orphans),
       strays_(strays),
-      wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)) {
+      wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
+      stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
+                         [](const ConsumerOptions& c) { return c.record_latency; })) {
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
     outboxes_.push_back(std::make_unique<Outbox>(
@@ -272,6 +274,7 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
   }
   Count(cq->completions, n);
   Count(completions_, n);
+  if (stamp_) poll_stamp_ = NowNs32();
   Route(cq, n);
   Flush(false);
   return n;
@@ -305,6 +308,7 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
         item.slot = slot->index;
         item.generation = StateGeneration(state);
         item.kind = ItemKind::kCompletion;
+        item.stamp = poll_stamp_;
         if (StateDraining(state)) [[unlikely]] {
           const auto marker = reinterpret_cast<uint64_t>(
               slot->teardown.load(std::memory_order_relaxed));  // published by `state`

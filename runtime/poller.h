@@ -147,6 +147,10 @@ class Poller {
   std::vector<PostedEvent> deferred_;  // posted events not yet placed in an outbox
   std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
   bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
+  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which Route writes
+  // into each completion's Item (latency.h).
+  const bool stamp_;
+  uint32_t poll_stamp_ = 0;
 
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -95,6 +95,9 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
       if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
     }
   }
+  if (!o.stats_socket.empty()) {
+    if (Status s = StatsServer::CheckPath(o.stats_socket); !s.ok()) return s;
+  }
   return Status::Ok();
 }
 
@@ -105,6 +108,7 @@ std::atomic<uint64_t> next_runtime_serial{1};
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     : options_(options),
       serial_(next_runtime_serial.fetch_add(1, std::memory_order_relaxed)),
+      log_(options.log),
       slots_(options.max_registrations),
       orphans_(options.orphan_handler) {
   std::vector<Consumer*> consumers;
@@ -141,6 +145,8 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
                               s.recv_cq.load(std::memory_order_relaxed));
       },
       strays_);
+  events_->set_logger(&log_);
+  teardowns_->set_logger(&log_);
 }
 
 Status RuntimeImpl::Start() {
@@ -150,10 +156,16 @@ Status RuntimeImpl::Start() {
   if (Status s = events_->Start(); !s.ok()) return s;
   for (auto& poller : pollers_) poller->Start();
   teardowns_->Start();
+  if (!options_.stats_socket.empty()) {
+    auto server = StatsServer::Start(options_.stats_socket, [this] { return GetStats(); }, log_);
+    if (!server.ok()) return server.status();
+    stats_server_ = std::move(server).value();
+  }
   return Status::Ok();
 }
 
 RuntimeImpl::~RuntimeImpl() {
+  if (stats_server_ != nullptr) stats_server_->Stop();  // Shutdown may be refused here
   (void)Shutdown();
   for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
   // The threads are gone: poll every CQ empty (to the orphan sink), flush its unacked events
@@ -241,6 +253,10 @@ Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
     return Status(status.code(), op + ": " + status.message());
   }
   devices_.push_back(std::move(record));
+  if (log_.enabled()) {
+    log_.Info("device " + devices_.back()->backend->name() + " added as device " +
+              Str(devices_.back()->id) + " (" + Str(options_.pollers) + " channels)");
+  }
   // NUMA placement (placement.h). Under mu_ with shut_down_ false: no thread has been joined.
   const DeviceRecord& added = *devices_.back();
   Placement::Threads threads;
@@ -618,6 +634,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   teardown->worker = teardowns_.get();
   teardown->slot = index;
   teardown->generation = generation;
+  teardown->qp_num = slot.qp_num.load(std::memory_order_relaxed);
   teardown->deadline = TeardownState::Clock::now() + options.timeout;
   teardown->last_wqe_grace = options.last_wqe_grace;
   teardown->on_done = options.on_done;
@@ -671,6 +688,9 @@ Result<int> RuntimeImpl::NotifyFd(ConsumerId consumer) {
 
 Stats RuntimeImpl::GetStats() const {
   Stats stats;
+  stats.uptime_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - created_)
+                        .count();
   for (const auto& poller : pollers_) stats.pollers.push_back(poller->stats());
   for (const auto& consumer : consumers_) {
     ConsumerStats c;
@@ -680,6 +700,7 @@ Stats RuntimeImpl::GetStats() const {
     c.queue_depth = consumer->depth();
     c.high_water = consumer->high_water();
     for (const auto& poller : pollers_) poller->AddSpillStats(consumer->index(), c);
+    if (consumer->latency() != nullptr) c.latency = consumer->latency()->Snapshot();
     stats.consumers.push_back(std::move(c));
   }
   placement_.FillStats(stats);
@@ -726,6 +747,8 @@ Status RuntimeImpl::Shutdown() {
     if (shut_down_) return Status::Ok();
     shut_down_ = true;
   }
+  // Not under mu_: the server's thread may be waiting for it in GetStats.
+  if (stats_server_ != nullptr) stats_server_->Stop();
   // The event thread first: what it read it already posted to the pollers. Then the pollers:
   // they hand everything they hold to the consumers. Then the owned consumers, which dispatch
   // everything queued before they exit.

@@ -6,6 +6,7 @@
 #ifndef CQD_RUNTIME_RUNTIME_IMPL_H_
 #define CQD_RUNTIME_RUNTIME_IMPL_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,11 +16,13 @@
 #include "cqd/runtime.h"
 #include "runtime/consumer.h"
 #include "runtime/event_loop.h"
+#include "runtime/log.h"
 #include "runtime/orphans.h"
 #include "runtime/placement.h"
 #include "runtime/poller.h"
 #include "runtime/records.h"
 #include "runtime/registry.h"
+#include "runtime/stats_server.h"
 #include "runtime/teardown.h"
 
 namespace cqd::internal {
@@ -74,6 +77,8 @@ class RuntimeImpl {
 
   const RuntimeOptions options_;
   const uint64_t serial_;  // tells this runtime's CqHandles from another's
+  const Logger log_;       // RuntimeOptions::log; before every thread that logs
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by mu_
@@ -97,6 +102,8 @@ class RuntimeImpl {
   uint64_t gone_ack_calls_ = 0;
   // NUMA placement of the threads and completion vectors of CQs (placement.h; own mutex).
   Placement placement_{options_};
+  // RuntimeOptions::stats_socket. Last: its thread calls GetStats, so it goes first.
+  std::unique_ptr<StatsServer> stats_server_;
 };
 
 }  // namespace cqd::internal

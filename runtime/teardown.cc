@@ -1,6 +1,8 @@
 #include "runtime/teardown.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 
 #include "runtime/consumer.h"
 
@@ -150,6 +152,12 @@ void TeardownWorker::Finish(const std::shared_ptr<TeardownState>& state, Status 
     strays_.Add(state, send_cq, recv_cq);
   }
   unregister_(state->slot, state->generation);
+  if (result.code() == StatusCode::kDeadlineExceeded && log_ != nullptr && log_->enabled()) {
+    char qp[16];
+    snprintf(qp, sizeof(qp), "0x%x", state->qp_num);
+    log_->Warning(std::string("TeardownQp of qp_num ") + qp +
+                  ": its work did not flush back before the deadline; unregistered anyway");
+  }
   {
     std::lock_guard<std::mutex> lock(state->mu);
     state->done = true;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cqd/status.h"
+#include "runtime/log.h"
 
 namespace cqd::internal {
 
@@ -45,6 +46,7 @@ struct alignas(8) TeardownState {
   TeardownWorker* worker = nullptr;
   uint32_t slot = 0;
   uint32_t generation = 0;
+  uint32_t qp_num = 0;  // for log messages
   bool srq = false;  // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
   Clock::time_point deadline;
   std::chrono::nanoseconds last_wqe_grace{0};
@@ -113,6 +115,8 @@ class TeardownWorker {
   TeardownWorker(const TeardownWorker&) = delete;
   TeardownWorker& operator=(const TeardownWorker&) = delete;
 
+  // Before Start: where to log teardowns that ran out of time (may stay unset).
+  void set_logger(const Logger* log) { log_ = log; }
   void Start();
   // Ends every teardown still running (drained ones OK, the rest kCancelled) and joins.
   void Stop();
@@ -135,6 +139,7 @@ class TeardownWorker {
   bool noted_ = false;                                  // guarded by mu_
   bool stop_ = false;                                   // guarded by mu_
   std::thread thread_;
+  const Logger* log_ = nullptr;
 };
 
 }  // namespace cqd::internal

@@ -1,6 +1,11 @@
 // cqd demo: traffic through the runtime on the simulated device.
 //
 //   bazel run -c opt //tools:demo -- [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S]
+//                                    [--stats_socket=PATH] [--latency]
+//
+// --stats_socket serves the runtime's stats there while it runs (watch it with
+// `bazel run //tools:cqd_top -- PATH`); --latency records each consumer's poll -> dispatch
+// latency histogram.
 //
 // Phase 1 injects completions as fast as one traffic thread can; phase 2 paces them slowly so the
 // pollers arm their CQs and sleep between completions (event mode). A one-line display shows
@@ -30,6 +35,8 @@ struct Flags {
   int consumers = 3;
   int qps = 64;
   double seconds = 2;
+  std::string stats_socket;
+  bool latency = false;
 };
 
 bool ParseFlag(const char* arg, const char* name, double* out) {
@@ -115,8 +122,14 @@ int main(int argc, char** argv) {
       flags.qps = static_cast<int>(v);
     } else if (ParseFlag(argv[i], "--seconds", &v)) {
       flags.seconds = v;
+    } else if (strncmp(argv[i], "--stats_socket=", 15) == 0) {
+      flags.stats_socket = argv[i] + 15;
+    } else if (strcmp(argv[i], "--latency") == 0) {
+      flags.latency = true;
     } else {
-      fprintf(stderr, "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S]\n");
+      fprintf(stderr,
+              "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S] "
+              "[--stats_socket=PATH] [--latency]\n");
       return 2;
     }
   }
@@ -129,6 +142,8 @@ int main(int argc, char** argv) {
   options.pollers = flags.pollers;
   options.consumers.assign(flags.consumers > 0 ? flags.consumers : 0, cqd::ConsumerOptions{});
   options.idle_budget = std::chrono::microseconds(50);
+  options.stats_socket = flags.stats_socket;
+  for (auto& c : options.consumers) c.record_latency = flags.latency;
   auto rt_or = cqd::Runtime::Create(options);
   if (!rt_or.ok()) {
     fprintf(stderr, "demo: %s\n", rt_or.status().ToString().c_str());
@@ -200,10 +215,17 @@ int main(int argc, char** argv) {
     printf("%-10u %6d %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", c.id, c.shard,
            c.completions, c.events, c.acked_events, c.ack_calls);
   }
-  printf("\n%-10s %12s %8s %10s\n", "consumer", "delivered", "queued", "high-water");
+  printf("\n%-10s %12s %8s %10s %10s %10s %10s\n", "consumer", "delivered", "queued",
+         "high-water", "p50 ns", "p99 ns", "max ns");
   for (const auto& c : s.consumers) {
-    printf("%-10s %12" PRIu64 " %8" PRIu64 " %10" PRIu64 "\n", c.name.c_str(), c.delivered,
+    printf("%-10s %12" PRIu64 " %8" PRIu64 " %10" PRIu64, c.name.c_str(), c.delivered,
            c.queue_depth, c.high_water);
+    if (c.latency.enabled) {
+      printf(" %10" PRIu64 " %10" PRIu64 " %10" PRIu64 "\n", c.latency.p50_ns, c.latency.p99_ns,
+             c.latency.max_ns);
+    } else {
+      printf(" %10s %10s %10s\n", "-", "-", "-");
+    }
   }
   printf("\norphans %" PRIu64 ", out-of-order deliveries %" PRIu64 "\n", s.orphans, disorder);
 

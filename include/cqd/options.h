@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cqd/status.h"
@@ -38,7 +39,17 @@ struct ConsumerOptions {
   int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
   // kOwnedThread: spin this long on an empty queue before sleeping.
   std::chrono::microseconds idle_spin{20};
+  // Record each completion's poll -> dispatch latency in a histogram (ConsumerStats::latency).
+  // Costs, while any consumer has it: one clock read per CQ poll that returned completions (on
+  // every poller); for this consumer one clock read per dispatch batch and one histogram update
+  // per run of completions from the same poll. Off: nothing but a predictable branch.
+  bool record_latency = false;
 };
+
+enum class LogLevel { kDebug, kInfo, kWarning, kError };
+
+// Returns "debug", "info", "warning" or "error".
+std::string_view LogLevelName(LogLevel level);
 
 struct RuntimeOptions {
   int pollers = 1;                   // poller threads = CQ shards (1..256)
@@ -59,6 +70,18 @@ struct RuntimeOptions {
   // vectors. Explicit CPUs and vectors always win. Stats reports what was decided. false: no
   // thread is moved, and comp_vector -1 means vector 0.
   bool auto_placement = true;
+  // Optional: where the runtime's log messages go (it prints nothing itself). Called on control
+  // paths only, never by a poller or a consumer: from the thread making a control call, the
+  // event thread, the teardown thread and the stats thread, possibly concurrently, so it must be
+  // thread-safe. It must not block for long (it delays the event thread) and must not call the
+  // runtime. Messages have no trailing newline. Exceptions it throws are swallowed.
+  std::function<void(LogLevel level, std::string_view message)> log;
+  // Optional: a Unix socket path (at most 107 bytes) on which a thread of the runtime serves
+  // GetStats() to whoever connects: JSON by default, Prometheus text on request (see
+  // runtime/stats_server.h for the protocol). Empty: off. A stale socket file there is replaced;
+  // any other file, or a socket someone serves, fails Runtime::Create. The file is removed at
+  // Shutdown.
+  std::string stats_socket;
 };
 
 // Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.

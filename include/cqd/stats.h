@@ -34,6 +34,27 @@ struct CqStats {
   uint64_t poll_errors = 0;      // negative poll returns (the CQ is then left alone)
 };
 
+// Poll -> dispatch latency of a consumer's completions (ConsumerOptions::record_latency): from
+// the poller taking a completion off its CQ to the consumer taking the dispatch batch holding it
+// off its queue, right before the batch's handlers run. Recorded in log-linear buckets at most
+// 6.25 % wide; percentiles are the upper bound of the bucket that holds them (at most max_ns).
+// Waits of 2^32 ns (4.29 s) or more wrap (see runtime/latency.h). All zero when not enabled.
+struct LatencyStats {
+  struct Bucket {
+    uint64_t upper_ns = 0;  // inclusive; the previous bucket's upper_ns (exclusive) is its lower
+    uint64_t count = 0;     // completions in this bucket (not cumulative)
+  };
+  bool enabled = false;
+  uint64_t count = 0;      // completions recorded (delivered, or orphaned at the consumer)
+  uint64_t sum_ns = 0;     // their latencies added up
+  uint64_t p50_ns = 0;
+  uint64_t p90_ns = 0;
+  uint64_t p99_ns = 0;
+  uint64_t p999_ns = 0;
+  uint64_t max_ns = 0;
+  std::vector<Bucket> buckets;  // the non-empty buckets, by upper_ns ascending
+};
+
 struct ConsumerStats {
   std::string name;
   int cpu = -1;                  // pinned CPU (ConsumerOptions::cpu), -1 if not pinned
@@ -49,6 +70,7 @@ struct ConsumerStats {
   uint64_t spill_high_water = 0; // most items one poller held at once
   uint64_t stalls = 0;           // stalls begun
   uint64_t stalled_ns = 0;       // time spent stalled, over stalls that have ended
+  LatencyStats latency;          // ConsumerOptions::record_latency
 };
 
 struct DeviceStats {
@@ -59,6 +81,7 @@ struct DeviceStats {
 };
 
 struct Stats {
+  uint64_t uptime_ns = 0;        // steady-clock time from Runtime::Create to this snapshot
   std::vector<PollerStats> pollers;
   std::vector<CqStats> cqs;
   std::vector<ConsumerStats> consumers;

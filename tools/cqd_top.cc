@@ -1,0 +1,426 @@
+// cqd_top: live rates of a running cqd runtime, read from its stats endpoint
+// (RuntimeOptions::stats_socket).
+//
+//   bazel run //tools:cqd_top -- /path/to/socket [--interval 1] [--count N] [--cqs 10] [--clear]
+//
+// Every interval it connects, asks for JSON ("json\n"), and prints one frame of aligned plain-text
+// tables: per poller completions, polls, empty polls, sleeps and arms per second; per CQ
+// completions, events and acks per second (the busiest --cqs of them); per consumer deliveries
+// per second, queue and spill depth, stalls, and the poll -> dispatch latency of the interval
+// (p50/p99/p99.9 from the histogram buckets that changed; MAX_EVER is since the start) where the
+// consumer records it. --count N prints N frames and exits (0: run until interrupted); --clear
+// clears the terminal before each frame. Exits 1 when the endpoint cannot be read.
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/mini_json.h"
+
+namespace {
+
+struct Flags {
+  std::string socket;
+  double interval = 1;
+  long count = 0;
+  size_t cqs = 10;
+  bool clear = false;
+};
+
+void Usage() {
+  fprintf(stderr,
+          "usage: cqd_top SOCKET [--interval SECONDS] [--count N] [--cqs N] [--clear]\n"
+          "  SOCKET      the runtime's RuntimeOptions::stats_socket\n"
+          "  --interval  seconds between frames (default 1, at least 0.05)\n"
+          "  --count     frames to print, then exit (default 0: until interrupted)\n"
+          "  --cqs       CQs to show, the busiest first (default 10)\n"
+          "  --clear     clear the terminal before each frame\n");
+}
+
+// Parses "--name VALUE" or "--name=VALUE" at argv[*i]; advances *i past what it used.
+bool FlagValue(int argc, char** argv, int* i, const char* name, std::string* value) {
+  const size_t n = strlen(name);
+  const char* arg = argv[*i];
+  if (strncmp(arg, name, n) != 0) return false;
+  if (arg[n] == '=') {
+    *value = arg + n + 1;
+    return true;
+  }
+  if (arg[n] != '\0' || *i + 1 >= argc) return false;
+  *value = argv[++*i];
+  return true;
+}
+
+bool ParseFlags(int argc, char** argv, Flags* flags) {
+  for (int i = 1; i < argc; ++i) {
+    std::string v;
+    char* end = nullptr;
+    if (FlagValue(argc, argv, &i, "--interval", &v)) {
+      flags->interval = strtod(v.c_str(), &end);
+      if (*end != '\0' || !(flags->interval >= 0.05)) return false;
+    } else if (FlagValue(argc, argv, &i, "--count", &v)) {
+      flags->count = strtol(v.c_str(), &end, 10);
+      if (*end != '\0' || flags->count < 0) return false;
+    } else if (FlagValue(argc, argv, &i, "--cqs", &v)) {
+      long cqs = strtol(v.c_str(), &end, 10);
+      if (*end != '\0' || cqs < 0) return false;
+      flags->cqs = static_cast<size_t>(cqs);
+    } else if (strcmp(argv[i], "--clear") == 0) {
+      flags->clear = true;
+    } else if (argv[i][0] == '-' || !flags->socket.empty()) {
+      return false;
+    } else {
+      flags->socket = argv[i];
+    }
+  }
+  return !flags->socket.empty();
+}
+
+// Reads the endpoint's JSON; returns false with `error` set on failure.
+bool Fetch(const std::string& path, std::string* body, std::string* error) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    *error = "socket path too long";
+    return false;
+  }
+  memcpy(addr.sun_path, path.data(), path.size());
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = std::string("socket: ") + strerror(errno);
+    return false;
+  }
+  timeval tv{5, 0};  // never hang on a stuck endpoint
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (!ok) *error = "connect " + path + ": " + strerror(errno);
+  const char request[] = "json\n";
+  if (ok && send(fd, request, sizeof(request) - 1, MSG_NOSIGNAL) != sizeof(request) - 1) {
+    *error = std::string("send: ") + strerror(errno);
+    ok = false;
+  }
+  body->clear();
+  char buf[65536];
+  while (ok) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      body->append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      *error = std::string("read: ") + strerror(errno);
+      ok = false;
+    }
+  }
+  close(fd);
+  return ok;
+}
+
+// What a frame needs from one JSON document.
+struct Snapshot {
+  struct Poller {
+    int64_t cpu;
+    uint64_t polls, empty_polls, completions, arms, arm_failures, sleeps, stalls;
+  };
+  struct Cq {
+    int64_t shard;
+    uint64_t completions, events, acked_events, ack_calls, poll_errors;
+  };
+  struct Consumer {
+    std::string name;
+    uint64_t delivered, async_events, queue_depth, high_water, spill_depth, spill_high_water,
+        stalls, stalled_ns;
+    bool latency = false;
+    uint64_t latency_max_ns = 0;
+    std::map<uint64_t, uint64_t> buckets;  // upper_ns -> count
+  };
+  uint64_t uptime_ns = 0;
+  uint64_t orphans = 0, async_events = 0, failed_fds = 0, cm_events = 0;
+  uint64_t cq_events = 0, cq_acked_events = 0, cq_ack_calls = 0;
+  std::vector<Poller> pollers;
+  std::map<uint64_t, Cq> cqs;  // by id
+  std::vector<Consumer> consumers;
+};
+
+bool Extract(const cqd::json::Value& root, Snapshot* s, std::string* error) {
+  using cqd::json::Value;
+  const Value* pollers = root.Get("pollers");
+  const Value* cqs = root.Get("cqs");
+  const Value* consumers = root.Get("consumers");
+  if (!root.is(Value::Type::kObject) || pollers == nullptr || cqs == nullptr ||
+      consumers == nullptr || !pollers->is(Value::Type::kArray) ||
+      !cqs->is(Value::Type::kArray) || !consumers->is(Value::Type::kArray)) {
+    *error = "not a cqd stats document";
+    return false;
+  }
+  s->uptime_ns = root.U64("uptime_ns");
+  s->orphans = root.U64("orphans");
+  s->async_events = root.U64("async_events");
+  s->failed_fds = root.U64("failed_fds");
+  s->cm_events = root.U64("cm_events");
+  s->cq_events = root.U64("cq_events");
+  s->cq_acked_events = root.U64("cq_acked_events");
+  s->cq_ack_calls = root.U64("cq_ack_calls");
+  for (const Value& p : pollers->items) {
+    s->pollers.push_back({p.I64("cpu", -1), p.U64("polls"), p.U64("empty_polls"),
+                          p.U64("completions"), p.U64("arms"), p.U64("arm_failures"),
+                          p.U64("sleeps"), p.U64("backpressure_stalls")});
+  }
+  for (const Value& c : cqs->items) {
+    s->cqs[c.U64("id")] = {c.I64("shard"), c.U64("completions"), c.U64("events"),
+                           c.U64("acked_events"), c.U64("ack_calls"), c.U64("poll_errors")};
+  }
+  for (const Value& c : consumers->items) {
+    Snapshot::Consumer out{c.Str("name"),        c.U64("delivered"),   c.U64("async_events"),
+                           c.U64("queue_depth"), c.U64("high_water"),  c.U64("spill_depth"),
+                           c.U64("spill_high_water"), c.U64("stalls"), c.U64("stalled_ns"),
+                           false, 0, {}};
+    if (const Value* l = c.Get("latency"); l != nullptr && l->Get("enabled") != nullptr &&
+                                           l->Get("enabled")->boolean) {
+      out.latency = true;
+      out.latency_max_ns = l->U64("max_ns");
+      if (const Value* b = l->Get("buckets"); b != nullptr) {
+        for (const Value& pair : b->items) {
+          if (pair.items.size() == 2 && pair.items[0].AsU64() && pair.items[1].AsU64()) {
+            out.buckets[*pair.items[0].AsU64()] = *pair.items[1].AsU64();
+          }
+        }
+      }
+    }
+    s->consumers.push_back(std::move(out));
+  }
+  return true;
+}
+
+bool Read(const std::string& path, Snapshot* s, std::string* error) {
+  std::string body;
+  if (!Fetch(path, &body, error)) return false;
+  std::string parse_error;
+  std::optional<cqd::json::Value> root = cqd::json::Parse(body, &parse_error);
+  if (!root) {
+    *error = "bad JSON from the endpoint: " + parse_error;
+    return false;
+  }
+  *s = Snapshot{};
+  return Extract(*root, s, error);
+}
+
+// ---- formatting ----
+
+std::string Rate(uint64_t now, uint64_t before, double seconds) {
+  const double v = now >= before ? static_cast<double>(now - before) / seconds : 0;
+  char buf[32];
+  if (v < 1000) {
+    snprintf(buf, sizeof(buf), "%.0f", v);
+  } else if (v < 1e6) {
+    snprintf(buf, sizeof(buf), "%.1fk", v / 1e3);
+  } else if (v < 1e9) {
+    snprintf(buf, sizeof(buf), "%.2fM", v / 1e6);
+  } else {
+    snprintf(buf, sizeof(buf), "%.2fG", v / 1e9);
+  }
+  return buf;
+}
+
+std::string Num(uint64_t v) { return std::to_string(v); }
+
+std::string Duration(uint64_t ns) {
+  char buf[32];
+  if (ns < 1000) {
+    snprintf(buf, sizeof(buf), "%" PRIu64 "ns", ns);
+  } else if (ns < 1000000) {
+    snprintf(buf, sizeof(buf), "%.1fus", ns / 1e3);
+  } else if (ns < 1000000000) {
+    snprintf(buf, sizeof(buf), "%.1fms", ns / 1e6);
+  } else {
+    snprintf(buf, sizeof(buf), "%.2fs", ns / 1e9);
+  }
+  return buf;
+}
+
+// Rows of cells; the first column left-aligned, the others right-aligned.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      if (c > 0) line += "  ";
+      const std::string pad(width[c] - row[c].size(), ' ');
+      line += c == 0 ? row[c] + pad : pad + row[c];
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    printf("%s\n", line.c_str());
+  }
+}
+
+// The upper bound of the bucket holding the q-th quantile of `delta` (upper_ns -> count).
+uint64_t Quantile(const std::map<uint64_t, uint64_t>& delta, uint64_t total, double q) {
+  uint64_t rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(total)));
+  rank = std::clamp<uint64_t>(rank, 1, total);
+  uint64_t seen = 0;
+  for (const auto& [upper, count] : delta) {
+    seen += count;
+    if (seen >= rank) return upper;
+  }
+  return delta.empty() ? 0 : delta.rbegin()->first;
+}
+
+void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
+  const double dt = static_cast<double>(cur.uptime_ns - prev.uptime_ns) / 1e9;
+  if (flags.clear) printf("\033[H\033[2J");
+  printf("cqd_top %s  uptime %.1fs  interval %.2fs\n", flags.socket.c_str(),
+         static_cast<double>(cur.uptime_ns) / 1e9, dt);
+  printf("orphans %s/s  async events %s/s  CM events %s/s  failed fds %" PRIu64
+         "  CQ events %s/s  acked %s/s  ack calls %s/s\n\n",
+         Rate(cur.orphans, prev.orphans, dt).c_str(),
+         Rate(cur.async_events, prev.async_events, dt).c_str(),
+         Rate(cur.cm_events, prev.cm_events, dt).c_str(), cur.failed_fds,
+         Rate(cur.cq_events, prev.cq_events, dt).c_str(),
+         Rate(cur.cq_acked_events, prev.cq_acked_events, dt).c_str(),
+         Rate(cur.cq_ack_calls, prev.cq_ack_calls, dt).c_str());
+
+  std::vector<std::vector<std::string>> rows = {{"POLLER", "CPU", "COMPL/s", "POLLS/s",
+                                                 "EMPTY/s", "SLEEPS/s", "ARMS/s", "ARM_FAIL/s",
+                                                 "SKIPPED/s"}};
+  for (size_t i = 0; i < cur.pollers.size(); ++i) {
+    const Snapshot::Poller& c = cur.pollers[i];
+    const Snapshot::Poller p = i < prev.pollers.size() ? prev.pollers[i] : c;
+    rows.push_back({Num(i), std::to_string(c.cpu), Rate(c.completions, p.completions, dt),
+                    Rate(c.polls, p.polls, dt), Rate(c.empty_polls, p.empty_polls, dt),
+                    Rate(c.sleeps, p.sleeps, dt), Rate(c.arms, p.arms, dt),
+                    Rate(c.arm_failures, p.arm_failures, dt), Rate(c.stalls, p.stalls, dt)});
+  }
+  PrintTable(rows);
+  printf("\n");
+
+  // CQs, the busiest first.
+  struct CqRow {
+    uint64_t id;
+    uint64_t delta;
+  };
+  std::vector<CqRow> order;
+  for (const auto& [id, c] : cur.cqs) {
+    auto it = prev.cqs.find(id);
+    const uint64_t before = it == prev.cqs.end() ? 0 : it->second.completions;
+    order.push_back({id, c.completions >= before ? c.completions - before : 0});
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const CqRow& a, const CqRow& b) { return a.delta > b.delta; });
+  rows = {{"CQ", "SHARD", "COMPL/s", "EVENTS/s", "ACKED/s", "ACK_CALLS/s", "POLL_ERRORS"}};
+  for (size_t k = 0; k < order.size() && k < flags.cqs; ++k) {
+    const Snapshot::Cq& c = cur.cqs.at(order[k].id);
+    auto it = prev.cqs.find(order[k].id);
+    const Snapshot::Cq p = it == prev.cqs.end() ? Snapshot::Cq{c.shard, 0, 0, 0, 0, 0}
+                                                : it->second;
+    rows.push_back({Num(order[k].id), std::to_string(c.shard),
+                    Rate(c.completions, p.completions, dt), Rate(c.events, p.events, dt),
+                    Rate(c.acked_events, p.acked_events, dt), Rate(c.ack_calls, p.ack_calls, dt),
+                    Num(c.poll_errors)});
+  }
+  if (flags.cqs > 0) {
+    PrintTable(rows);
+    if (order.size() > flags.cqs) {
+      printf("(%zu of %zu CQs shown)\n", flags.cqs, order.size());
+    }
+    printf("\n");
+  }
+
+  rows = {{"CONSUMER", "DELIV/s", "EVENTS/s", "QUEUE", "QUEUE_HW", "SPILL", "SPILL_HW",
+           "STALLS/s", "STALLED/s", "P50", "P99", "P99.9", "MAX_EVER"}};
+  for (size_t i = 0; i < cur.consumers.size(); ++i) {
+    const Snapshot::Consumer& c = cur.consumers[i];
+    const Snapshot::Consumer& p = i < prev.consumers.size() ? prev.consumers[i] : c;
+    std::vector<std::string> row = {
+        c.name,
+        Rate(c.delivered, p.delivered, dt),
+        Rate(c.async_events, p.async_events, dt),
+        Num(c.queue_depth),
+        Num(c.high_water),
+        Num(c.spill_depth),
+        Num(c.spill_high_water),
+        Rate(c.stalls, p.stalls, dt),
+        Duration(c.stalled_ns >= p.stalled_ns
+                     ? static_cast<uint64_t>(static_cast<double>(c.stalled_ns - p.stalled_ns) / dt)
+                     : 0)};
+    if (!c.latency) {
+      row.insert(row.end(), {"-", "-", "-", "-"});
+    } else {
+      std::map<uint64_t, uint64_t> delta;
+      uint64_t total = 0;
+      for (const auto& [upper, count] : c.buckets) {
+        auto it = p.buckets.find(upper);
+        const uint64_t before = it == p.buckets.end() ? 0 : it->second;
+        if (count > before) {
+          delta[upper] = count - before;
+          total += count - before;
+        }
+      }
+      if (total == 0) {
+        row.insert(row.end(), {"-", "-", "-"});
+      } else {
+        // A bucket's upper bound may exceed every latency in it; none exceeds the maximum.
+        for (double q : {0.5, 0.99, 0.999}) {
+          row.push_back(Duration(std::min(Quantile(delta, total, q), c.latency_max_ns)));
+        }
+      }
+      row.push_back(Duration(c.latency_max_ns));
+    }
+    rows.push_back(std::move(row));
+  }
+  PrintTable(rows);
+  printf("\n");
+  fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) {
+    Usage();
+    return 2;
+  }
+  Snapshot prev;
+  std::string error;
+  if (!Read(flags.socket, &prev, &error)) {
+    fprintf(stderr, "cqd_top: %s\n", error.c_str());
+    return 1;
+  }
+  const auto interval = std::chrono::duration<double>(flags.interval);
+  auto next = std::chrono::steady_clock::now() + interval;
+  for (long frame = 0; flags.count == 0 || frame < flags.count;) {
+    std::this_thread::sleep_until(next);
+    next += interval;
+    Snapshot cur;
+    if (!Read(flags.socket, &cur, &error)) {
+      fprintf(stderr, "cqd_top: %s\n", error.c_str());
+      return 1;
+    }
+    if (cur.uptime_ns <= prev.uptime_ns) {  // another runtime on the same path: start over
+      printf("(the runtime behind %s restarted)\n", flags.socket.c_str());
+      prev = std::move(cur);
+      continue;
+    }
+    PrintFrame(flags, prev, cur);
+    prev = std::move(cur);
+    ++frame;
+  }
+  return 0;
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# //tools:cqd_top_test: runs the demo with a stats endpoint and latency recording, then
+# cqd_top for two frames against it, and checks that the frames hold the poller, CQ and consumer
+# tables with latency figures. Nothing here depends on speed: only on the demo running.
+set -uo pipefail
+demo=$1
+top=$2
+dir=${TEST_TMPDIR:-}
+if [[ -z $dir || ${#dir} -gt 90 ]]; then  # a Unix socket path holds at most 107 bytes
+  dir=$(mktemp -d /tmp/cqd_top_test.XXXXXX)
+  cleanup_dir=$dir
+fi
+sock=$dir/cqd.sock
+"$demo" --seconds=60 --qps=16 --stats_socket="$sock" --latency >"$dir/demo.out" 2>&1 &
+demo_pid=$!
+cleanup() {
+  kill "$demo_pid" 2>/dev/null
+  wait "$demo_pid" 2>/dev/null
+  [[ -n ${cleanup_dir:-} ]] && rm -rf "$cleanup_dir"
+}
+trap cleanup EXIT
+for _ in $(seq 1 300); do
+  [[ -S $sock ]] && break
+  sleep 0.1
+done
+if [[ ! -S $sock ]]; then
+  echo "cqd_top_test: the demo never created $sock" >&2
+  cat "$dir/demo.out" >&2
+  exit 1
+fi
+out=$("$top" "$sock" --interval 0.3 --count 2)
+rc=$?
+echo "$out"
+if (( rc != 0 )); then
+  echo "cqd_top_test: cqd_top exited with $rc" >&2
+  exit 1
+fi
+fail=0
+expect() {
+  if ! grep -Eq "$1" <<<"$out"; then
+    echo "cqd_top_test: no line matching '$1'" >&2
+    fail=1
+  fi
+}
+expect '^POLLER +CPU +COMPL/s +POLLS/s +EMPTY/s +SLEEPS/s +ARMS/s'
+expect '^CQ +SHARD +COMPL/s +EVENTS/s +ACKED/s'
+expect '^CONSUMER +DELIV/s .* P50 +P99 +P99\.9 +MAX_EVER$'
+expect '^consumer0 +[0-9.]+[kMG]? '
+expect '^1 +-1 +[0-9.]+[kMG]? '  # poller 1 of the demo's 2
+frames=$(grep -c '^cqd_top ' <<<"$out")
+if (( frames != 2 )); then
+  echo "cqd_top_test: $frames frames, expected 2" >&2
+  fail=1
+fi
+# A latency column with a figure (the consumers record it): a duration such as 850ns or 1.2us.
+if ! grep -Eq '^consumer[0-9] .*[0-9.]+(ns|us|ms|s) *$' <<<"$out"; then
+  echo "cqd_top_test: no consumer row with a latency figure" >&2
+  fail=1
+fi
+# Bad usage is refused.
+if "$top" >/dev/null 2>&1; then
+  echo "cqd_top_test: cqd_top without a socket succeeded" >&2
+  fail=1
+fi
+if "$top" "$dir/missing.sock" --count 1 >/dev/null 2>&1; then
+  echo "cqd_top_test: cqd_top on a missing socket succeeded" >&2
+  fail=1
+fi
+exit $fail
