@@ -5,7 +5,7 @@
 //
 //   blockd_server [--addr=0.0.0.0] [--port=7472] [--device=NAME] [--blocks=4096]
 //                 [--block-size=4096] [--pollers=2] [--consumers=2] [--exit-after=N]
-//                 [--stats-json=FILE]
+//                 [--stats-json=FILE|-] [--stats-socket=PATH]
 //
 // Handlers run on runtime-owned consumer threads (connection n on consumer n % consumers); the
 // CM channel's CmHandler (connect requests) runs on consumer 0. A connection ends on
@@ -384,6 +384,7 @@ int Server::Run() {
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
   consumers = static_cast<int>(flags_.Int("consumers", 2));
   options.consumers.resize(consumers);
+  options.stats_socket = flags_.Str("stats-socket", "");
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   block_size = static_cast<uint32_t>(flags_.Int("block-size", 4096));
   blocks = static_cast<uint64_t>(flags_.Int("blocks", 4096));

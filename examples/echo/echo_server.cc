@@ -1,7 +1,7 @@
 // echo_server: an RC request/response server on cqd, driven by its own epoll loop.
 //
 //   echo_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--pollers=2] [--exit-after=N]
-//               [--keepalive-ms=500] [--stats-json=FILE] [--stats-socket=PATH]
+//               [--keepalive-ms=500] [--stats-json=FILE|-] [--stats-socket=PATH] [--latency]
 //
 // The runtime's pollers drain the CQs; the server's one consumer is engine-driven: this thread
 // waits in epoll on the consumer's NotifyFd and calls Drain, so every handler (connection
@@ -243,6 +243,8 @@ int Server::Run() {
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
   options.consumers[0].kind = ConsumerKind::kEngineDriven;
   options.consumers[0].name = "echo";
+  options.consumers[0].record_latency = flags_.Has("latency");
+  options.stats_socket = flags_.Str("stats-socket", "");
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   keepalive = std::chrono::milliseconds(flags_.Int("keepalive-ms", 500));
   rdma_event_channel* channel = rdma_create_event_channel();
