@@ -20,9 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "cqd/runtime.h"
@@ -78,7 +76,7 @@ class Conn : public QpHandler {
   const uint64_t first_, count_;
   const int window_, rounds_;
   rdma_cm_id* id_ = nullptr;
-  uintptr_t serial_ = 0;  // the id's context (Client::Track)
+  void* context_ = nullptr;  // the id's context (SetupRouter::Track)
   Region buffers_;   // window data slots of kMaxRead blocks, then window request slots
   Registration registration_;
   uint32_t block_size_ = 0;
@@ -93,39 +91,21 @@ class Conn : public QpHandler {
   std::atomic<State> state_{State::kConnecting};
 };
 
-class Client : public CmHandler {
+class Client {
  public:
   explicit Client(const Flags& flags) : flags_(flags) {}
   int Run();
-  void OnCmEvent(const CmEvent& event) noexcept override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = conns_.find(reinterpret_cast<uintptr_t>(event.context));
-    if (it != conns_.end()) it->second->OnSetupEvent(event);
-  }
-  // Returns the serial a new connection's id carries as its context (never reused, unlike the
-  // id's address) and routes its setup events to `conn` until Forget.
-  uintptr_t Track(Conn* conn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    conns_[++serial_] = conn;
-    return serial_;
-  }
-  void Forget(uintptr_t serial) {
-    std::lock_guard<std::mutex> lock(mu_);
-    conns_.erase(serial);
-  }
   Engine engine;
+  SetupRouter<Conn> setup;  // the CM channel's CmHandler, on consumer 0
   int consumers = 2;
 
  private:
   const Flags& flags_;
-  std::mutex mu_;
-  std::unordered_map<uintptr_t, Conn*> conns_;
-  uintptr_t serial_ = 0;
 };
 
 bool Conn::Connect(rdma_event_channel* channel, const sockaddr_in& server) {
-  serial_ = client_.Track(this);
-  if (rdma_create_id(channel, &id_, reinterpret_cast<void*>(serial_), RDMA_PS_TCP) != 0) {
+  context_ = client_.setup.Track(this);
+  if (rdma_create_id(channel, &id_, context_, RDMA_PS_TCP) != 0) {
     return false;
   }
   sockaddr_in to = server;
@@ -290,7 +270,7 @@ bool Conn::Finish() {
     }
   }
   if (id_ != nullptr) {
-    client_.Forget(serial_);
+    client_.setup.Forget(context_);
     if (id_->qp != nullptr) rdma_destroy_qp(id_);
     rdma_destroy_id(id_);
     id_ = nullptr;
@@ -308,7 +288,7 @@ int Client::Run() {
   if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7472), &server)) return 1;
   rdma_event_channel* channel = rdma_create_event_channel();
   if (channel == nullptr) return 1;
-  if (Status s = engine.runtime->WatchCmChannel(channel, *this, 0); !s.ok()) {
+  if (Status s = engine.runtime->WatchCmChannel(channel, setup, 0); !s.ok()) {
     fprintf(stderr, "blockd_client: %s\n", s.ToString().c_str());
     return 1;
   }

@@ -138,13 +138,8 @@ bool Conn::Setup(uint64_t n) {
 }
 
 bool Conn::PostRecv(int slot) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(RecvSlot(slot)), kSlotBytes, buffers_.mr->lkey};
-  ibv_recv_wr wr{};
-  wr.wr_id = static_cast<uint64_t>(slot);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+  return examples::PostRecv(id_->qp, buffers_, RecvSlot(slot), kSlotBytes,
+                            static_cast<uint64_t>(slot));
 }
 
 bool Conn::PostRead(int slot, uint64_t remote, uint32_t rkey, char* local, uint32_t bytes) {

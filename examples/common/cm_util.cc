@@ -143,6 +143,17 @@ bool Engine::Start(const RuntimeOptions& options, int cq_depth, const std::strin
   return true;
 }
 
+bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes,
+              uint64_t wr_id) {
+  ibv_sge sge{reinterpret_cast<uintptr_t>(addr), bytes, region.mr->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = wr_id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(qp, &wr, &bad) == 0;
+}
+
 bool PostKeepalive(ibv_qp* qp, uint64_t wr_id) {
   ibv_send_wr wr{};
   wr.wr_id = wr_id;

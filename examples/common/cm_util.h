@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "cqd/runtime.h"
 
@@ -75,6 +77,40 @@ struct Engine {
   DeviceId device = 0;
   ibv_pd* pd = nullptr;
   std::vector<CqHandle> cqs;
+};
+
+// Posts one receive of `bytes` at `addr` (inside `region`) as `wr_id`; false if refused.
+bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes,
+              uint64_t wr_id);
+
+// A client's CmHandler: routes the setup events of its connections (ADDR_RESOLVED,
+// ROUTE_RESOLVED, errors before a QP is registered) to `Conn::OnSetupEvent`. An event may name an
+// id destroyed since it was read, whose address a new id may have, so each id carries a serial
+// that is never reused as its context, and events are matched by that. Track and Forget may be
+// called from any thread.
+template <typename Conn>
+class SetupRouter : public CmHandler {
+ public:
+  void OnCmEvent(const CmEvent& event) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(reinterpret_cast<uintptr_t>(event.context));
+    if (it != conns_.end()) it->second->OnSetupEvent(event);
+  }
+  // Returns the context for `conn`'s next id; its events reach `conn` until Forget.
+  void* Track(Conn* conn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_[++serial_] = conn;
+    return reinterpret_cast<void*>(serial_);
+  }
+  void Forget(void* context) {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.erase(reinterpret_cast<uintptr_t>(context));
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uintptr_t, Conn*> conns_;
+  uintptr_t serial_ = 0;
 };
 
 // Zero-length signaled RDMA WRITE: costs the peer nothing, and fails with

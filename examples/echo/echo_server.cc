@@ -113,14 +113,8 @@ bool Conn::Setup(ConsumerId consumer) {
 }
 
 bool Conn::PostRecv(int slot) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buffers_.data + slot * kSlotBytes), kSlotBytes,
-              buffers_.mr->lkey};
-  ibv_recv_wr wr{};
-  wr.wr_id = static_cast<uint64_t>(slot);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  return ibv_post_recv(id_->qp, &wr, &bad) == 0;
+  return examples::PostRecv(id_->qp, buffers_, buffers_.data + slot * kSlotBytes, kSlotBytes,
+                            static_cast<uint64_t>(slot));
 }
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
