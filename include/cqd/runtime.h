@@ -192,8 +192,10 @@ class Runtime {
   // non-blocking; the engine must not read it itself) and acks every event after copying it
   // (CmEvent). Events of an id registered with RegisterQp(rdma_cm_id*) go to that QP's handler,
   // ordered with its completions (QpHandler::OnCmEvent); every other event goes to `handler` on
-  // `consumer` (CmHandler). `handler` must outlive the runtime. kAlreadyExists if watched,
-  // kInvalidArgument for a null channel or a bad consumer.
+  // `consumer` (CmHandler). The channel is read at most queue_capacity + spill_capacity (of
+  // `consumer`) events ahead of their delivery; beyond that its events wait in the kernel.
+  // `handler` must outlive the runtime. kAlreadyExists if watched, kInvalidArgument for a null
+  // channel or a bad consumer.
   Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
   // Stops reading `channel`; events already read are still delivered. Afterwards the engine may
   // destroy the channel. kNotFound if not watched.
