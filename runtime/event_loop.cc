@@ -331,11 +331,19 @@ bool PostJoin(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32
   const uint32_t consumer = StateConsumer(state);
   const uint32_t send_cq = slot.send_cq.load(std::memory_order_relaxed);
   const uint32_t recv_cq = slot.recv_cq.load(std::memory_order_relaxed);
+  // A part refused (Shutdown closed the consumer: a late teardown fence) is released at once.
   if (send_shard == recv_shard) {
-    pollers[send_shard]->PostEvent(consumer, item, send_cq, recv_cq == send_cq ? 0 : recv_cq);
+    if (!pollers[send_shard]->PostEvent(consumer, item, send_cq,
+                                        recv_cq == send_cq ? 0 : recv_cq)) {
+      Consumer::DropEventPart(item);
+    }
   } else {
-    pollers[send_shard]->PostEvent(consumer, item, send_cq, 0);
-    pollers[recv_shard]->PostEvent(consumer, item, recv_cq, 0);
+    if (!pollers[send_shard]->PostEvent(consumer, item, send_cq, 0)) {
+      Consumer::DropEventPart(item);
+    }
+    if (!pollers[recv_shard]->PostEvent(consumer, item, recv_cq, 0)) {
+      Consumer::DropEventPart(item);
+    }
   }
   return true;
 }
