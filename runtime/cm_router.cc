@@ -30,33 +30,6 @@ void PostToListener(EventJoin* join) noexcept {
   if (!join->watch->poller->PostEvent(join->watch->consumer, item, 0, 0)) DeliverHere(join);
 }
 
-// Sends a kCm join along its binding's road, as PostJoin does for a live slot. A part refused
-// (its consumer closed) is released at once: the last part hands the event on.
-void PostBound(EventJoin* join, const std::vector<Poller*>& pollers) noexcept {
-  const CmBinding& b = *join->binding;
-  const bool one = b.send_shard == b.recv_shard;
-  join->parts.store(one ? 1 : 2, std::memory_order_relaxed);
-  Item item;
-  item.join = join;
-  item.slot = b.slot;
-  item.generation = b.generation;
-  item.kind = ItemKind::kAsyncEvent;
-  if (one) {
-    if (!pollers[b.send_shard]->PostEvent(b.consumer, item, b.send_cq,
-                                          b.recv_cq == b.send_cq ? 0 : b.recv_cq)) {
-      Consumer::DropEventPart(item);
-    }
-    return;
-  }
-  // Both parts may be released by others as soon as they are posted: copy what is needed first.
-  const int recv_shard = b.recv_shard;
-  const uint32_t consumer = b.consumer, recv_cq = b.recv_cq;
-  if (!pollers[b.send_shard]->PostEvent(consumer, item, b.send_cq, 0)) {
-    Consumer::DropEventPart(item);
-  }
-  if (!pollers[recv_shard]->PostEvent(consumer, item, recv_cq, 0)) Consumer::DropEventPart(item);
-}
-
 void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
   out->type = raw.event;
   out->status = raw.status;
@@ -111,8 +84,8 @@ CmWatch* CmRouter::AddWatch(rdma_event_channel* channel, CmHandler* handler, uin
 }
 
 bool CmRouter::Live(const CmBinding& binding) const {
-  const uint64_t state = slots_.slot(binding.slot).state.load(std::memory_order_acquire);
-  return StateLive(state) && StateGeneration(state) == binding.generation;
+  const uint64_t state = slots_.slot(binding.route.slot).state.load(std::memory_order_acquire);
+  return StateLive(state) && StateGeneration(state) == binding.route.generation;
 }
 
 bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept {
@@ -123,17 +96,12 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
       });
       sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
     }
-    auto binding = std::make_shared<CmBinding>();
     const Slot& s = slots_.slot(slot);
-    binding->slot = slot;
-    binding->generation = generation;
+    const uint64_t state = s.state.load(std::memory_order_acquire);
+    if (!StateLive(state) || StateGeneration(state) != generation) return true;  // gone already
+    auto binding = std::make_shared<CmBinding>();
+    binding->route = RouteOf(s, slot, state);
     binding->qp_num = s.qp_num.load(std::memory_order_relaxed);
-    binding->device = s.device.load(std::memory_order_relaxed);
-    binding->consumer = StateConsumer(s.state.load(std::memory_order_acquire));
-    binding->send_shard = s.send_shard.load(std::memory_order_relaxed);
-    binding->recv_shard = s.recv_shard.load(std::memory_order_relaxed);
-    binding->send_cq = s.send_cq.load(std::memory_order_relaxed);
-    binding->recv_cq = s.recv_cq.load(std::memory_order_relaxed);
     bindings_[id] = std::move(binding);
     return true;
   } catch (const std::bad_alloc&) {
@@ -176,7 +144,7 @@ void CmRouter::Route(EventJoin* join) {
       join->cm.qp_num = binding->qp_num;
       join->binding = binding;
       binding->in_flight.fetch_add(1, std::memory_order_relaxed);
-      PostBound(join, pollers_);
+      PostAlong(binding->route, join, pollers_);
       return;
     }
     bindings_.erase(it);  // the registration ended and nothing of it is in flight

@@ -37,6 +37,7 @@
 #include "cqd/handler.h"
 #include "cqd/runtime.h"
 #include "runtime/consumer.h"
+#include "runtime/event_route.h"
 #include "runtime/registry.h"
 
 namespace cqd::internal {
@@ -55,13 +56,8 @@ struct CmWatch {
 // A registration an id was bound to, with the road its events take (copied at bind time, so
 // that events can follow it after the slot was freed or reused).
 struct CmBinding {
-  uint32_t slot = 0;
-  uint32_t generation = 0;
+  EventRoute route;
   uint32_t qp_num = 0;
-  DeviceId device = 0;
-  uint32_t consumer = 0;
-  int send_shard = 0, recv_shard = 0;
-  uint32_t send_cq = 0, recv_cq = 0;
   // Events routed to this registration and not yet delivered or handed on.
   std::atomic<int> in_flight{0};
 };

@@ -303,49 +303,4 @@ bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId 
   return PostQpEvent(slots_, pollers_, index, event, device, /*fence=*/false);
 }
 
-bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
-                 const AsyncEvent& event, DeviceId device, bool fence) {
-  auto* join = new (std::nothrow) EventJoin;
-  if (join == nullptr) return false;  // out of memory: the device handler gets it instead
-  join->kind = fence ? EventJoin::Kind::kFence : EventJoin::Kind::kAsync;
-  join->event = event;
-  if (PostJoin(slots, pollers, index, kAnyGeneration, join, event.qp_num, device)) return true;
-  delete join;
-  return false;
-}
-
-bool PostJoin(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
-              uint32_t generation, EventJoin* join, uint32_t qp_num, DeviceId device) {
-  const Slot& slot = slots.slot(index);
-  uint64_t state = slot.state.load(std::memory_order_acquire);
-  if (!StateLive(state) || !slot.Holds(device, qp_num)) return false;
-  if (generation != kAnyGeneration && StateGeneration(state) != generation) return false;
-  const int send_shard = slot.send_shard.load(std::memory_order_relaxed);
-  const int recv_shard = slot.recv_shard.load(std::memory_order_relaxed);
-  join->parts.store(send_shard == recv_shard ? 1 : 2, std::memory_order_relaxed);
-  Item item;
-  item.join = join;
-  item.slot = index;
-  item.generation = StateGeneration(state);
-  item.kind = ItemKind::kAsyncEvent;
-  const uint32_t consumer = StateConsumer(state);
-  const uint32_t send_cq = slot.send_cq.load(std::memory_order_relaxed);
-  const uint32_t recv_cq = slot.recv_cq.load(std::memory_order_relaxed);
-  // A part refused (Shutdown closed the consumer: a late teardown fence) is released at once.
-  if (send_shard == recv_shard) {
-    if (!pollers[send_shard]->PostEvent(consumer, item, send_cq,
-                                        recv_cq == send_cq ? 0 : recv_cq)) {
-      Consumer::DropEventPart(item);
-    }
-  } else {
-    if (!pollers[send_shard]->PostEvent(consumer, item, send_cq, 0)) {
-      Consumer::DropEventPart(item);
-    }
-    if (!pollers[recv_shard]->PostEvent(consumer, item, recv_cq, 0)) {
-      Consumer::DropEventPart(item);
-    }
-  }
-  return true;
-}
-
 }  // namespace cqd::internal

@@ -29,6 +29,7 @@
 #include "cqd/status.h"
 #include "runtime/cm_router.h"
 #include "runtime/consumer.h"
+#include "runtime/event_route.h"
 #include "runtime/log.h"
 #include "runtime/mailbox.h"
 #include "runtime/poller.h"
@@ -36,19 +37,6 @@
 #include "runtime/registry.h"
 
 namespace cqd::internal {
-
-// Sends `join` (kind kAsync, kFence or kCm, parts unset) to the handler of `slot` through the
-// pollers of its CQs (see poller.h) and returns true; returns false, and leaves `join` with the
-// caller, unless the slot holds a live registration of `qp_num` on `device` (of `generation`,
-// unless that is kAnyGeneration). Any thread.
-inline constexpr uint32_t kAnyGeneration = ~uint32_t{0};
-bool PostJoin(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t slot,
-              uint32_t generation, EventJoin* join, uint32_t qp_num, DeviceId device);
-
-// PostJoin for an async event (or, with `fence`, a teardown's fence: the consumer only notes it
-// for the slot's teardown, see teardown.h); false if it was not posted. Any thread.
-bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t slot,
-                 const AsyncEvent& event, DeviceId device, bool fence);
 
 class EventLoop {
  public:

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/utf8.h"
+
 namespace cqd::json {
 
 struct Value {
@@ -183,23 +185,6 @@ class Parser {
     return true;
   }
 
-  static void AppendUtf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
 
   // A raw UTF-8 sequence starting at pos_ (its first byte >= 0x80): copied if valid.
   bool Utf8(std::string& out) {
@@ -271,7 +256,7 @@ class Parser {
             if (low < 0xdc00 || low > 0xdfff) return Fail("bad low surrogate");
             cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
           }
-          AppendUtf8(out, cp);
+          internal::AppendUtf8(out, static_cast<char32_t>(cp));
           break;
         }
         default:

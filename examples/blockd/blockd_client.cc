@@ -95,8 +95,8 @@ class Client {
  public:
   explicit Client(const Flags& flags) : flags_(flags) {}
   int Run();
+  SetupRouter<Conn> setup;  // the CM channel's CmHandler, on consumer 0; outlives the runtime
   Engine engine;
-  SetupRouter<Conn> setup;  // the CM channel's CmHandler, on consumer 0
   int consumers = 2;
 
  private:
@@ -261,18 +261,9 @@ void Conn::Fail(const char* why) noexcept {
 
 bool Conn::Finish() {
   bool ok = state() == State::kDone;
-  if (registration_.registered()) {
-    rdma_disconnect(id_);
-    auto teardown = client_.engine.runtime->TeardownQp(registration_);
-    if (!teardown.ok() || !teardown->Wait().ok()) {
-      registration_.Unregister();
-      ok = false;
-    }
-  }
   if (id_ != nullptr) {
     client_.setup.Forget(context_);
-    if (id_->qp != nullptr) rdma_destroy_qp(id_);
-    rdma_destroy_id(id_);
+    ok &= CloseConnection(*client_.engine.runtime, id_, registration_);
     id_ = nullptr;
   }
   return ok;
@@ -286,12 +277,8 @@ int Client::Run() {
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   sockaddr_in server;
   if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7472), &server)) return 1;
-  rdma_event_channel* channel = rdma_create_event_channel();
-  if (channel == nullptr) return 1;
-  if (Status s = engine.runtime->WatchCmChannel(channel, setup, 0); !s.ok()) {
-    fprintf(stderr, "blockd_client: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!engine.WatchCm(setup, 0)) return 1;
+  rdma_event_channel* channel = engine.channel;
   const int connections = static_cast<int>(flags_.Int("connections", 4));
   const uint64_t per = static_cast<uint64_t>(flags_.Int("blocks-per-connection", 64));
   const uint64_t first = static_cast<uint64_t>(flags_.Int("first-block", 0));
@@ -318,7 +305,6 @@ int Client::Run() {
   WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
   (void)engine.runtime->Shutdown();
   conns.clear();
-  rdma_destroy_event_channel(channel);
   return verified == expected && ok == static_cast<uint64_t>(connections) ? 0 : 1;
 }
 

@@ -384,16 +384,11 @@ int Server::Run() {
   block_size = static_cast<uint32_t>(flags_.Int("block-size", 4096));
   blocks = static_cast<uint64_t>(flags_.Int("blocks", 4096));
   if (!store.Register(engine.pd, block_size * blocks, IBV_ACCESS_LOCAL_WRITE)) return 1;
-  rdma_event_channel* channel = rdma_create_event_channel();
-  if (channel == nullptr) return 1;
-  if (Status s = engine.runtime->WatchCmChannel(channel, *this, 0); !s.ok()) {
-    fprintf(stderr, "blockd_server: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!engine.WatchCm(*this, 0)) return 1;
   sockaddr_in addr;
   const long port = flags_.Int("port", 7472);
   if (!MakeAddress(flags_.Str("addr", "0.0.0.0"), static_cast<uint16_t>(port), &addr)) return 1;
-  rdma_cm_id* listener = Listen(channel, addr, 128);
+  rdma_cm_id* listener = Listen(engine.channel, addr, 128);
   if (listener == nullptr) return 1;
   printf("cqd-ready blockd_server: %" PRIu64 " blocks of %u bytes on port %ld\n", blocks,
          block_size, port);
@@ -421,8 +416,6 @@ int Server::Run() {
   WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
   rdma_destroy_id(listener);
   (void)engine.runtime->Shutdown();
-  (void)engine.runtime->UnwatchCmChannel(channel);
-  rdma_destroy_event_channel(channel);
   return totals.failed.load() == 0 ? 0 : 1;
 }
 

@@ -97,7 +97,8 @@ bool CreateQp(rdma_cm_id* id, ibv_pd* pd, const CqHandle& cq, const QpShape& sha
 }
 
 Engine::~Engine() {
-  runtime.reset();  // first: it polls the CQs of this context
+  runtime.reset();  // first: it polls the CQs of this context and reads the channel
+  if (channel != nullptr) rdma_destroy_event_channel(channel);
   if (pd != nullptr) ibv_dealloc_pd(pd);
   if (devices != nullptr) rdma_free_devices(devices);
 }
@@ -141,6 +142,36 @@ bool Engine::Start(const RuntimeOptions& options, int cq_depth, const std::strin
     cqs.push_back(*cq);
   }
   return true;
+}
+
+bool Engine::WatchCm(CmHandler& handler, ConsumerId consumer) {
+  channel = rdma_create_event_channel();
+  if (channel == nullptr) {
+    perror("rdma_create_event_channel");
+    return false;
+  }
+  if (Status s = runtime->WatchCmChannel(channel, handler, consumer); !s.ok()) {
+    fprintf(stderr, "%s\n", s.ToString().c_str());
+    return false;
+  }
+  return true;
+}
+
+bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration) {
+  bool drained = true;
+  if (registration.registered()) {
+    rdma_disconnect(id);
+    auto teardown = runtime.TeardownQp(registration);
+    Status status = teardown.ok() ? teardown->Wait() : teardown.status();
+    if (!status.ok()) {
+      fprintf(stderr, "teardown of qp %u: %s\n", id->qp->qp_num, status.ToString().c_str());
+      registration.Unregister();
+      drained = false;
+    }
+  }
+  if (id->qp != nullptr) rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+  return drained;
 }
 
 bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes,

@@ -70,6 +70,9 @@ struct Engine {
   bool Start(const RuntimeOptions& options, int cq_depth, const std::string& name);
   // The CQ for the `n`th connection: spread over the shards.
   const CqHandle& CqFor(uint64_t n) const { return cqs[n % cqs.size()]; }
+  // Creates `channel` and has the runtime deliver its events (WatchCmChannel). False (and a
+  // message) on failure.
+  bool WatchCm(CmHandler& handler, ConsumerId consumer);
 
   std::unique_ptr<Runtime> runtime;
   ibv_context** devices = nullptr;  // rdma_get_devices
@@ -77,7 +80,13 @@ struct Engine {
   DeviceId device = 0;
   ibv_pd* pd = nullptr;
   std::vector<CqHandle> cqs;
+  rdma_event_channel* channel = nullptr;  // WatchCm; destroyed after the runtime
 };
+
+// Ends a connection from the engine's side, on a thread that is not its consumer: disconnects,
+// tears the QP down the drained way and waits for that (an unregistered `registration` skips
+// both), then destroys the QP and `id`. Returns true when the teardown drained.
+bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration);
 
 // Posts one receive of `bytes` at `addr` (inside `region`) as `wr_id`; false if refused.
 bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes,

@@ -77,8 +77,8 @@ class Client {
  public:
   explicit Client(const Flags& flags) : flags_(flags) {}
   int Run();
+  SetupRouter<Conn> setup;  // the CM channel's CmHandler, on consumer 0; outlives the runtime
   Engine engine;
-  SetupRouter<Conn> setup;  // the CM channel's CmHandler, on consumer 0
   int consumers = 2;
 
  private:
@@ -197,22 +197,9 @@ void Conn::Fail(const char* why) noexcept {
 
 bool Conn::Finish() {
   bool ok = state() == State::kDone;
-  if (registration_.registered()) {
-    rdma_disconnect(id_);
-    auto teardown = client_.engine.runtime->TeardownQp(registration_);
-    if (!teardown.ok()) {
-      fprintf(stderr, "echo_client: TeardownQp: %s\n", teardown.status().ToString().c_str());
-      registration_.Unregister();
-      ok = false;
-    } else if (Status s = teardown->Wait(); !s.ok()) {
-      fprintf(stderr, "echo_client: teardown of %u: %s\n", index_, s.ToString().c_str());
-      ok = false;
-    }
-  }
   if (id_ != nullptr) {
     client_.setup.Forget(context_);
-    if (id_->qp != nullptr) rdma_destroy_qp(id_);
-    rdma_destroy_id(id_);
+    ok &= CloseConnection(*client_.engine.runtime, id_, registration_);
     id_ = nullptr;
   }
   return ok;
@@ -226,12 +213,8 @@ int Client::Run() {
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   sockaddr_in server;
   if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7471), &server)) return 1;
-  rdma_event_channel* channel = rdma_create_event_channel();
-  if (channel == nullptr) return 1;
-  if (Status s = engine.runtime->WatchCmChannel(channel, setup, 0); !s.ok()) {
-    fprintf(stderr, "echo_client: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!engine.WatchCm(setup, 0)) return 1;
+  rdma_event_channel* channel = engine.channel;
   const int connections = static_cast<int>(flags_.Int("connections", 16));
   const int window = static_cast<int>(flags_.Int("window", 8));
   const uint32_t requests = static_cast<uint32_t>(flags_.Int("requests", 200));
@@ -280,7 +263,6 @@ int Client::Run() {
   WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
   (void)engine.runtime->Shutdown();
   conns.clear();
-  rdma_destroy_event_channel(channel);
   return failures == 0 && verified == expected ? 0 : 1;
 }
 

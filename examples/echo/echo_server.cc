@@ -241,19 +241,11 @@ int Server::Run() {
   options.stats_socket = flags_.Str("stats-socket", "");
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   keepalive = std::chrono::milliseconds(flags_.Int("keepalive-ms", 500));
-  rdma_event_channel* channel = rdma_create_event_channel();
-  if (channel == nullptr) {
-    perror("rdma_create_event_channel");
-    return 1;
-  }
   Runtime& rt = *engine.runtime;
-  if (Status s = rt.WatchCmChannel(channel, *this, 0); !s.ok()) {
-    fprintf(stderr, "echo_server: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (!engine.WatchCm(*this, 0)) return 1;
   sockaddr_in addr;
   if (!MakeAddress(flags_.Str("addr", "0.0.0.0"), flags_.Int("port", 7471), &addr)) return 1;
-  rdma_cm_id* listener = Listen(channel, addr, 128);
+  rdma_cm_id* listener = Listen(engine.channel, addr, 128);
   if (listener == nullptr) return 1;
   printf("cqd-ready echo_server listening on port %ld\n", flags_.Int("port", 7471));
   fflush(stdout);
@@ -291,8 +283,6 @@ int Server::Run() {
   WriteStats(rt, flags_.Str("stats-json", ""));
   rdma_destroy_id(listener);
   (void)rt.Shutdown();
-  (void)rt.UnwatchCmChannel(channel);
-  rdma_destroy_event_channel(channel);
   close(epoll_fd);
   return 0;
 }
