@@ -126,6 +126,7 @@ TEST(Runtime, UnregisterFromOwnHandler) {
       if (registration.registered()) {
         registration.Unregister();  // must not deadlock on its own consumer
         after_unregister_calls.store(0);
+        unregistered.store(true, std::memory_order_release);  // publishes `registration`
       } else {
         after_unregister_calls.fetch_add(1);
       }
@@ -134,6 +135,7 @@ TEST(Runtime, UnregisterFromOwnHandler) {
     Registration registration;
     std::atomic<int> calls{0};
     std::atomic<int> after_unregister_calls{0};
+    std::atomic<bool> unregistered{false};
   };
   testing::CountingOrphans orphans;
   RuntimeOptions options;
@@ -147,6 +149,8 @@ TEST(Runtime, UnregisterFromOwnHandler) {
   handler.registration = std::move(reg);
   for (uint64_t i = 0; i < 10; ++i) ASSERT_EQ(qp->Complete(i), 1);
   ASSERT_TRUE(WaitFor([&] { return handler.calls.load() + orphans.count.load() == 10; }));
+  // The handler's write of its Registration must happen-before this thread destroys it.
+  ASSERT_TRUE(WaitFor([&] { return handler.unregistered.load(std::memory_order_acquire); }));
   EXPECT_EQ(handler.calls.load(), 1);
   EXPECT_EQ(handler.after_unregister_calls.load(), 0);
   CQD_ASSERT_OK(topo.sim->DestroyQp(qp));
