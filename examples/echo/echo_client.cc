@@ -52,6 +52,8 @@ class Conn : public QpHandler {
   // Main thread: disconnects, waits for the drained teardown, destroys. Returns its result.
   bool Finish();
   State state() const { return state_.load(std::memory_order_acquire); }
+  // Returns true once ESTABLISHED reached the handler (read after state(): set before it).
+  bool ran() const { return ran_.load(std::memory_order_relaxed); }
   uint64_t verified() const { return verified_.load(std::memory_order_relaxed); }
 
  private:
@@ -71,6 +73,7 @@ class Conn : public QpHandler {
   uint32_t received_ = 0;
   std::atomic<uint64_t> verified_{0};
   std::atomic<State> state_{State::kIdle};
+  std::atomic<bool> ran_{false};
 };
 
 class Client {
@@ -158,7 +161,13 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   for (const ibv_wc& wc : wcs) {
     const State state = this->state();
     if (state == State::kDone || state == State::kFailed) continue;  // flushed at the end
-    if (wc.status != IBV_WC_SUCCESS) return Fail(ibv_wc_status_str(wc.status));
+    if (wc.status != IBV_WC_SUCCESS) {
+      char why[160];
+      snprintf(why, sizeof(why), "%s (wr_id %#" PRIx64 ", %s, sent %u, received %u)",
+               ibv_wc_status_str(wc.status), wc.wr_id,
+               state == State::kRunning ? "running" : "before ESTABLISHED", sent_, received_);
+      return Fail(why);
+    }
     if (wc.wr_id & kSendBit) continue;
     // A reply: it must be the next one, byte for byte.
     const int slot = static_cast<int>(wc.wr_id);
@@ -180,6 +189,7 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
 
 void Conn::OnCmEvent(const CmEvent& event) noexcept {
   if (event.type == RDMA_CM_EVENT_ESTABLISHED) {
+    ran_.store(true, std::memory_order_relaxed);
     state_.store(State::kRunning, std::memory_order_release);
     while (sent_ < requests_ && static_cast<int>(sent_) < window_) {
       if (!PostRequest()) return Fail("ibv_post_send");
@@ -221,7 +231,11 @@ int Client::Run() {
   const int rounds = static_cast<int>(flags_.Int("rounds", 2));
   std::vector<std::unique_ptr<Conn>> conns;
   std::vector<int> rounds_left(connections, rounds);
-  uint64_t expected = 0, verified = 0, teardowns_ok = 0, failures = 0;
+  uint64_t expected = 0, verified = 0, teardowns_ok = 0, failures = 0, setup_retries = 0;
+  // A connection whose setup fails (it never reached ESTABLISHED: librdmacm could not move its QP
+  // to RTR/RTS, the server did not answer in time) is tried again, as engines do, a few times.
+  constexpr int kSetupTries = 3;
+  std::vector<int> setup_tries_left(connections, kSetupTries);
   for (int i = 0; i < connections; ++i) {
     const uint32_t n = requests * (1 + i % 3);
     expected += static_cast<uint64_t>(n) * rounds;
@@ -237,7 +251,16 @@ int Client::Run() {
       const State state = conn.state();
       if (rounds_left[i] == 0 || (state != State::kDone && state != State::kFailed)) continue;
       verified += conn.verified();
-      if (conn.Finish()) {
+      const bool setup_failed = state == State::kFailed && !conn.ran();
+      const bool closed = conn.Finish();
+      if (setup_failed && setup_tries_left[i]-- > 0) {
+        ++setup_retries;
+        fprintf(stderr, "echo_client: connection %d: its setup failed; connecting again\n", i);
+        conns[i] = std::make_unique<Conn>(*this, i, window, requests * (1 + i % 3));
+        if (!conns[i]->Connect(channel, server)) return 1;
+        continue;
+      }
+      if (closed) {
         ++teardowns_ok;
       } else {
         ++failures;
@@ -258,8 +281,8 @@ int Client::Run() {
     }
   }
   printf("echo_client: connections=%d rounds=%d verified=%" PRIu64 " of %" PRIu64
-         " teardowns_ok=%" PRIu64 " failures=%" PRIu64 "\n",
-         connections, rounds, verified, expected, teardowns_ok, failures);
+         " teardowns_ok=%" PRIu64 " failures=%" PRIu64 " setup_retries=%" PRIu64 "\n",
+         connections, rounds, verified, expected, teardowns_ok, failures, setup_retries);
   WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
   (void)engine.runtime->Shutdown();
   conns.clear();

@@ -1,6 +1,7 @@
 // echo_server: an RC request/response server on cqd, driven by its own epoll loop.
 //
 //   echo_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--pollers=2] [--exit-after=N]
+//               [--exit-when-told]
 //               [--keepalive-ms=500] [--stats-json=FILE|-] [--stats-socket=PATH] [--latency]
 //
 // The runtime's pollers drain the CQs; the server's one consumer is engine-driven: this thread
@@ -13,7 +14,9 @@
 //
 // Prints "cqd-ready" once listening. With --exit-after=N it exits after N connections were
 // established and none is left, printing one summary line and the runtime's stats; exit code 0
-// unless something could not be set up.
+// unless something could not be set up. With --exit-when-told as well, it also waits for SIGUSR1
+// (no more clients will come), so that a gap between one client's connections cannot end it.
+#include <signal.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -30,6 +33,8 @@
 
 namespace cqd::examples {
 namespace {
+
+volatile sig_atomic_t told_no_more_clients = 0;  // SIGUSR1, with --exit-when-told
 
 using Clock = std::chrono::steady_clock;
 constexpr int kSlots = 32;        // receives posted per connection
@@ -256,6 +261,8 @@ int Server::Run() {
   ev.events = EPOLLIN;
   epoll_ctl(epoll_fd, EPOLL_CTL_ADD, notify_fd, &ev);
   const uint64_t exit_after = static_cast<uint64_t>(flags_.Int("exit-after", 0));
+  const bool wait_to_be_told = flags_.Has("exit-when-told");
+  if (wait_to_be_told) signal(SIGUSR1, [](int) { told_no_more_clients = 1; });
   Clock::time_point next_tick = Clock::now();
   for (;;) {
     epoll_event ready;
@@ -274,7 +281,10 @@ int Server::Run() {
         ++it;
       }
     }
-    if (exit_after > 0 && totals.established >= exit_after && conns_.empty()) break;
+    if (exit_after > 0 && totals.established >= exit_after && conns_.empty() &&
+        (!wait_to_be_told || told_no_more_clients != 0)) {
+      break;
+    }
   }
   printf("echo_server: connections=%" PRIu64 " established=%" PRIu64 " echoed=%" PRIu64
          " failed=%" PRIu64 " teardowns_ok=%" PRIu64 " teardowns_late=%" PRIu64 "\n",

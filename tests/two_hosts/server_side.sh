@@ -6,7 +6,9 @@
 # Starts SERVER (it prints "cqd-ready" once listening; the runner then starts the client VM),
 # and optionally a client in this same VM ("@SERVER" in it becomes $CQD_SERVER_ADDR) that must
 # keep working whatever happens to the other host. Waits for the runner's "cqd-client-done CODE"
-# line on stdin, then gives the server 180 s to finish on its own (its --exit-after condition).
+# line on stdin, then for the local client, then gives the server 180 s to finish on its own (its
+# --exit-after condition). A server run with --exit-when-told is sent SIGUSR1 once both client
+# sides are done: no more clients will come, so it may end when its last connection has.
 # Exit code: 0 iff the server and the local client (if any) exited 0 and the server's output
 # matched MUST_PRINT (a grep -E pattern), if given; 1 otherwise, also when the server did not
 # finish (the VM then powers off with it).
@@ -23,6 +25,14 @@ if [ -n "$2" ]; then
 fi
 read -r done_line
 echo "server_side: $done_line"
+if [ -n "$local_pid" ]; then
+  wait $local_pid
+  local_code=$(cat /tmp/local.rc 2>/dev/null || echo none)
+  echo "server_side: local client exit $local_code"
+fi
+case "$1" in
+  *--exit-when-told*) killall -USR1 "${1%% *}" ;;
+esac
 waited=0
 while [ ! -f /tmp/server.rc ] && [ $waited -lt 180 ]; do sleep 1; waited=$((waited + 1)); done
 if [ ! -f /tmp/server.rc ]; then
@@ -35,10 +45,7 @@ code=$(cat /tmp/server.rc)
 echo "server_side: server exit $code"
 [ "$code" = 0 ] || rc=1
 if [ -n "$local_pid" ]; then
-  wait $local_pid
-  code=$(cat /tmp/local.rc 2>/dev/null || echo none)
-  echo "server_side: local client exit $code"
-  [ "$code" = 0 ] || rc=1
+  [ "$local_code" = 0 ] || rc=1
 fi
 if [ -n "$3" ] && ! grep -Eq "$3" /tmp/server.log; then
   echo "server_side: the server never printed a line matching: $3"
