@@ -2,6 +2,7 @@
 
 #include "runtime/cm_router.h"
 #include "runtime/teardown.h"
+#include "runtime/thread_role.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -69,6 +70,7 @@ Consumer::~Consumer() {
 }
 
 Status Consumer::Start() {
+  if (options_.kind == ConsumerKind::kRunToCompletion) return Status::Ok();  // its poller runs it
   if (options_.kind == ConsumerKind::kEngineDriven) {
     if (notify_fd_ < 0) return ErrnoStatus("consumer " + options_.name + ": eventfd", errno);
     return Status::Ok();
@@ -95,11 +97,7 @@ void Consumer::Run() {
       continue;
     }
     if (stop_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(close_mu_);
-      if (depth_.load(std::memory_order_seq_cst) == 0) {
-        closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
-        return;
-      }
+      if (CloseIfEmpty()) return;
       continue;  // items reserved but not yet visible: they are about to be
     }
     if (idle_loops++ % 64 != 0) {
@@ -120,6 +118,13 @@ void Consumer::Run() {
     }
     idle_loops = 0;
   }
+}
+
+bool Consumer::CloseIfEmpty() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (depth_.load(std::memory_order_seq_cst) != 0) return false;
+  closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
+  return true;
 }
 
 size_t Consumer::ReserveUpTo(size_t n) noexcept {
@@ -152,7 +157,7 @@ void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noe
   if (!queue_.try_enqueue_bulk(token, items, n)) {
     while (!queue_.enqueue_bulk(token, items, n)) std::this_thread::yield();  // out of memory
   }
-  parker_.Wake();
+  waker_->Wake();
 }
 
 bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept {
@@ -312,7 +317,7 @@ void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
   // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
   // over. A batch that does not list the slot calls none of its handlers.
   if (!listed) return;
-  while (batch_seq_.load(std::memory_order_acquire) == seq) std::this_thread::yield();
+  while (batch_seq_.load(std::memory_order_acquire) == seq) WaitStep();  // thread_role.h
 }
 
 // The notify fd counts two kinds of writes: a producer's Wake adds 1 (after taking the parker's

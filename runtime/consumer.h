@@ -8,8 +8,8 @@
 // never holds more than `queue_capacity` items (Shutdown's final hand-over excepted): a full
 // consumer makes pollers keep items in their outboxes, never drop them.
 //
-// Dispatch() runs on the consumer's thread only (the owned thread, or the engine thread calling
-// Drain). Before a batch's first handler call it lists the batch's slots in `batch_slots_`
+// Dispatch() runs on the consumer's thread only (the owned thread, the engine thread calling
+// Drain, or for kRunToCompletion its poller's thread). Before a batch's first handler call it lists the batch's slots in `batch_slots_`
 // (release) and makes `batch_seq_` odd (seq_cst); after the last call it makes it even. It reads
 // each slot's state (seq_cst) right before calling its handler. Unregister stores the dead state
 // (seq_cst), then reads `batch_seq_`: if odd and the batch lists the slot, it waits for the value
@@ -107,6 +107,12 @@ class Consumer {
   // Control path.
   Status Start();  // kOwnedThread: starts the thread
   void Stop();     // kOwnedThread: dispatches what is queued, then joins the thread
+  // kRunToCompletion, before any Push: producers wake `poller` (the parker of the poller whose
+  // thread dispatches this consumer) instead of this consumer's own.
+  void RunOnPoller(Parker* poller) { waker_ = poller; }
+  // The dispatching thread, when it stops for good: closes the consumer (PushIfOpen refuses from
+  // then on) and returns true if nothing is queued; else returns false (dispatch, then retry).
+  bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Call after marking `slot` dead: waits until a handler call of it that this consumer may have
   // started has returned, unless this thread is running this consumer's handlers.
@@ -147,6 +153,8 @@ class Consumer {
   // Async and CM events handed to QP handlers and CmHandlers.
   uint64_t async_delivered() const { return async_delivered_.load(std::memory_order_relaxed); }
   uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
+  // Returns true if items are queued or reserved (seq_cst: a sleeper's re-check, parker.h).
+  bool Pending() const noexcept { return depth_.load(std::memory_order_seq_cst) > 0; }
   uint64_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
   // Null unless ConsumerOptions::record_latency.
   const LatencyHistogram* latency() const { return latency_.get(); }
@@ -183,6 +191,7 @@ class Consumer {
   std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit
   bool closed_ = false;  // guarded by close_mu_
   Parker parker_;
+  Parker* waker_ = &parker_;  // whom Push wakes: this consumer, or its run-to-completion poller
   const std::unique_ptr<LatencyHistogram> latency_ =
       options_.record_latency ? std::make_unique<LatencyHistogram>() : nullptr;
 

@@ -2,7 +2,8 @@
 //
 // The owner (a poller or the event thread) checks pending() once per loop, a single acquire load,
 // and calls RunPosted(). Once the owner has stopped (Close), RunSync runs the function inline on
-// the caller, which is then the only thread touching the owner's state.
+// the caller, which is then the only thread touching the owner's state. A caller with a wait duty
+// (thread_role.h) serves it while it waits.
 #ifndef CQD_RUNTIME_MAILBOX_H_
 #define CQD_RUNTIME_MAILBOX_H_
 
@@ -12,6 +13,8 @@
 #include <functional>
 #include <mutex>
 #include <vector>
+
+#include "runtime/thread_role.h"
 
 namespace cqd::internal {
 
@@ -31,7 +34,15 @@ class Mailbox {
     lock.unlock();
     wake_owner();
     lock.lock();
-    done_cv_.wait(lock, [&] { return done_ >= ticket; });
+    if (!HasWaitDuty()) {
+      done_cv_.wait(lock, [&] { return done_ >= ticket; });
+      return;
+    }
+    while (done_ < ticket) {
+      lock.unlock();
+      WaitStep();
+      lock.lock();
+    }
   }
   // Owner: true when RunPosted has work.
   bool pending() const noexcept { return pending_.load(std::memory_order_seq_cst); }

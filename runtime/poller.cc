@@ -25,6 +25,11 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
     tokens_.push_back(consumers_[c]->MakeProducerToken());
     outboxes_.push_back(std::make_unique<Outbox>(
         static_cast<uint32_t>(options.consumers[c].spill_capacity)));
+    const ConsumerOptions& co = options.consumers[c];
+    if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
+      consumers_[c]->RunOnPoller(&parker_);
+      owned_.push_back(consumers_[c]);
+    }
   }
   listed_.reserve(consumers_.size());
 }
@@ -44,7 +49,37 @@ void Poller::Stop() {
 }
 
 void Poller::RunSync(const std::function<void()>& fn) {
+  if (ServingAs(this)) {  // a run-to-completion handler of this poller, between two passes
+    fn();
+    return;
+  }
   mailbox_.RunSync(fn, [this] { parker_.Wake(); });
+}
+
+void Poller::ServeMailbox(void* self) {
+  Poller* poller = static_cast<Poller*>(self);
+  if (poller->mailbox_.pending()) poller->mailbox_.RunPosted();
+}
+
+bool Poller::RunOwned() noexcept {
+  // Handlers may call the runtime from here (thread_role.h).
+  tls_runtime_thread = false;
+  tls_wait_duty = {&Poller::ServeMailbox, this};
+  bool worked = false;
+  for (Consumer* consumer : owned_) {
+    // A few batches per pass, so that polling goes on under a steady stream.
+    for (int round = 0; round < 4 && consumer->Dispatch(1024) > 0; ++round) worked = true;
+  }
+  tls_wait_duty = {};
+  tls_runtime_thread = true;
+  return worked;
+}
+
+bool Poller::OwnedPending() const noexcept {
+  for (const Consumer* consumer : owned_) {
+    if (consumer->Pending()) return true;
+  }
+  return false;
 }
 
 void Poller::AddCq(CqRecord* cq) {
@@ -163,6 +198,7 @@ void Poller::Run() {
     }
     if (!listed_.empty()) worked |= Flush(false);
     if (PollAll() > 0) worked = true;
+    if (!owned_.empty()) worked |= RunOwned();
     if (worked) {
       idle = false;
       continue;
@@ -183,13 +219,20 @@ void Poller::Run() {
   // Everything taken off the CQs so far, and every posted event, reaches a consumer (they
   // outlive the pollers' shutdown). PostEvent waits on inbox_mu_ meanwhile and afterwards hands
   // events over directly, behind everything this flush moved.
-  std::lock_guard<std::mutex> lock(inbox_mu_);
-  for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
-  inbox_.clear();
-  for (PostedEvent& posted : deferred_) AppendTo(posted.consumer) = posted.item;
-  deferred_.clear();
-  Flush(/*force=*/true);
-  inbox_open_ = false;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
+    inbox_.clear();
+    for (PostedEvent& posted : deferred_) AppendTo(posted.consumer) = posted.item;
+    deferred_.clear();
+    Flush(/*force=*/true);
+    inbox_open_ = false;
+  }
+  // The run-to-completion consumers' last handlers run here (events posted meanwhile go straight
+  // to their queues); then they close.
+  for (Consumer* consumer : owned_) {
+    while (!consumer->CloseIfEmpty()) RunOwned();
+  }
   mailbox_.Close();
 }
 
@@ -399,7 +442,7 @@ void Poller::TrySleep() noexcept {
   }
   // S6: completions that arrived before arming raise no event: poll once more.
   if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
-      stop_.load(std::memory_order_seq_cst)) {
+      OwnedPending() || stop_.load(std::memory_order_seq_cst)) {
     parker_.Cancel();
     return;
   }

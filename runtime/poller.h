@@ -23,6 +23,12 @@
 // the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification
 // costs latency, never a hang.
 //
+// Run-to-completion consumers of this shard (ConsumerKind::kRunToCompletion) are dispatched by
+// this thread once per pass, after polling, with the wait duty of thread_role.h set: their
+// handlers may make control calls, and the calls that would wait for this poller run inline.
+// Producers wake this poller instead of such a consumer, and the sleep re-checks their queues.
+// When the thread stops it dispatches what they still hold and closes them.
+//
 // Threading: the CQ list, the outboxes and CqRecord::uses belong to the poller thread. Other
 // threads change them only through the control calls below, which run on the poller thread
 // between two passes (or inline once it has stopped) and wait for it. PostEvent and Wake may be
@@ -124,6 +130,10 @@ class Poller {
   void NoteOutbox(uint32_t consumer) noexcept;
   // Moves posted events into outboxes that have room; returns true if any moved.
   bool PlaceEvents();
+  // Dispatches the run-to-completion consumers; returns true if a handler ran.
+  bool RunOwned() noexcept;
+  bool OwnedPending() const noexcept;
+  static void ServeMailbox(void* self);  // the wait duty of RunOwned's handlers
   void TrySleep() noexcept;
   void Count(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
@@ -136,6 +146,7 @@ class Poller {
   const int index_;
   const RuntimeOptions& options_;
   std::vector<Consumer*> consumers_;
+  std::vector<Consumer*> owned_;  // kRunToCompletion consumers this thread dispatches
   const SlotPool& slots_;
   OrphanSink& orphans_;
   StrayMarkers& strays_;

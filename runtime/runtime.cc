@@ -75,8 +75,18 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
   for (size_t i = 0; i < o.consumers.size(); ++i) {
     const ConsumerOptions& c = o.consumers[i];
     std::string who = "consumers[" + Str(i) + "]";
-    if (c.kind != ConsumerKind::kOwnedThread && c.kind != ConsumerKind::kEngineDriven) {
+    if (c.kind != ConsumerKind::kOwnedThread && c.kind != ConsumerKind::kEngineDriven &&
+        c.kind != ConsumerKind::kRunToCompletion) {
       return InvalidArgument(who + ".kind is not a ConsumerKind");
+    }
+    if (c.kind == ConsumerKind::kRunToCompletion && (c.poller < 0 || c.poller >= o.pollers)) {
+      return InvalidArgument(who + ".poller is " + Str(c.poller) + ", must be in 0.." +
+                             Str(o.pollers - 1));
+    }
+    if (c.kind == ConsumerKind::kRunToCompletion && c.cpu != -1) {
+      return InvalidArgument(who + ".cpu is " + Str(c.cpu) +
+                             ", must be -1: a kRunToCompletion consumer runs on its poller's "
+                             "thread (see poller_cpus)");
     }
     if (c.queue_capacity < 1 || c.queue_capacity > (1u << 26)) {
       return InvalidArgument(who + ".queue_capacity is " + Str(c.queue_capacity) +
@@ -197,7 +207,7 @@ Result<DeviceId> RuntimeImpl::AddVerbsDevice(ibv_context* context, bool owned,
   record->handler = events;
   CQD_REFUSE_ON_RUNTIME_THREAD("AddVerbsDevice");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<ControlMutex> lock(mu_);
     for (auto& d : devices_) {
       if (d->verbs == context) {
         return AlreadyExists("AddVerbsDevice: the context was already added as device " +
@@ -216,7 +226,7 @@ Result<DeviceId> RuntimeImpl::AddSimDevice(std::shared_ptr<SimDevice> device,
     return InvalidArgument("AddSimDevice: not a device made by SimDevice::Create");
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<ControlMutex> lock(mu_);
     for (auto& d : devices_) {
       if (d->sim == device) {
         return AlreadyExists("AddSimDevice: " + device->name() +
@@ -232,7 +242,7 @@ Result<DeviceId> RuntimeImpl::AddSimDevice(std::shared_ptr<SimDevice> device,
 }
 
 Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   const std::string op = "Add device " + record->backend->name();
   if (shut_down_) return FailedPrecondition(op + ": the runtime is shut down");
   record->id = static_cast<DeviceId>(devices_.size() + 1);
@@ -269,7 +279,7 @@ Result<DeviceId> RuntimeImpl::AddDevice(std::unique_ptr<DeviceRecord> record) {
 
 Result<ibv_context*> RuntimeImpl::VerbsContext(DeviceId id) {
   CQD_REFUSE_ON_RUNTIME_THREAD("VerbsContext");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   if (id < 1 || id > devices_.size()) return NotFound("VerbsContext: no device " + Str(id));
   if (devices_[id - 1]->verbs == nullptr) {
     return InvalidArgument("VerbsContext: device " + Str(id) + " is not a verbs device");
@@ -280,7 +290,7 @@ Result<ibv_context*> RuntimeImpl::VerbsContext(DeviceId id) {
 Result<DeviceId> RuntimeImpl::FindVerbsDevice(ibv_context* context) {
   CQD_REFUSE_ON_RUNTIME_THREAD("FindVerbsDevice");
   if (context == nullptr) return InvalidArgument("FindVerbsDevice: context is null");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   for (auto& d : devices_) {
     if (d->verbs == context) return d->id;
   }
@@ -291,7 +301,7 @@ Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handl
                                    ConsumerId consumer) {
   CQD_REFUSE_ON_RUNTIME_THREAD("WatchCmChannel");
   if (channel == nullptr) return InvalidArgument("WatchCmChannel: channel is null");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("WatchCmChannel: the runtime is shut down");
   if (consumer >= consumers_.size()) {
     return InvalidArgument("WatchCmChannel: consumer " + Str(consumer) + " is not in 0.." +
@@ -307,14 +317,14 @@ Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handl
 Status RuntimeImpl::UnwatchCmChannel(rdma_event_channel* channel) {
   CQD_REFUSE_ON_RUNTIME_THREAD("UnwatchCmChannel");
   if (channel == nullptr) return InvalidArgument("UnwatchCmChannel: channel is null");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   Status status;
   events_->RunSync([&] { status = events_->UnwatchCm(channel); });
   return status;
 }
 
 bool RuntimeImpl::BindCm(rdma_cm_id* id, const Registration& registration) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   bool bound = false;
   events_->RunSync(
       [&] { bound = events_->cm().Bind(id, registration.slot_, registration.generation_); });
@@ -339,7 +349,7 @@ Result<DeviceRecord*> RuntimeImpl::FindDevice(const char* op, DeviceId id, int s
 
 Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& options) {
   CQD_REFUSE_ON_RUNTIME_THREAD("CreateCq");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice("CreateCq", id, shard);
   if (!device.ok()) return device.status();
   if (options.depth < 1) {
@@ -362,7 +372,7 @@ Result<CqHandle> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
 
 Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard, bool sim) {
   CQD_REFUSE_ON_RUNTIME_THREAD(op);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice(op, id, shard);
   if (!device.ok()) return device.status();
   if (((*device)->sim != nullptr) != sim) {
@@ -375,7 +385,7 @@ Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard,
 Result<CqHandle> RuntimeImpl::AdoptCq(DeviceId id, int shard, void* native, bool sim,
                                       const CqOptions& options) {
   CQD_REFUSE_ON_RUNTIME_THREAD("AdoptCq");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   Result<DeviceRecord*> device = FindDevice("AdoptCq", id, shard);
   if (!device.ok()) return device.status();
   if (native == nullptr) return InvalidArgument("AdoptCq: cq is null");
@@ -421,7 +431,7 @@ Result<CqHandle> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
 
 Status RuntimeImpl::DestroyCq(CqHandle handle) {
   CQD_REFUSE_ON_RUNTIME_THREAD("DestroyCq");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   if (!handle.valid()) return InvalidArgument("DestroyCq: the handle is empty");
   if (handle.runtime_ != serial_) {
     return InvalidArgument("DestroyCq: CQ " + Str(handle.id()) +
@@ -499,7 +509,7 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
                                              QpHandler& handler, ConsumerId consumer,
                                              const QpOptions& options) {
   CQD_REFUSE_ON_RUNTIME_THREAD("RegisterQp");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
   if (consumer >= consumers_.size()) {
     return InvalidArgument("RegisterQp: consumer " + Str(consumer) + " is not in 0.." +
@@ -518,6 +528,14 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
   }
   if (send->device != recv->device) {
     return InvalidArgument("RegisterQp: send and recv CQs belong to different devices");
+  }
+  if (const ConsumerOptions& c = options_.consumers[consumer];
+      c.kind == ConsumerKind::kRunToCompletion && (send->shard != c.poller || recv->shard != c.poller)) {
+    return InvalidArgument("RegisterQp: consumer " + Str(consumer) +
+                           " runs to completion on poller " + Str(c.poller) +
+                           ", but the QP's " + (send->shard != c.poller ? "send" : "recv") +
+                           " CQ is on shard " +
+                           Str(send->shard != c.poller ? send->shard : recv->shard));
   }
   DeviceRecord* device = send->device;
   if (device->qps.Lookup(qp_num) != nullptr) {
@@ -576,7 +594,7 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
 
 bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   if (OnRuntimeThread()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<ControlMutex> lock(mu_);
   Slot& slot = slots_.slot(index);
   uint64_t state = slot.state.load(std::memory_order_relaxed);
   if (!StateLive(state) || StateGeneration(state) != generation) return true;
@@ -621,7 +639,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   if (options.last_wqe_grace.count() < 0) {
     return InvalidArgument("TeardownQp: last_wqe_grace must not be negative");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
   Slot& slot = slots_.slot(index);
   const uint64_t state = slot.state.load(std::memory_order_relaxed);
@@ -705,7 +723,7 @@ Stats RuntimeImpl::GetStats() const {
   }
   placement_.FillStats(stats);
   if (OnRuntimeThread()) return stats;  // the CQ part needs the mutex: see thread_role.h
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<ControlMutex> lock(mu_);
   for (const auto& [id, cq] : cqs_) {
     CqStats c;
     c.id = id;
@@ -743,7 +761,7 @@ Status RuntimeImpl::Shutdown() {
   }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<ControlMutex> lock(mu_);
     if (shut_down_) return Status::Ok();
     shut_down_ = true;
   }

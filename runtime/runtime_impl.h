@@ -24,6 +24,7 @@
 #include "runtime/registry.h"
 #include "runtime/stats_server.h"
 #include "runtime/teardown.h"
+#include "runtime/thread_role.h"
 
 namespace cqd::internal {
 
@@ -79,7 +80,7 @@ class RuntimeImpl {
   const uint64_t serial_;  // tells this runtime's CqHandles from another's
   const Logger log_;       // RuntimeOptions::log; before every thread that logs
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
-  mutable std::mutex mu_;
+  mutable ControlMutex mu_;  // thread_role.h: served while a run-to-completion poller waits
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by mu_
   SlotPool slots_;

@@ -1,8 +1,19 @@
-// runtime/thread_role.h: tells the control path whether it is running on one of the runtime's
-// own poller or event threads (inside an OrphanHandler or DeviceEventHandler). Control calls hold
-// the runtime mutex while they wait for those threads, so from them they are refused instead.
+// runtime/thread_role.h: tells the control path which runtime thread it is running on.
+//
+// Poller and event threads: inside an OrphanHandler or DeviceEventHandler, control calls are
+// refused, because they hold the runtime mutex while they wait for those threads.
+//
+// A poller running run-to-completion handlers is the exception: there, control calls are made
+// on the poller's own thread, between two of its passes. Its "wait duty" is then set: any wait
+// on this thread (for the runtime mutex, another runtime thread, or a batch in progress) keeps
+// running what other threads posted to this poller's mailbox, so that a control call on another
+// thread, which may hold the mutex and wait for this poller, still finishes. A call that would
+// post to this very poller runs inline instead.
 #ifndef CQD_RUNTIME_THREAD_ROLE_H_
 #define CQD_RUNTIME_THREAD_ROLE_H_
+
+#include <mutex>
+#include <thread>
 
 namespace cqd::internal {
 
@@ -11,6 +22,42 @@ inline thread_local bool tls_runtime_thread = false;
 // Called once at the start of a poller or the event thread.
 inline void MarkRuntimeThread() { tls_runtime_thread = true; }
 inline bool OnRuntimeThread() { return tls_runtime_thread; }
+
+// The wait duty of this thread: `serve(owner)` runs what was posted to `owner`'s mailbox.
+struct WaitDuty {
+  void (*serve)(void* owner) = nullptr;
+  const void* owner = nullptr;
+};
+inline thread_local WaitDuty tls_wait_duty;
+
+inline bool HasWaitDuty() { return tls_wait_duty.serve != nullptr; }
+// Returns true if this thread is `owner` serving run-to-completion handlers.
+inline bool ServingAs(const void* owner) { return tls_wait_duty.owner == owner; }
+// One step of a wait: serve the duty, if any, then let others run.
+inline void WaitStep() {
+  if (tls_wait_duty.serve != nullptr) {
+    tls_wait_duty.serve(const_cast<void*>(tls_wait_duty.owner));
+  }
+  std::this_thread::yield();
+}
+
+// The runtime's control mutex: an ordinary mutex, except that a thread with a wait duty serves
+// it while it waits for the lock.
+class ControlMutex {
+ public:
+  void lock() {
+    if (!HasWaitDuty()) {
+      mu_.lock();
+      return;
+    }
+    while (!mu_.try_lock()) WaitStep();
+  }
+  bool try_lock() { return mu_.try_lock(); }
+  void unlock() { mu_.unlock(); }
+
+ private:
+  std::mutex mu_;
+};
 
 }  // namespace cqd::internal
 

@@ -20,14 +20,23 @@ class OrphanHandler;
 enum class ConsumerKind {
   kOwnedThread,   // a thread the runtime starts, pins (optionally) and stops
   kEngineDriven,  // the engine's own thread calls Runtime::Drain when Runtime::NotifyFd is readable
+  // Run to completion: the handlers run on the thread of poller `ConsumerOptions::poller`, right
+  // after it polls, with no handoff between threads (as SPDK and perftest do). The same
+  // guarantees hold as for the other kinds (order, Unregister, TeardownQp, events). A QP on it
+  // must have both CQs on that poller's shard (RegisterQp refuses others). Choose it for
+  // latency-critical QPs whose handlers are short: a slow handler delays every CQ of the shard.
+  kRunToCompletion,
 };
 
 struct ConsumerOptions {
   ConsumerKind kind = ConsumerKind::kOwnedThread;
   std::string name;                  // shown in stats and thread names; defaults to "consumer<i>"
   // kOwnedThread: CPU to pin to; -1: none (then RuntimeOptions::auto_placement may confine the
-  // thread to the CPUs of the device's NUMA node).
+  // thread to the CPUs of the device's NUMA node). kEngineDriven: ignored. kRunToCompletion: must
+  // be -1 (the poller's CPU applies, RuntimeOptions::poller_cpus).
   int cpu = -1;
+  // kRunToCompletion: the poller (shard) whose thread runs the handlers (0..pollers-1).
+  int poller = 0;
   // Items (completions and async events) queued for this consumer at most; the bound holds
   // except at Shutdown, when pollers hand over everything they hold.
   std::size_t queue_capacity = 1 << 16;

@@ -17,8 +17,9 @@
 // thread, concurrently; they serialize on an internal mutex and may block briefly while a poller
 // or consumer reaches a safe point. From the runtime's own pollers and event thread (inside an
 // OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
-// called only by the engine thread that drives that consumer. Handlers run on their consumer; a
-// handler may call control-path functions (including Unregister of its own QP), except Shutdown.
+// called only by the engine thread that drives that consumer. Handlers run on their consumer (a
+// kRunToCompletion consumer's on its poller's thread); a handler may call control-path functions
+// (including Unregister of its own QP), except Shutdown, on every kind of consumer.
 // Unregister of a QP whose handler is running (or about to run in its consumer's current batch)
 // waits for that batch to end, so a handler must not unregister, or hold a lock while another
 // thread unregisters, a QP whose handler waits for it.

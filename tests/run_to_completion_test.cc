@@ -1,0 +1,364 @@
+// Run-to-completion consumers (ConsumerKind::kRunToCompletion): handlers on the poller's thread,
+// with the guarantees of the other kinds: order and exactly-once, events behind completions,
+// Unregister (from any thread, and from the handler), TeardownQp, control calls from handlers on
+// two pollers at once, sleeping pollers, Shutdown, and bad input.
+#include <pthread.h>
+
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::InjectRecvs;
+using testing::RecordingHandler;
+using testing::SequenceHandler;
+using testing::SimTopology;
+using testing::WaitFor;
+using testing::WaitForPollersAsleep;
+
+std::string ThreadName() {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
+}
+
+// `pollers` shards, consumer i running to completion on poller i.
+RuntimeOptions RtcOptions(int pollers, bool busy = false) {
+  RuntimeOptions options;
+  options.pollers = pollers;
+  options.busy_poll = busy;
+  options.consumers.assign(pollers, ConsumerOptions{});
+  for (int i = 0; i < pollers; ++i) {
+    options.consumers[i].kind = ConsumerKind::kRunToCompletion;
+    options.consumers[i].poller = i;
+  }
+  return options;
+}
+
+// Records the name of the thread each call ran on.
+class ThreadRecordingHandler : public SequenceHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    std::string name = ThreadName();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      names_.insert(name);
+    }
+    SequenceHandler::OnCompletions(wcs);
+  }
+  std::set<std::string> names() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return names_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::set<std::string> names_;
+};
+
+TEST(RunToCompletion, HandlersRunOnTheirPollerInOrderExactlyOnce) {
+  for (bool busy : {false, true}) {
+    RuntimeOptions options = RtcOptions(2, busy);
+    auto rt = Runtime::Create(options).value();
+    auto sim = SimDevice::Create();
+    DeviceId dev = rt->AddSimDevice(sim).value();
+    std::vector<CqHandle> cqs = {rt->CreateCq(dev, 0).value(), rt->CreateCq(dev, 1).value()};
+    std::vector<SimQp*> qps;
+    std::vector<std::unique_ptr<ThreadRecordingHandler>> handlers;
+    std::vector<Registration> regs;
+    for (int i = 0; i < 4; ++i) {
+      SimCq* cq = cqs[i % 2].sim();
+      qps.push_back(sim->CreateQp(cq, cq).value());
+      handlers.push_back(std::make_unique<ThreadRecordingHandler>());
+      handlers.back()->qp_num = qps.back()->qp_num();
+      regs.push_back(rt->RegisterQp(*qps.back(), *handlers.back(), i % 2).value());
+    }
+    constexpr int kPerQp = 3000;
+    std::vector<std::thread> injectors;
+    for (int i = 0; i < 4; ++i) {
+      injectors.emplace_back([&, i] {
+        for (int k = 0; k < kPerQp; ++k) {
+          while (qps[i]->Complete(k) != 1) std::this_thread::yield();  // CQ full: retry
+        }
+      });
+    }
+    for (auto& t : injectors) t.join();
+    ASSERT_TRUE(WaitFor([&] {
+      uint64_t sum = 0;
+      for (auto& h : handlers) sum += h->received();
+      return sum == 4u * kPerQp;
+    }));
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(handlers[i]->received(), static_cast<uint64_t>(kPerQp));
+      EXPECT_EQ(handlers[i]->out_of_order(), 0u);
+      EXPECT_EQ(handlers[i]->concurrent_calls(), 0u);
+      EXPECT_EQ(handlers[i]->names(), std::set<std::string>{"cqd-poll" + std::to_string(i % 2)})
+          << "busy " << busy;
+    }
+    Stats stats = rt->GetStats();
+    EXPECT_EQ(stats.consumers[0].delivered + stats.consumers[1].delivered, 4u * kPerQp);
+    regs.clear();
+    for (SimQp* qp : qps) CQD_ASSERT_OK(sim->DestroyQp(qp));
+    for (CqHandle cq : cqs) CQD_ASSERT_OK(rt->DestroyCq(cq));
+    CQD_ASSERT_OK(rt->Shutdown());
+  }
+}
+
+// A sleeping poller wakes for completions and for async events, and an event follows every
+// completion that was in the QP's CQ when it was read.
+TEST(RunToCompletion, EventsFollowCompletionsAndWakeASleepingPoller) {
+  auto rt = Runtime::Create(RtcOptions(1)).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqOptions cq_options;
+  cq_options.solicited_only = true;  // unsolicited completions wait in the CQ, unseen
+  CqHandle cq = rt->CreateCq(dev, 0, cq_options).value();
+  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  RecordingHandler handler;
+  Registration reg = rt->RegisterQp(*qp, handler, 0).value();
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 40));
+  CQD_ASSERT_OK(sim->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
+  ASSERT_TRUE(WaitFor([&] { return handler.events() == 1; }));
+  std::vector<RecordingHandler::Entry> log = handler.log();
+  ASSERT_EQ(log.size(), 41u);
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_FALSE(log[i].event);
+    EXPECT_EQ(log[i].wr_id, static_cast<uint64_t>(i));
+  }
+  EXPECT_TRUE(log[40].event);
+  EXPECT_EQ(log[40].type, IBV_EVENT_COMM_EST);
+
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+  ASSERT_TRUE(InjectRecvs(qp, 40, 1, /*solicited=*/true));
+  ASSERT_TRUE(WaitFor([&] { return handler.completions() == 41; }));
+  reg.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// Unregister from another thread while completions flow: once it returns, the handler is never
+// called again; what was left goes to the orphan handler; nothing is lost or doubled.
+TEST(RunToCompletion, UnregisterFromAnotherThreadEndsCalls) {
+  CountingOrphans orphans;
+  RuntimeOptions options = RtcOptions(1);
+  options.orphan_handler = &orphans;
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq = rt->CreateCq(dev, 0).value();
+  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  std::atomic<bool> unregistered{false};
+  std::atomic<uint64_t> late{0}, delivered{0};
+  struct Handler : QpHandler {
+    std::atomic<bool>* unregistered;
+    std::atomic<uint64_t>* late;
+    std::atomic<uint64_t>* delivered;
+    void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+      if (unregistered->load(std::memory_order_acquire)) late->fetch_add(1);
+      delivered->fetch_add(wcs.size());
+    }
+  } handler;
+  handler.unregistered = &unregistered;
+  handler.late = &late;
+  handler.delivered = &delivered;
+  Registration reg = rt->RegisterQp(*qp, handler, 0).value();
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> injected{0};
+  std::thread injector([&] {
+    for (uint64_t i = 0; !stop.load(); ++i) {
+      if (qp->Complete(i) == 1) injected.fetch_add(1);
+    }
+  });
+  ASSERT_TRUE(WaitFor([&] { return delivered.load() > 1000; }));
+  reg.Unregister();
+  unregistered.store(true, std::memory_order_release);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  stop.store(true);
+  injector.join();
+  ASSERT_TRUE(WaitFor([&] { return delivered.load() + orphans.count.load() == injected.load(); }))
+      << delivered.load() << " + " << orphans.count.load() << " of " << injected.load();
+  EXPECT_EQ(late.load(), 0u);
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// Handlers on two pollers make control calls at the same time, each of which waits for both
+// pollers (register, unregister, tear down, stats): none may deadlock, and each call works.
+TEST(RunToCompletion, HandlersOnTwoPollersMakeControlCallsAtOnce) {
+  auto rt = Runtime::Create(RtcOptions(2)).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  std::vector<CqHandle> cqs = {rt->CreateCq(dev, 0).value(), rt->CreateCq(dev, 1).value()};
+  struct Churner : QpHandler {
+    Runtime* rt;
+    SimDevice* sim;
+    SimCq* cq;
+    ConsumerId consumer;
+    std::atomic<int> rounds{0};
+    std::atomic<int> failures{0};
+    std::vector<std::pair<SimQp*, Teardown>> torn_down;  // this handler's only
+    SequenceHandler other;
+    void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+      for (size_t i = 0; i < wcs.size(); ++i) {
+        // Two fresh QPs, registered from this handler: one unregistered and destroyed at once,
+        // one torn down (it finishes once this handler returns: its markers come this way).
+        for (int k = 0; k < 2; ++k) {
+          auto qp = sim->CreateQp(cq, cq);
+          if (!qp.ok()) {
+            failures.fetch_add(1);
+            continue;
+          }
+          auto reg = rt->RegisterQp(**qp, other, consumer);
+          if (!reg.ok()) {
+            failures.fetch_add(1);
+            continue;
+          }
+          if (k == 0) {
+            reg->Unregister();
+            if (!sim->DestroyQp(*qp).ok()) failures.fetch_add(1);
+            continue;
+          }
+          auto teardown = rt->TeardownQp(*reg);
+          if (!teardown.ok()) {
+            failures.fetch_add(1);
+            continue;
+          }
+          torn_down.emplace_back(*qp, *teardown);
+        }
+        std::erase_if(torn_down, [&](auto& entry) {
+          if (!entry.second.done()) return false;
+          if (!entry.second.Wait().ok() || !sim->DestroyQp(entry.first).ok()) {
+            failures.fetch_add(1);
+          }
+          return true;
+        });
+        (void)rt->GetStats();
+        rounds.fetch_add(1);
+      }
+    }
+  };
+  Churner churners[2];
+  std::vector<SimQp*> qps;
+  std::vector<Registration> regs;
+  for (int i = 0; i < 2; ++i) {
+    churners[i].rt = rt.get();
+    churners[i].sim = sim.get();
+    churners[i].cq = cqs[i].sim();
+    churners[i].consumer = static_cast<ConsumerId>(i);
+    qps.push_back(sim->CreateQp(cqs[i].sim(), cqs[i].sim()).value());
+    regs.push_back(rt->RegisterQp(*qps[i], churners[i], i).value());
+  }
+  constexpr int kRounds = 50;
+  for (int k = 0; k < kRounds; ++k) {
+    for (SimQp* qp : qps) ASSERT_EQ(qp->Complete(k), 1);
+  }
+  ASSERT_TRUE(WaitFor([&] { return churners[0].rounds + churners[1].rounds == 2 * kRounds; }))
+      << churners[0].rounds << " " << churners[1].rounds;
+  regs.clear();
+  for (Churner& churner : churners) {
+    EXPECT_EQ(churner.failures.load(), 0);
+    for (auto& [qp, teardown] : churner.torn_down) {
+      EXPECT_TRUE(teardown.Wait().ok());
+      EXPECT_TRUE(sim->DestroyQp(qp).ok());
+    }
+  }
+  for (SimQp* qp : qps) CQD_ASSERT_OK(sim->DestroyQp(qp));
+  for (CqHandle cq : cqs) CQD_ASSERT_OK(rt->DestroyCq(cq));
+  CQD_ASSERT_OK(rt->Shutdown());
+}
+
+// A handler unregisters its own QP: it is never called again, and the rest become orphans.
+TEST(RunToCompletion, HandlerUnregistersItself) {
+  CountingOrphans orphans;
+  RuntimeOptions options = RtcOptions(1);
+  options.orphan_handler = &orphans;
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqOptions cq_options;
+  cq_options.solicited_only = true;
+  CqHandle cq = rt->CreateCq(dev, 0, cq_options).value();
+  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  struct Handler : QpHandler {
+    Registration* reg = nullptr;
+    std::atomic<int> calls{0};
+    void OnCompletions(std::span<const ibv_wc>) noexcept override {
+      calls.fetch_add(1);
+      reg->Unregister();
+    }
+  } handler;
+  Registration reg = rt->RegisterQp(*qp, handler, 0).value();
+  handler.reg = &reg;
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 10));
+  ASSERT_TRUE(InjectRecvs(qp, 10, 1, /*solicited=*/true));
+  ASSERT_TRUE(WaitFor([&] { return handler.calls.load() >= 1; }));
+  ASSERT_TRUE(WaitFor([&] {
+    return rt->GetStats().consumers[0].delivered + orphans.count.load() == 11;
+  }));
+  EXPECT_EQ(handler.calls.load(), 1);
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// Completions polled before Shutdown reach their handlers; nothing is lost.
+TEST(RunToCompletion, ShutdownDeliversWhatWasPolled) {
+  RuntimeOptions options = RtcOptions(1, /*busy=*/true);
+  options.consumers[0].queue_capacity = 64;  // much waits in the poller's outbox and the CQ
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 1));
+  SimQp* qp = topo.qps[0];
+  constexpr int kCount = 3000;
+  for (int i = 0; i < kCount; ++i) {
+    while (qp->Complete(i) != 1) std::this_thread::yield();
+  }
+  ASSERT_TRUE(WaitFor([&] { return topo.received() == kCount; }));
+  CQD_ASSERT_OK(topo.rt->Shutdown());
+  EXPECT_EQ(topo.handlers[0]->out_of_order(), 0u);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+TEST(RunToCompletion, BadInputIsRefused) {
+  RuntimeOptions options = RtcOptions(2);
+  options.consumers[1].poller = 2;
+  auto bad = Runtime::Create(options);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("poller"), std::string::npos) << bad.status().message();
+
+  options = RtcOptions(1);
+  options.consumers[0].cpu = 0;
+  bad = Runtime::Create(options);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+
+  // A QP whose CQ is on another poller's shard cannot be on consumer 0 (poller 0).
+  auto rt = Runtime::Create(RtcOptions(2)).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq1 = rt->CreateCq(dev, 1).value();
+  SimQp* qp = sim->CreateQp(cq1.sim(), cq1.sim()).value();
+  SequenceHandler handler;
+  auto reg = rt->RegisterQp(*qp, handler, 0);
+  ASSERT_FALSE(reg.ok());
+  EXPECT_EQ(reg.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(reg.status().message().find("shard 1"), std::string::npos) << reg.status().message();
+  CQD_ASSERT_OK(rt->RegisterQp(*qp, handler, 1).status());  // its own poller's consumer
+
+  // Engine-driven calls do not apply.
+  EXPECT_LT(rt->Drain(0, 16), 0);
+  EXPECT_FALSE(rt->NotifyFd(0).ok());
+}
+
+}  // namespace
+}  // namespace cqd
