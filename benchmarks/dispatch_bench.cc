@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "benchmarks/machine.h"
 #include "benchmarks/pipelines.h"
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
@@ -59,6 +60,12 @@ void PinTo(int cpu) {
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
+void CpuRelaxHere() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
 void Unpin() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -80,55 +87,88 @@ void Progress(const std::string& line) {
 // ---- throughput ----
 
 struct ThroughputRow {
+  std::string part;  // "dispatch", "cqs" or "qps"
   PipelineConfig config;
-  double mcps = 0;  // million completions per second delivered
+  double mcps = 0;          // million completions per second delivered to handlers
+  double cpu_ns = 0;        // CPU time of every thread of the process per delivered completion
+  double cpu_cores = 0;     // CPU time / wall time over the window: cores kept busy
+  std::map<std::string, uint64_t> threads;  // per-thread CPU over the window, ns
 };
 
-double MeasureOnce(const PipelineConfig& config, double seconds) {
+ThroughputRow MeasureOnce(const PipelineConfig& config, double seconds) {
   std::unique_ptr<Pipeline> pipeline = StartPipeline(config);
   SleepFor(std::min(0.2, seconds / 2));  // warm up: queues fill, caches settle
-  uint64_t d0 = pipeline->Delivered();
-  Clock::time_point t0 = Clock::now();
+  const uint64_t d0 = pipeline->Delivered();
+  const std::map<std::string, uint64_t> threads0 = ThreadCpu();
+  const uint64_t cpu0 = ProcessCpuNs();
+  const Clock::time_point t0 = Clock::now();
   SleepFor(seconds);
-  uint64_t d1 = pipeline->Delivered();
-  double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  const uint64_t d1 = pipeline->Delivered();
+  const uint64_t cpu1 = ProcessCpuNs();
+  const std::map<std::string, uint64_t> threads1 = ThreadCpu();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   pipeline->Stop();
-  return (d1 - d0) / elapsed / 1e6;
+  ThroughputRow row;
+  row.config = config;
+  row.mcps = (d1 - d0) / elapsed / 1e6;
+  row.cpu_ns = d1 > d0 ? static_cast<double>(cpu1 - cpu0) / (d1 - d0) : 0;
+  row.cpu_cores = (cpu1 - cpu0) / 1e9 / elapsed;
+  row.threads = CpuDelta(threads0, threads1);
+  return row;
 }
 
-// The median of three runs: single runs on a small shared machine are noisy.
-double MeasureThroughput(const PipelineConfig& config, double seconds) {
-  double runs[3];
-  for (double& r : runs) r = MeasureOnce(config, seconds);
-  std::sort(runs, runs + 3);
+// The median of three runs (by rate): single runs on a small shared machine are noisy.
+ThroughputRow MeasureThroughput(const PipelineConfig& config, double seconds) {
+  std::vector<ThroughputRow> runs;
+  for (int i = 0; i < 3; ++i) runs.push_back(MeasureOnce(config, seconds));
+  std::sort(runs.begin(), runs.end(),
+            [](const ThroughputRow& a, const ThroughputRow& b) { return a.mcps < b.mcps; });
   return runs[1];
 }
 
 std::vector<ThroughputRow> RunThroughput(const Flags& flags) {
-  std::vector<int> batches = {1, 8, 16, 32, 64};
-  std::vector<int> qps = {1, 1000};
-  std::vector<int> consumers = {1, 2};
-  std::vector<std::string> impls = {"limit", "cqd", "mutex", "tbb", "ceph"};
+  std::vector<int> batches = {1, 8, 32, 64};
   if (flags.quick) batches = {1, 32};
-  std::vector<PipelineConfig> configs;
-  for (int q : qps) {
-    for (int c : consumers) {
-      for (const std::string& impl : impls) {
-        if (impl == "limit" && c != 1) continue;  // no consumers to vary
-        for (int b : batches) configs.push_back({impl, b, q, c});
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<std::pair<std::string, PipelineConfig>> configs;
+  for (int q : {1, 1000}) {
+    for (const char* impl : {"limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"}) {
+      for (int b : batches) configs.push_back({"dispatch", {impl, b, q, 1}});
+    }
+    // Two consumers only where three busy threads have a core each.
+    if (cpus >= 3) {
+      for (const char* impl : {"cqd", "mutex", "tbb", "ceph"}) {
+        configs.push_back({"dispatch", {impl, 32, q, 2}});
       }
     }
   }
+  // Many CQs: 10 carry traffic, alone or among 990 idle ones.
+  for (int cqs : {10, 1000}) {
+    PipelineConfig c{"cqd", 32, 1000, 1};
+    c.cqs = cqs;
+    c.active_cqs = 10;
+    configs.push_back({"cqs", c});
+  }
+  // Many QPs: completions of 1000 or 100000 QPs, in random order.
+  for (int qps : {1000, 100000}) {
+    PipelineConfig c{"cqd", 32, qps, 1};
+    c.random_order = true;
+    configs.push_back({"qps", c});
+    c.impl = "limit";
+    configs.push_back({"qps", c});
+  }
   std::vector<ThroughputRow> rows;
   for (size_t i = 0; i < configs.size(); ++i) {
-    const PipelineConfig& c = configs[i];
-    char label[128];
-    snprintf(label, sizeof(label), "[%zu/%zu] throughput %-5s batch %2d  qps %4d  consumers %d", i + 1,
-             configs.size(), c.impl.c_str(), c.batch, c.qps, c.consumers);
+    const PipelineConfig& c = configs[i].second;
+    char label[160];
+    snprintf(label, sizeof(label), "[%zu/%zu] %-8s %-7s batch %2d qps %6d consumers %d cqs %4d%s",
+             i + 1, configs.size(), configs[i].first.c_str(), c.impl.c_str(), c.batch, c.qps,
+             c.consumers, c.cqs, c.random_order ? " random" : "");
     Progress(label);
-    double mcps = MeasureThroughput(c, flags.seconds);
-    rows.push_back({c, mcps});
-    Progress(std::string(label) + "  " + std::to_string(mcps).substr(0, 6) + " M/s");
+    ThroughputRow row = MeasureThroughput(c, flags.seconds);
+    row.part = configs[i].first;
+    Progress(std::string(label) + "  " + std::to_string(row.mcps).substr(0, 6) + " M/s");
+    rows.push_back(std::move(row));
   }
   fprintf(stderr, "\n");
   return rows;
@@ -200,15 +240,20 @@ double CpuSeconds() {
 }
 
 // Runs `samples` completions at `rate` per second through cqd, then measures idle CPU.
-// Busy: the poller busy-polls and the consumer is this thread, spinning on Drain after each
-// injection (two busy threads fit two cores). Event: the poller arms and sleeps at once and the
-// consumer is a runtime thread that sleeps at once.
-LatencyResult RunCqdLatency(bool busy, size_t samples, double rate, double idle_seconds) {
+// busy: the poller busy-polls; with a handoff the consumer is this thread, spinning on Drain
+// after each injection (two busy threads fit two cores). event: the poller arms and sleeps at
+// once and so does the consumer thread. rtc: the handler runs on the poller thread (a
+// run-to-completion consumer); this thread injects and waits for it.
+LatencyResult RunCqdLatency(bool busy, bool rtc, size_t samples, double rate, double idle_seconds) {
   RuntimeOptions options;
   options.pollers = 1;
   options.poller_cpus = {0};
   options.consumers.assign(1, ConsumerOptions{});
-  if (busy) {
+  if (rtc) {
+    options.consumers[0].kind = ConsumerKind::kRunToCompletion;
+    options.busy_poll = busy;
+    if (!busy) options.idle_budget = std::chrono::microseconds(0);
+  } else if (busy) {
     options.busy_poll = true;
     options.consumers[0].kind = ConsumerKind::kEngineDriven;
   } else {
@@ -222,7 +267,7 @@ LatencyResult RunCqdLatency(bool busy, size_t samples, double rate, double idle_
     exit(1);
   }
   auto rt = std::move(created).value();
-  if (busy) PinTo(1);  // this thread is the consumer
+  if (busy || rtc) PinTo(1);  // this thread injects (and with a busy handoff, consumes)
   auto sim = SimDevice::Create();
   DeviceId dev = rt->AddSimDevice(sim).value();
   CqHandle cq = rt->CreateCq(dev, 0).value();
@@ -240,18 +285,21 @@ LatencyResult RunCqdLatency(bool busy, size_t samples, double rate, double idle_
     wc.wr_id = NowNs();
     while (cq.sim()->Inject({&wc, 1}) != 1) {
     }
-    if (busy) {
+    if (busy && !rtc) {
       while (handler.count.load(std::memory_order_acquire) <= i) rt->Drain(0, 64);
+    } else if (rtc) {
+      while (handler.count.load(std::memory_order_acquire) <= i) CpuRelaxHere();
     }
     if (i % 256 == 0) {
-      Progress((busy ? "latency cqd busy-poll " : "latency cqd event mode ") +
-               std::to_string(i) + "/" + std::to_string(samples));
+      Progress(std::string("latency ") + (rtc ? "cqd run-to-completion " : "cqd handoff ") +
+               (busy ? "busy-poll " : "event mode ") + std::to_string(i) + "/" +
+               std::to_string(samples));
     }
   }
   while (handler.count.load(std::memory_order_acquire) < samples) std::this_thread::yield();
 
   LatencyResult result;
-  result.mode = busy ? "cqd_busy_poll" : "cqd_event";
+  result.mode = std::string(rtc ? "cqd_rtc" : "cqd") + (busy ? "_busy_poll" : "_event");
   result.samples = handler.from_poll;
   result.end_to_end = handler.from_inject;
   result.p = Summarize(result.samples);
@@ -377,39 +425,39 @@ AckRow RunAcks(uint32_t threshold, int events) {
 
 // ---- output ----
 
-std::string MachineJson() {
-  utsname u{};
-  uname(&u);
-  std::string model = "unknown";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
-  std::ostringstream o;
-  o << "{\"cpus\": " << std::thread::hardware_concurrency() << ", \"cpu_model\": \"" << model
-    << "\", \"kernel\": \"" << u.release << "\"}";
-  return o.str();
-}
+std::string JsonString(const std::string& s) { return "\"" + s + "\""; }
 
-void WriteOutputs(const std::string& dir, const std::vector<ThroughputRow>& tput,
-                  const std::vector<LatencyResult>& lat, const std::vector<AckRow>& acks) {
+void WriteJson(const std::string& dir, const std::string& command,
+               const std::vector<ThroughputRow>& tput, const std::vector<LatencyResult>& lat,
+               const std::vector<AckRow>& acks) {
   std::string cmd = "mkdir -p '" + dir + "'";
   if (system(cmd.c_str()) != 0) return;
   std::ofstream json(dir + "/dispatch.json");
-  json << "{\n  \"machine\": " << MachineJson() << ",\n  \"throughput\": [\n";
+  time_t now = time(nullptr);
+  char when[64];
+  strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+  json << "{\n  \"command\": " << JsonString(command) << ",\n  \"when\": " << JsonString(when)
+       << ",\n  \"machine\": " << TopologyJson() << ",\n  \"throughput\": [\n";
   for (size_t i = 0; i < tput.size(); ++i) {
     const auto& r = tput[i];
-    json << "    {\"impl\": \"" << r.config.impl << "\", \"batch\": " << r.config.batch
-         << ", \"qps\": " << r.config.qps << ", \"consumers\": " << r.config.consumers
-         << ", \"mcps\": " << r.mcps << "}" << (i + 1 < tput.size() ? "," : "") << "\n";
+    json << "    {\"part\": " << JsonString(r.part) << ", \"impl\": " << JsonString(r.config.impl)
+         << ", \"batch\": " << r.config.batch << ", \"qps\": " << r.config.qps
+         << ", \"consumers\": " << r.config.consumers << ", \"cqs\": " << r.config.cqs
+         << ", \"active_cqs\": " << r.config.active_cqs
+         << ", \"random_order\": " << (r.config.random_order ? "true" : "false")
+         << ", \"mcps\": " << r.mcps << ", \"cpu_ns_per_completion\": " << r.cpu_ns
+         << ", \"cpu_cores\": " << r.cpu_cores << ", \"thread_cpu_ns\": {";
+    bool first = true;
+    for (const auto& [name, ns] : r.threads) {
+      json << (first ? "" : ", ") << JsonString(name) << ": " << ns;
+      first = false;
+    }
+    json << "}}" << (i + 1 < tput.size() ? "," : "") << "\n";
   }
   json << "  ],\n  \"latency_ns\": [\n";
   for (size_t i = 0; i < lat.size(); ++i) {
     const auto& r = lat[i];
-    json << "    {\"mode\": \"" << r.mode << "\", \"samples\": " << r.samples.size()
+    json << "    {\"mode\": " << JsonString(r.mode) << ", \"samples\": " << r.samples.size()
          << ", \"poll_to_handler\": {\"p50\": " << r.p.p50 << ", \"p99\": " << r.p.p99
          << ", \"p999\": " << r.p.p999 << ", \"min\": " << r.p.min << ", \"max\": " << r.p.max
          << "}, \"added_to_handler\": {\"p50\": " << r.e2e.p50 << ", \"p99\": " << r.e2e.p99
@@ -426,68 +474,20 @@ void WriteOutputs(const std::string& dir, const std::vector<ThroughputRow>& tput
          << "}" << (i + 1 < acks.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
-  json.close();
-
-  // Data files for gnuplot: one throughput series per (impl, qps, consumers), one CDF per mode.
-  std::map<std::string, std::ofstream> series;
-  for (const auto& r : tput) {
-    std::string name = r.config.impl + "_q" + std::to_string(r.config.qps) + "_c" +
-                       std::to_string(r.config.consumers);
-    auto& f = series[name];
-    if (!f.is_open()) f.open(dir + "/tput_" + name + ".dat");
-    f << r.config.batch << " " << r.mcps << "\n";
-  }
-  series.clear();
-  for (const auto& r : lat) {
-    std::ofstream f(dir + "/lat_" + r.mode + ".dat");
-    std::vector<uint64_t> s = r.samples;  // poll -> handler
-    std::sort(s.begin(), s.end());
-    for (size_t i = 0; i < s.size(); i += std::max<size_t>(1, s.size() / 2000)) {
-      f << s[i] << " " << double(i + 1) / s.size() << "\n";
-    }
-    f << s.back() << " 1\n";
-  }
-  std::ofstream gp(dir + "/plots.gp");
-  gp << "set terminal pngcairo size 1200,500 font ',10'\n"
-        "set output 'throughput.png'\n"
-        "set multiplot layout 1,2 title 'Delivered completions/s vs poll batch (1 poller)'\n"
-        "set logscale x 2\nset xlabel 'poll batch'\nset ylabel 'M completions/s'\n"
-        "set key top left\nset grid\n";
-  for (int q : {1, 1000}) {
-    gp << "set title '" << q << (q == 1 ? " QP" : " QPs") << ", 1 consumer'\nplot ";
-    bool first = true;
-    for (const char* impl : {"limit", "cqd", "mutex", "tbb", "ceph"}) {
-      gp << (first ? "" : ", ") << "'tput_" << impl << "_q" << q << "_c1.dat' with linespoints title '"
-         << impl << "'";
-      first = false;
-    }
-    gp << "\n";
-  }
-  gp << "unset multiplot\n"
-        "set terminal pngcairo size 800,500 font ',10'\n"
-        "set output 'latency_cdf.png'\n"
-        "set title 'Latency CDF: poll -> handler entry (eventfd: write -> reader wakes)'\n"
-        "set logscale x 10\nset xlabel 'ns'\nset ylabel 'fraction'\nset key bottom right\n"
-        "set yrange [0:1]\n"
-        "plot 'lat_cqd_busy_poll.dat' with lines lw 2 title 'cqd busy-poll', "
-        "'lat_cqd_event.dat' with lines lw 2 title 'cqd event mode', "
-        "'lat_eventfd_pingpong.dat' with lines lw 2 title 'eventfd wake (event floor)', "
-        "'lat_spin_handoff.dat' with lines lw 2 title 'spin handoff (busy floor)'\n";
-  gp.close();
-  std::string plot = "cd '" + dir + "' && command -v gnuplot >/dev/null && gnuplot plots.gp";
-  if (system(plot.c_str()) != 0) fprintf(stderr, "gnuplot not run: no plots written\n");
 }
 
-double Find(const std::vector<ThroughputRow>& rows, const std::string& impl, int batch, int qps,
-            int consumers) {
+const ThroughputRow* Find(const std::vector<ThroughputRow>& rows, const std::string& part,
+                          const std::string& impl, int batch, int qps, int cqs = 1) {
   for (const auto& r : rows) {
-    if (r.config.impl == impl && r.config.batch == batch && r.config.qps == qps &&
-        r.config.consumers == consumers) {
-      return r.mcps;
+    if (r.part == part && r.config.impl == impl && r.config.batch == batch &&
+        r.config.qps == qps && r.config.cqs == cqs && r.config.consumers == 1) {
+      return &r;
     }
   }
-  return 0;
+  return nullptr;
 }
+
+double Mcps(const ThroughputRow* r) { return r == nullptr ? 0 : r->mcps; }
 
 }  // namespace
 }  // namespace cqd::bench
@@ -496,9 +496,12 @@ int main(int argc, char** argv) {
   using namespace cqd::bench;
   Flags flags;
   const char* workspace = getenv("BUILD_WORKSPACE_DIRECTORY");
-  flags.out = std::string(workspace ? workspace : ".") + "/docs/perf";
+  const std::string root = workspace ? workspace : ".";
+  flags.out = root + "/docs/perf";
+  std::string command = "bazel run -c opt //benchmarks:dispatch --";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    command += " " + a;
     if (a == "--quick") {
       flags.quick = true;
       flags.seconds = 0.2;
@@ -506,6 +509,7 @@ int main(int argc, char** argv) {
       flags.seconds = atof(a.c_str() + 10);
     } else if (a.rfind("--out=", 0) == 0) {
       flags.out = a.substr(6);
+      if (!flags.out.empty() && flags.out[0] != '/') flags.out = root + "/" + flags.out;
     } else if (a.rfind("--only=", 0) == 0) {  // impl:batch:qps:consumers, for profiling
       PipelineConfig c;
       char impl[16] = {};
@@ -514,8 +518,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       c.impl = impl;
-      printf("%s batch %d qps %d consumers %d: %.2f M completions/s\n", impl, c.batch, c.qps,
-             c.consumers, MeasureThroughput(c, flags.seconds));
+      ThroughputRow r = MeasureThroughput(c, flags.seconds);
+      printf("%s batch %d qps %d consumers %d: %.2f M completions/s, %.1f CPU ns each\n", impl,
+             c.batch, c.qps, c.consumers, r.mcps, r.cpu_ns);
       return 0;
     } else {
       fprintf(stderr,
@@ -532,8 +537,10 @@ int main(int argc, char** argv) {
   const size_t samples = flags.quick ? 2000 : 20000;
   const double rate = 5000;  // completions per second
   std::vector<LatencyResult> lat;
-  lat.push_back(RunCqdLatency(/*busy=*/true, samples, rate, 1.0));
-  lat.push_back(RunCqdLatency(/*busy=*/false, samples, rate, flags.quick ? 1.0 : 3.0));
+  lat.push_back(RunCqdLatency(/*busy=*/true, /*rtc=*/false, samples, rate, 1.0));
+  lat.push_back(RunCqdLatency(/*busy=*/false, /*rtc=*/false, samples, rate, flags.quick ? 1.0 : 3.0));
+  lat.push_back(RunCqdLatency(/*busy=*/true, /*rtc=*/true, samples, rate, 1.0));
+  lat.push_back(RunCqdLatency(/*busy=*/false, /*rtc=*/true, samples, rate, flags.quick ? 1.0 : 3.0));
   Progress("latency eventfd ping-pong");
   lat.push_back(RunEventfdPingPong(samples, rate));
   Progress("latency spin handoff");
@@ -547,21 +554,23 @@ int main(int argc, char** argv) {
   }
   fprintf(stderr, "\n");
 
-  WriteOutputs(flags.out, tput, lat, acks);
+  WriteJson(flags.out, command, tput, lat, acks);
 
   // The summary a person reads.
-  printf("\nthroughput, M completions/s (1 poller; consumers as shown)\n");
-  printf("%-6s %6s %10s %8s %8s %8s %8s %8s\n", "qps", "cons", "batch", "limit", "cqd", "mutex",
-         "tbb", "ceph");
+  printf("\nthroughput: M completions/s (CPU ns per completion, all threads), 1 consumer\n");
+  printf("%-6s %6s", "qps", "batch");
+  const char* impls[] = {"limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"};
+  for (const char* impl : impls) printf(" %16s", impl);
+  printf("\n");
   for (int q : {1, 1000}) {
-    for (int c : {1, 2}) {
-      for (int b : {1, 8, 16, 32, 64}) {
-        double cqd = Find(tput, "cqd", b, q, c);
-        if (cqd == 0) continue;
-        printf("%-6d %6d %10d %8.2f %8.2f %8.2f %8.2f %8.2f\n", q, c, b, Find(tput, "limit", b, q, 1),
-               cqd, Find(tput, "mutex", b, q, c), Find(tput, "tbb", b, q, c),
-               Find(tput, "ceph", b, q, c));
+    for (int b : {1, 8, 32, 64}) {
+      if (Find(tput, "dispatch", "cqd", b, q) == nullptr) continue;
+      printf("%-6d %6d", q, b);
+      for (const char* impl : impls) {
+        const ThroughputRow* r = Find(tput, "dispatch", impl, b, q);
+        printf(" %8.2f (%5.1f)", r ? r->mcps : 0, r ? r->cpu_ns : 0);
       }
+      printf("\n");
     }
   }
   printf("\nlatency, ns: poll -> handler entry | completion added -> handler entry\n"
@@ -578,13 +587,19 @@ int main(int argc, char** argv) {
     printf("%-10u %8" PRIu64 " %10" PRIu64 " %16.4f\n", a.threshold, a.events, a.ack_calls,
            double(a.ack_calls) / std::max<uint64_t>(1, a.events));
   }
-  double c32 = Find(tput, "cqd", 32, 1000, 1);
-  printf("\nratios at batch 32, 1000 QPs, 1 consumer: cqd/limit %.2f, cqd/mutex %.2f, "
-         "cqd/tbb %.2f, cqd/ceph %.2f\n",
-         c32 / Find(tput, "limit", 32, 1000, 1), c32 / Find(tput, "mutex", 32, 1000, 1),
-         c32 / Find(tput, "tbb", 32, 1000, 1), c32 / Find(tput, "ceph", 32, 1000, 1));
-  printf("event mode p50 / eventfd wake p50: %.2f; busy-poll p50 / spin handoff p50: %.2f\n",
-         lat[1].p.p50 / lat[2].p.p50, lat[0].p.p50 / lat[3].p.p50);
+  const double c32 = Mcps(Find(tput, "dispatch", "cqd", 32, 1000));
+  printf("\nbatch 32, 1000 QPs: cqd/limit2 %.2f, cqd/mutex %.2f, cqd/tbb %.2f, cqd/ceph %.2f\n",
+         c32 / Mcps(Find(tput, "dispatch", "limit2", 32, 1000)),
+         c32 / Mcps(Find(tput, "dispatch", "mutex", 32, 1000)),
+         c32 / Mcps(Find(tput, "dispatch", "tbb", 32, 1000)),
+         c32 / Mcps(Find(tput, "dispatch", "ceph", 32, 1000)));
+  printf("1000 CQs (10 active) / 10 CQs: %.2f; 100000 QPs / 1000 QPs (random order): %.2f\n",
+         Mcps(Find(tput, "cqs", "cqd", 32, 1000, 1000)) / Mcps(Find(tput, "cqs", "cqd", 32, 1000, 10)),
+         Mcps(Find(tput, "qps", "cqd", 32, 100000)) / Mcps(Find(tput, "qps", "cqd", 32, 1000)));
+  printf("busy p50 / spin floor p50: %.2f, p99 / floor p99: %.2f; event end-to-end p50 / eventfd "
+         "wake p50: handoff %.2f, run-to-completion %.2f\n",
+         lat[0].p.p50 / lat[5].p.p50, lat[0].p.p99 / lat[5].p.p99, lat[1].e2e.p50 / lat[4].p.p50,
+         lat[3].e2e.p50 / lat[4].p.p50);
   printf("wrote %s/dispatch.json\n", flags.out.c_str());
   return 0;
 }

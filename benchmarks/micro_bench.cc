@@ -6,6 +6,7 @@
 //   ack counter       AckCounter::Add from one and two threads
 //
 //   bazel run -c opt //benchmarks:micro
+#include <algorithm>
 #include <benchmark/benchmark.h>
 #include <oneapi/tbb/concurrent_hash_map.h>
 #include <oneapi/tbb/concurrent_queue.h>
@@ -25,34 +26,45 @@
 namespace cqd::internal {
 namespace {
 
-// `n` distinct random 24-bit qp_nums, and 4096 lookups of them in random order.
+// `n` distinct random 24-bit qp_nums, each with its registration slot, and the lookups: every
+// key once per cycle, in a random order (at least 4096 per cycle), so that with many QPs the
+// lookups and the slots they touch miss the caches as a poller's would.
 struct Keys {
-  explicit Keys(int64_t n) {
+  explicit Keys(int64_t n) : slots(std::make_unique<Slot[]>(n)) {
     std::mt19937 rng(42);
     std::unordered_set<uint32_t> seen;
     while (static_cast<int64_t>(registered.size()) < n) {
       uint32_t qp = rng() & 0xffffff;
       if (seen.insert(qp).second) registered.push_back(qp);
     }
-    for (int i = 0; i < 4096; ++i) lookups.push_back(registered[rng() % registered.size()]);
+    while (lookups.size() < 4096) {
+      std::vector<uint32_t> cycle = registered;
+      std::shuffle(cycle.begin(), cycle.end(), rng);
+      lookups.insert(lookups.end(), cycle.begin(), cycle.end());
+    }
   }
+  uint32_t Next(size_t& i) const { return lookups[i++ % lookups.size()]; }
   std::vector<uint32_t> registered;
   std::vector<uint32_t> lookups;
+  std::unique_ptr<Slot[]> slots;
 };
+
+// What the poller reads once it has the slot: its state word.
+inline uint64_t Touch(const Slot* slot) { return slot->state.load(std::memory_order_acquire); }
 
 void BM_LookupCqdTable(benchmark::State& state) {
   static std::unique_ptr<QpTable> table;
-  static std::unique_ptr<Slot[]> slots;
   static std::unique_ptr<Keys> keys;
   if (state.thread_index() == 0) {
     keys = std::make_unique<Keys>(state.range(0));
     table = std::make_unique<QpTable>();
-    slots = std::make_unique<Slot[]>(keys->registered.size());
-    for (size_t i = 0; i < keys->registered.size(); ++i) table->Set(keys->registered[i], &slots[i]);
+    for (size_t i = 0; i < keys->registered.size(); ++i) {
+      table->Set(keys->registered[i], &keys->slots[i]);
+    }
   }
   size_t i = state.thread_index() * 97;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(table->Lookup(keys->lookups[i++ & 4095]));
+    benchmark::DoNotOptimize(Touch(table->Lookup(keys->Next(i))));
   }
   state.SetItemsProcessed(state.iterations());
 }
@@ -64,12 +76,15 @@ void BM_LookupTbbHashMap(benchmark::State& state) {
   if (state.thread_index() == 0) {
     keys = std::make_unique<Keys>(state.range(0));
     map = std::make_unique<Map>();
-    for (uint32_t qp : keys->registered) map->insert({qp, nullptr});
+    for (size_t k = 0; k < keys->registered.size(); ++k) {
+      map->insert({keys->registered[k], &keys->slots[k]});
+    }
   }
   size_t i = state.thread_index() * 97;
   for (auto _ : state) {
     Map::const_accessor accessor;
-    benchmark::DoNotOptimize(map->find(accessor, keys->lookups[i++ & 4095]));
+    map->find(accessor, keys->Next(i));
+    benchmark::DoNotOptimize(Touch(accessor->second));
   }
   state.SetItemsProcessed(state.iterations());
 }
@@ -81,12 +96,14 @@ void BM_LookupSharedMutexMap(benchmark::State& state) {
   if (state.thread_index() == 0) {
     keys = std::make_unique<Keys>(state.range(0));
     map = std::make_unique<std::unordered_map<uint32_t, Slot*>>();
-    for (uint32_t qp : keys->registered) (*map)[qp] = nullptr;
+    for (size_t k = 0; k < keys->registered.size(); ++k) {
+      (*map)[keys->registered[k]] = &keys->slots[k];
+    }
   }
   size_t i = state.thread_index() * 97;
   for (auto _ : state) {
     std::shared_lock<std::shared_mutex> lock(mu);
-    benchmark::DoNotOptimize(map->find(keys->lookups[i++ & 4095]));
+    benchmark::DoNotOptimize(Touch(map->find(keys->Next(i))->second));
   }
   state.SetItemsProcessed(state.iterations());
 }

@@ -5,27 +5,33 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <chrono>
 #include <condition_variable>
-#include <cstdio>
-#include <deque>
 #include <map>
+#include <random>
 #include <mutex>
 #include <thread>
 
+#include "benchmarks/machine.h"
 #include "cqd/runtime.h"
+#include "runtime/parker.h"
 #include "runtime/sim_device.h"
 
 namespace cqd::bench {
 namespace {
 
-constexpr int kDispatchBatch = 64;  // consumers take up to this many items at once (as cqd)
+using Clock = std::chrono::steady_clock;
+constexpr int kDispatchBatch = 64;  // consumers take up to this many at once (as cqd's default)
+constexpr auto kIdleSpin = std::chrono::microseconds(20);  // as cqd's default idle_spin
 
-// The simulated QPs and their handlers, and the replay pattern: completions of the QPs round
-// robin. The simulated device numbers a fresh device's QPs consecutively, so qp_num - base is
-// the QP's index.
+// QPs and their handlers on one simulated device, and the replay patterns: each active CQ
+// replays its QPs' completions round robin. The simulated device numbers a fresh device's QPs
+// consecutively, so qp_num - base is the QP's index.
 struct Source {
-  Source(SimDevice& sim, SimCq* cq, int qps) : cq(cq) {
+  Source(SimDevice& sim, const std::vector<SimCq*>& active, int qps, bool random_order = false)
+      : cqs(active) {
     for (int i = 0; i < qps; ++i) {
+      SimCq* cq = active[i % active.size()];
       this->qps.push_back(sim.CreateQp(cq, cq).value());
       handlers.push_back(std::make_unique<CountingHandler>());
       handler_table.push_back(handlers.back().get());
@@ -34,17 +40,27 @@ struct Source {
     for (int i = 0; i < qps; ++i) {
       if (this->qps[i]->qp_num() != base + static_cast<uint32_t>(i)) std::abort();
     }
-    size_t length = std::max<size_t>(64, 4 * static_cast<size_t>(qps));
-    pattern.resize(length);
-    for (size_t i = 0; i < length; ++i) {
-      pattern[i] = ibv_wc{};
-      pattern[i].wr_id = i;
-      pattern[i].opcode = IBV_WC_RECV;
-      pattern[i].byte_len = 64;
-      pattern[i].qp_num = base + static_cast<uint32_t>(i % qps);
+    patterns.resize(active.size());
+    for (size_t c = 0; c < active.size(); ++c) {
+      const size_t mine = (qps - c + active.size() - 1) / active.size();  // QPs c, c+k, ...
+      const size_t length = std::max<size_t>(64, 4 * mine);
+      for (size_t i = 0; i < length; ++i) {
+        ibv_wc wc{};
+        wc.wr_id = i;
+        wc.opcode = IBV_WC_RECV;
+        wc.byte_len = 64;
+        wc.qp_num = base + static_cast<uint32_t>(c + (i % mine) * active.size());
+        patterns[c].push_back(wc);
+      }
+      if (random_order) std::shuffle(patterns[c].begin(), patterns[c].end(), std::mt19937(7 + c));
     }
   }
-  void StartReplay() { cq->Replay(pattern, UINT64_MAX / 4); }
+  void StartReplay() {
+    for (size_t c = 0; c < cqs.size(); ++c) cqs[c]->Replay(patterns[c], UINT64_MAX / 4);
+  }
+  void StopReplay() {
+    for (SimCq* cq : cqs) cq->Replay({}, 0);
+  }
   uint64_t Delivered() const {
     uint64_t n = 0;
     for (const auto& h : handlers) n += h->count.load(std::memory_order_relaxed);
@@ -62,11 +78,11 @@ struct Source {
     }
   }
 
-  SimCq* cq;
+  std::vector<SimCq*> cqs;
   std::vector<SimQp*> qps;
   std::vector<std::unique_ptr<CountingHandler>> handlers;
   std::vector<CountingHandler*> handler_table;
-  std::vector<ibv_wc> pattern;
+  std::vector<std::vector<ibv_wc>> patterns;
   uint32_t base = 0;
 };
 
@@ -82,59 +98,88 @@ int PollSim(SimCq* cq, int n, ibv_wc* wc) {
   return static_cast<sim_internal::SimCqImpl*>(cq)->Poll(n, wc);
 }
 
-// ---- limit: no handoff ----
+// ---- limit, limit2: no handoff ----
 
 class LimitPipeline : public Pipeline {
  public:
-  explicit LimitPipeline(const PipelineConfig& c)
-      : sim_(SimDevice::Create()), source_(*sim_, sim_->CreateCq(4096, nullptr).value(), c.qps) {
-    source_.StartReplay();
-    thread_ = std::thread([this, batch = c.batch, pin = c.pin] {
-      Pin(pin, 0);
-      std::vector<ibv_wc> wcs(batch);
-      while (!stop_.load(std::memory_order_relaxed)) {
-        int n = PollSim(source_.cq, batch, wcs.data());
-        if (n > 0) source_.Dispatch(wcs.data(), n);
-      }
-    });
+  LimitPipeline(const PipelineConfig& c, int threads) {
+    for (int t = 0; t < threads; ++t) {
+      auto sim = SimDevice::Create();
+      SimCq* cq = sim->CreateCq(4096, nullptr).value();
+      const int qps = c.qps / threads + (t < c.qps % threads ? 1 : 0);
+      sources_.push_back(std::make_unique<Source>(*sim, std::vector<SimCq*>{cq}, std::max(1, qps),
+                                                  c.random_order));
+      sims_.push_back(std::move(sim));
+      sources_.back()->StartReplay();
+    }
+    for (int t = 0; t < threads; ++t) {
+      threads_.emplace_back([this, t, batch = c.batch, pin = c.pin] {
+        NameThread("limit" + std::to_string(t));
+        Pin(pin, t == 0 ? 0 : ConsumerCpu(t - 1));
+        const Source& source = *sources_[t];
+        std::vector<ibv_wc> wcs(batch);
+        while (!stop_.load(std::memory_order_relaxed)) {
+          int n = PollSim(source.cqs[0], batch, wcs.data());
+          if (n > 0) source.Dispatch(wcs.data(), n);
+        }
+      });
+    }
   }
   ~LimitPipeline() override { Stop(); }
-  uint64_t Delivered() const override { return source_.Delivered(); }
+  uint64_t Delivered() const override {
+    uint64_t n = 0;
+    for (const auto& s : sources_) n += s->Delivered();
+    return n;
+  }
   void Stop() override {
     stop_.store(true);
-    if (thread_.joinable()) thread_.join();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
 
  private:
-  std::shared_ptr<SimDevice> sim_;
-  Source source_;
+  std::vector<std::shared_ptr<SimDevice>> sims_;
+  std::vector<std::unique_ptr<Source>> sources_;
   std::atomic<bool> stop_{false};
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
-// ---- cqd ----
+// ---- cqd, cqd_rtc ----
 
 class CqdPipeline : public Pipeline {
  public:
-  explicit CqdPipeline(const PipelineConfig& c) {
+  CqdPipeline(const PipelineConfig& c, bool run_to_completion) {
     RuntimeOptions options;
     options.pollers = 1;
     options.poll_batch = c.batch;
     options.busy_poll = true;
-    options.consumers.assign(c.consumers, ConsumerOptions{});
-    for (int i = 0; i < c.consumers; ++i) {
+    const int consumers = run_to_completion ? 1 : c.consumers;
+    options.consumers.assign(consumers, ConsumerOptions{});
+    for (int i = 0; i < consumers; ++i) {
       options.consumers[i].queue_capacity = c.queue_capacity;
-      if (c.pin) options.consumers[i].cpu = ConsumerCpu(i);
+      options.consumers[i].name = "c" + std::to_string(i);
+      if (run_to_completion) {
+        options.consumers[i].kind = ConsumerKind::kRunToCompletion;
+      } else if (c.pin) {
+        options.consumers[i].cpu = ConsumerCpu(i);
+      }
     }
     if (c.pin) options.poller_cpus = {0};
+    options.max_registrations = std::max<uint32_t>(options.max_registrations, c.qps);
     rt_ = Runtime::Create(options).value();
     sim_ = SimDevice::Create();
     DeviceId dev = rt_->AddSimDevice(sim_).value();
-    cq_ = rt_->CreateCq(dev, 0, CqOptions{.depth = 4096}).value();
-    source_ = std::make_unique<Source>(*sim_, cq_.sim(), c.qps);
+    std::vector<SimCq*> active;
+    for (int i = 0; i < std::max(c.cqs, c.active_cqs); ++i) {
+      cqs_.push_back(rt_->CreateCq(dev, 0, CqOptions{.depth = 4096}).value());
+      if (i < c.active_cqs) active.push_back(cqs_.back().sim());
+    }
+    source_ = std::make_unique<Source>(*sim_, active, c.qps, c.random_order);
     for (int i = 0; i < c.qps; ++i) {
       registrations_.push_back(rt_->RegisterQp(*source_->qps[i], *source_->handlers[i],
-                                               static_cast<ConsumerId>(i % c.consumers))
+                                               static_cast<ConsumerId>(i % consumers),
+                                               QpOptions{.send_wrs = 0, .recv_wrs = 0})
                                    .value());
     }
     source_->StartReplay();
@@ -143,71 +188,105 @@ class CqdPipeline : public Pipeline {
   uint64_t Delivered() const override { return source_->Delivered(); }
   void Stop() override {
     if (rt_ == nullptr) return;
-    cq_.sim()->Replay({}, 0);
+    source_->StopReplay();
     (void)rt_->Shutdown();
     registrations_.clear();
     for (SimQp* qp : source_->qps) (void)sim_->DestroyQp(qp);
-    (void)rt_->DestroyCq(cq_);
+    for (CqHandle& cq : cqs_) (void)rt_->DestroyCq(cq);
     rt_.reset();
   }
 
  private:
   std::unique_ptr<Runtime> rt_;
   std::shared_ptr<SimDevice> sim_;
-  CqHandle cq_;
+  std::vector<CqHandle> cqs_;
   std::unique_ptr<Source> source_;
   std::vector<Registration> registrations_;
 };
 
-// ---- handoffs through a queue per consumer ----
+// ---- handoffs through a lane per consumer ----
 
-// A consumer's std::mutex + std::deque lane.
+// Spin-then-block waiting, shared by the lanes below: the consumer spins on `ready()` for
+// kIdleSpin, then sleeps on the lane's condition variable, having said so in `waiting` (under
+// the lane's mutex, so the producer that sees `waiting` false knows the consumer will re-check).
+template <typename Ready>
+bool SpinThenBlock(std::mutex& mu, std::condition_variable& cv, bool& waiting,
+                   const std::atomic<bool>& stop, Ready ready) {
+  const Clock::time_point until = Clock::now() + kIdleSpin;
+  for (int i = 0; !ready(); ++i) {
+    if (stop.load(std::memory_order_relaxed)) return false;
+    internal::CpuRelax();
+    if (i % 64 == 63 && Clock::now() >= until) {
+      std::unique_lock<std::mutex> lock(mu);
+      waiting = true;
+      cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return ready(); });
+      waiting = false;
+    }
+  }
+  return true;
+}
+
+// mutex: a preallocated vector per consumer, swapped out whole.
 struct alignas(64) MutexLane {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<ibv_wc> items;
-  bool waiting = false;
+  std::vector<ibv_wc> items;     // guarded by mu; capacity reserved up front
+  bool waiting = false;          // guarded by mu
+  alignas(64) std::atomic<size_t> size{0};  // items.size(), for the consumer's spin
 };
 
-void MutexPush(MutexLane& lane, const ibv_wc* wcs, size_t n, size_t capacity,
-               const std::atomic<bool>& stop) {
-  std::unique_lock<std::mutex> lock(lane.mu);
-  while (lane.items.size() + n > capacity && !stop.load(std::memory_order_relaxed)) {
-    lock.unlock();
-    std::this_thread::yield();
-    lock.lock();
-  }
-  lane.items.insert(lane.items.end(), wcs, wcs + n);
-  bool wake = lane.waiting;
-  lock.unlock();
-  if (wake) lane.cv.notify_one();
-}
+// tbb: pooled batches, one push per poll batch.
+struct TbbBatch {
+  uint32_t n = 0;
+  ibv_wc wcs[256];
+};
+struct TbbLane {
+  tbb::concurrent_bounded_queue<TbbBatch*> full;
+  tbb::concurrent_queue<TbbBatch*> free;
+  std::vector<std::unique_ptr<TbbBatch>> pool;
+};
 
-size_t MutexPop(MutexLane& lane, ibv_wc* out, size_t max, const std::atomic<bool>& stop) {
-  std::unique_lock<std::mutex> lock(lane.mu);
-  while (lane.items.empty()) {
-    if (stop.load(std::memory_order_relaxed)) return 0;
-    lane.waiting = true;
-    lane.cv.wait_for(lock, std::chrono::milliseconds(1));
-    lane.waiting = false;
-  }
-  size_t n = std::min(max, lane.items.size());
-  std::copy_n(lane.items.begin(), n, out);
-  lane.items.erase(lane.items.begin(), lane.items.begin() + n);
-  return n;
-}
+// ceph: a connection's own queue, and each worker's ready list of connections.
+struct alignas(64) CephConn {
+  std::mutex mu;
+  std::vector<ibv_wc> wcs;  // guarded by mu
+  bool queued = false;      // guarded by mu: on its worker's ready list
+  int worker = 0;
+};
+struct alignas(64) CephWorker {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CephConn*> ready;  // guarded by mu
+  bool waiting = false;          // guarded by mu
+  alignas(64) std::atomic<size_t> size{0};
+};
 
-// Poller thread + consumer threads; Lanes decides how items travel.
 class HandoffPipeline : public Pipeline {
  public:
   explicit HandoffPipeline(const PipelineConfig& c)
       : config_(c),
         sim_(SimDevice::Create()),
-        source_(*sim_, sim_->CreateCq(4096, nullptr).value(), c.qps),
+        source_(*sim_, {sim_->CreateCq(4096, nullptr).value()}, c.qps, c.random_order),
         mutex_lanes_(c.consumers),
-        tbb_lanes_(c.consumers) {
-    for (auto& lane : tbb_lanes_) lane.set_capacity(c.queue_capacity);
-    for (int i = 0; i < c.qps; ++i) ceph_connections_[source_.base + i] = i % c.consumers;
+        tbb_lanes_(c.consumers),
+        ceph_workers_(c.consumers) {
+    for (auto& lane : mutex_lanes_) lane.items.reserve(c.queue_capacity);
+    const size_t batches = std::max<size_t>(4, c.queue_capacity / std::max(1, c.batch));
+    for (auto& lane : tbb_lanes_) {
+      lane.full.set_capacity(static_cast<std::ptrdiff_t>(batches));
+      for (size_t i = 0; i < batches; ++i) {
+        lane.pool.push_back(std::make_unique<TbbBatch>());
+        lane.free.push(lane.pool.back().get());
+      }
+    }
+    for (int i = 0; i < c.qps; ++i) {
+      auto conn = std::make_unique<CephConn>();
+      conn->worker = i % c.consumers;
+      conn->wcs.reserve(1024);
+      ceph_map_[source_.base + i] = conn.get();
+      ceph_conns_.push_back(std::move(conn));
+    }
+    for (auto& w : ceph_workers_) w.ready.reserve(c.qps);
     source_.StartReplay();
     for (int i = 0; i < c.consumers; ++i) consumers_.emplace_back([this, i] { Consume(i); });
     poller_ = std::thread([this] { Poll(); });
@@ -218,92 +297,177 @@ class HandoffPipeline : public Pipeline {
     if (!poller_.joinable()) return;
     stop_.store(true);
     poller_.join();
-    for (auto& lane : tbb_lanes_) {  // a sentinel ends each blocked consumer
-      ibv_wc sentinel{};
-      sentinel.qp_num = UINT32_MAX;
-      lane.push(sentinel);
-    }
+    for (auto& lane : tbb_lanes_) lane.full.push(nullptr);  // ends a blocked consumer
+    for (auto& lane : mutex_lanes_) lane.cv.notify_all();
+    for (auto& w : ceph_workers_) w.cv.notify_all();
     for (auto& t : consumers_) t.join();
   }
 
  private:
+  bool Stopping() const { return stop_.load(std::memory_order_relaxed); }
+
   void Poll() {
+    NameThread("poll");
     Pin(config_.pin, 0);
     const int consumers = config_.consumers;
     std::vector<ibv_wc> wcs(config_.batch);
     std::vector<std::vector<ibv_wc>> staged(consumers);
-    while (!stop_.load(std::memory_order_relaxed)) {
-      int n = PollSim(source_.cq, config_.batch, wcs.data());
+    for (auto& s : staged) s.reserve(config_.batch);
+    std::vector<std::pair<CephConn*, std::vector<ibv_wc>>> polled;  // Ceph's per-batch grouping
+    while (!Stopping()) {
+      int n = PollSim(source_.cq(), config_.batch, wcs.data());
       if (n <= 0) continue;
       if (config_.impl == "ceph") {
-        for (int i = 0; i < n; ++i) {
-          int consumer;
-          {
-            std::lock_guard<std::mutex> lock(ceph_mu_);  // the connection map, per completion
-            consumer = ceph_connections_.find(wcs[i].qp_num)->second;
-          }
-          MutexPush(mutex_lanes_[consumer], &wcs[i], 1, config_.queue_capacity, stop_);
-        }
+        CephPass(wcs.data(), n, polled);
         continue;
       }
       for (int i = 0; i < n; ++i) {
-        int consumer = static_cast<int>((wcs[i].qp_num - source_.base) % consumers);
-        if (config_.impl == "tbb") {
-          while (!tbb_lanes_[consumer].try_push(wcs[i])) {  // bounded: wait for room
-            if (stop_.load(std::memory_order_relaxed)) return;
-            std::this_thread::yield();
-          }
-        } else {
-          staged[consumer].push_back(wcs[i]);
-        }
+        staged[(wcs[i].qp_num - source_.base) % consumers].push_back(wcs[i]);
       }
-      if (config_.impl == "mutex") {
-        for (int c = 0; c < consumers; ++c) {
-          if (staged[c].empty()) continue;
-          MutexPush(mutex_lanes_[c], staged[c].data(), staged[c].size(), config_.queue_capacity,
-                    stop_);
-          staged[c].clear();
+      for (int c = 0; c < consumers; ++c) {
+        if (staged[c].empty()) continue;
+        if (config_.impl == "tbb") {
+          TbbPush(tbb_lanes_[c], staged[c]);
+        } else {
+          MutexPush(mutex_lanes_[c], staged[c]);
         }
+        staged[c].clear();
       }
     }
   }
 
-  void Consume(int index) {
-    Pin(config_.pin, ConsumerCpu(index));
-    ibv_wc buffer[kDispatchBatch];
-    for (;;) {
-      size_t n = 0;
-      if (config_.impl == "tbb") {
-        auto& lane = tbb_lanes_[index];
-        lane.pop(buffer[0]);  // blocks
-        if (buffer[0].qp_num == UINT32_MAX) return;
-        n = 1;
-        while (n < kDispatchBatch && lane.try_pop(buffer[n])) {
-          if (buffer[n].qp_num == UINT32_MAX) {
-            source_.Dispatch(buffer, n);
-            return;
-          }
-          ++n;
+  void MutexPush(MutexLane& lane, const std::vector<ibv_wc>& wcs) {
+    std::unique_lock<std::mutex> lock(lane.mu);
+    while (lane.items.size() + wcs.size() > config_.queue_capacity) {  // full: wait for room
+      lock.unlock();
+      if (Stopping()) return;
+      std::this_thread::yield();
+      lock.lock();
+    }
+    lane.items.insert(lane.items.end(), wcs.begin(), wcs.end());
+    lane.size.store(lane.items.size(), std::memory_order_release);
+    const bool wake = lane.waiting;
+    lock.unlock();
+    if (wake) lane.cv.notify_one();
+  }
+
+  void TbbPush(TbbLane& lane, const std::vector<ibv_wc>& wcs) {
+    TbbBatch* batch = nullptr;
+    while (!lane.free.try_pop(batch)) {  // every batch in flight: wait for one back
+      if (Stopping()) return;
+      std::this_thread::yield();
+    }
+    batch->n = static_cast<uint32_t>(wcs.size());
+    std::copy(wcs.begin(), wcs.end(), batch->wcs);
+    lane.full.push(batch);
+  }
+
+  void CephPass(const ibv_wc* wcs, int n,
+                std::vector<std::pair<CephConn*, std::vector<ibv_wc>>>& polled) {
+    {
+      std::lock_guard<std::mutex> lock(ceph_map_mu_);  // once per poll batch
+      for (int i = 0; i < n; ++i) {
+        CephConn* conn = ceph_map_.find(wcs[i].qp_num)->second;
+        auto it = std::find_if(polled.begin(), polled.end(),
+                               [&](const auto& p) { return p.first == conn; });
+        if (it == polled.end()) {
+          polled.emplace_back(conn, std::vector<ibv_wc>());
+          it = polled.end() - 1;
         }
-      } else {
-        n = MutexPop(mutex_lanes_[index], buffer, kDispatchBatch, stop_);
-        if (n == 0) return;  // stopped and empty
+        it->second.push_back(wcs[i]);
       }
-      if (config_.impl == "ceph") {
-        for (size_t i = 0; i < n; ++i) source_.Dispatch(&buffer[i], 1);  // one wc at a time
-      } else {
-        source_.Dispatch(buffer, n);
+    }
+    for (auto& [conn, group] : polled) {  // per connection: one append, one notification
+      bool notify;
+      {
+        std::lock_guard<std::mutex> lock(conn->mu);
+        conn->wcs.insert(conn->wcs.end(), group.begin(), group.end());
+        notify = !conn->queued;
+        conn->queued = true;
       }
+      if (notify) {
+        CephWorker& w = ceph_workers_[conn->worker];
+        std::unique_lock<std::mutex> lock(w.mu);
+        w.ready.push_back(conn);
+        w.size.store(w.ready.size(), std::memory_order_release);
+        const bool wake = w.waiting;
+        lock.unlock();
+        if (wake) w.cv.notify_one();
+      }
+    }
+    polled.clear();
+  }
+
+  void Consume(int index) {
+    NameThread("consume" + std::to_string(index));
+    Pin(config_.pin, ConsumerCpu(index));
+    if (config_.impl == "tbb") return ConsumeTbb(tbb_lanes_[index]);
+    if (config_.impl == "ceph") return ConsumeCeph(ceph_workers_[index]);
+    MutexLane& lane = mutex_lanes_[index];
+    std::vector<ibv_wc> taken;
+    taken.reserve(config_.queue_capacity);
+    for (;;) {
+      auto ready = [&] { return lane.size.load(std::memory_order_acquire) > 0; };
+      if (!SpinThenBlock(lane.mu, lane.cv, lane.waiting, stop_, ready)) return;
+      {
+        std::lock_guard<std::mutex> lock(lane.mu);
+        lane.items.swap(taken);
+        lane.size.store(0, std::memory_order_relaxed);
+      }
+      for (size_t i = 0; i < taken.size(); i += kDispatchBatch) {
+        source_.Dispatch(taken.data() + i, std::min<size_t>(kDispatchBatch, taken.size() - i));
+      }
+      taken.clear();
+    }
+  }
+
+  void ConsumeTbb(TbbLane& lane) {
+    for (;;) {
+      TbbBatch* batch = nullptr;
+      lane.full.pop(batch);  // tbb's own spin-then-block
+      if (batch == nullptr) return;
+      source_.Dispatch(batch->wcs, batch->n);
+      lane.free.push(batch);
+    }
+  }
+
+  void ConsumeCeph(CephWorker& w) {
+    std::vector<CephConn*> ready;
+    std::vector<ibv_wc> wcs;
+    wcs.reserve(1024);
+    for (;;) {
+      auto has = [&] { return w.size.load(std::memory_order_acquire) > 0; };
+      if (!SpinThenBlock(w.mu, w.cv, w.waiting, stop_, has)) return;
+      {
+        std::lock_guard<std::mutex> lock(w.mu);
+        w.ready.swap(ready);
+        w.size.store(0, std::memory_order_relaxed);
+      }
+      for (CephConn* conn : ready) {  // Ceph's handle_rx_event: take the connection's wcs
+        {
+          std::lock_guard<std::mutex> lock(conn->mu);
+          conn->wcs.swap(wcs);
+          conn->queued = false;
+        }
+        source_.Dispatch(wcs.data(), wcs.size());
+        wcs.clear();
+      }
+      ready.clear();
     }
   }
 
   const PipelineConfig config_;
   std::shared_ptr<SimDevice> sim_;
-  Source source_;
+  struct OneCqSource : Source {
+    using Source::Source;
+    SimCq* cq() const { return cqs[0]; }
+  } source_;
   std::vector<MutexLane> mutex_lanes_;
-  std::vector<tbb::concurrent_bounded_queue<ibv_wc>> tbb_lanes_;
-  std::mutex ceph_mu_;
-  std::map<uint32_t, int> ceph_connections_;
+  std::vector<TbbLane> tbb_lanes_;
+  std::vector<CephWorker> ceph_workers_;
+  std::mutex ceph_map_mu_;
+  std::map<uint32_t, CephConn*> ceph_map_;  // guarded by ceph_map_mu_
+  std::vector<std::unique_ptr<CephConn>> ceph_conns_;
   std::atomic<bool> stop_{false};
   std::thread poller_;
   std::vector<std::thread> consumers_;
@@ -317,8 +481,10 @@ int ConsumerCpu(int i) {
 }
 
 std::unique_ptr<Pipeline> StartPipeline(const PipelineConfig& config) {
-  if (config.impl == "limit") return std::make_unique<LimitPipeline>(config);
-  if (config.impl == "cqd") return std::make_unique<CqdPipeline>(config);
+  if (config.impl == "limit") return std::make_unique<LimitPipeline>(config, 1);
+  if (config.impl == "limit2") return std::make_unique<LimitPipeline>(config, 2);
+  if (config.impl == "cqd") return std::make_unique<CqdPipeline>(config, false);
+  if (config.impl == "cqd_rtc") return std::make_unique<CqdPipeline>(config, true);
   if (config.impl == "mutex" || config.impl == "tbb" || config.impl == "ceph") {
     return std::make_unique<HandoffPipeline>(config);
   }

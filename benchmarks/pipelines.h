@@ -1,15 +1,23 @@
 // benchmarks/pipelines.h: the dispatch pipelines the harness puts side by side.
 //
-// Every pipeline takes completions off one simulated CQ in replay mode (an endless source with no
+// Every pipeline takes completions off simulated CQs in replay mode (an endless source with no
 // producer thread, see SimCq::Replay), routes each by qp_num to its QP's handler, and calls the
-// handler on the consumer thread that owns the QP, grouping consecutive completions of one QP into
-// one call. They differ only in how completions travel from the polling thread to the consumers:
-//   limit   no handoff: the polling thread calls handlers itself
-//   cqd     the cqd runtime (moodycamel bulk enqueue, futex wakes)
-//   mutex   std::mutex + std::deque per consumer, one lock per poll batch
-//   tbb     tbb::concurrent_bounded_queue per consumer, one push per completion
-//   ceph    map lookup under a global mutex per completion, then a mutex + deque push per
-//           completion (the shape of Ceph's RDMADispatcher)
+// handler on the thread that owns the QP, one call per run of consecutive completions of one QP.
+// They differ only in how completions travel from the polling thread to the handlers:
+//   limit    no handoff: one thread polls and calls handlers itself (run to completion)
+//   limit2   the same on two threads, each with its own CQ and half the QPs: the most two
+//            threads can deliver, the bound for any two-thread handoff
+//   cqd      the cqd runtime: one poller, `consumers` owned consumer threads, busy polling
+//   cqd_rtc  the cqd runtime with one run-to-completion consumer: handlers on the poller thread
+//   mutex    the strongest plain-mutex handoff: a preallocated vector per consumer, appended under
+//            its mutex once per poll batch and swapped out whole by the consumer; the consumer
+//            spins (idle_spin, as cqd's) before it blocks on a condition variable, and the
+//            poller signals only a consumer that blocks
+//   tbb      tbb::concurrent_bounded_queue per consumer carrying one pooled batch per poll batch
+//   ceph     Ceph's RDMA receive path: the connection map locked once per poll batch,
+//            completions grouped per connection, then per connection one lock of its own
+//            queue, one append and one notification of its worker (a ready list the worker
+//            spins on, then blocks: cheaper than Ceph's eventfd write per notification)
 #ifndef CQD_BENCHMARKS_PIPELINES_H_
 #define CQD_BENCHMARKS_PIPELINES_H_
 
@@ -34,13 +42,20 @@ class CountingHandler : public QpHandler {
 };
 
 struct PipelineConfig {
-  std::string impl;     // limit, cqd, mutex, tbb, ceph
+  std::string impl;     // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph
   int batch = 32;       // completions per poll
   int qps = 1;
-  int consumers = 1;    // ignored by limit
+  int consumers = 1;    // handoff pipelines only
+  // cqd only: CQs on the one poller, of which `active_cqs` replay traffic (the QPs spread over
+  // them); the rest are registered, armed and idle.
+  int cqs = 1;
+  int active_cqs = 1;
+  // The replayed completions come in a random order of QPs, every QP equally often (else round
+  // robin).
+  bool random_order = false;
   size_t queue_capacity = 1 << 16;
-  // CPU placement, the same for every pipeline: the polling thread on CPU 0, consumer i on CPU
-  // (1 + i) % cpus. Off: the scheduler places them.
+  // CPU placement, the same for every pipeline: the polling thread on CPU 0, consumer i (or
+  // limit2's second thread) on CPU (1 + i) % cpus. Off: the scheduler places them.
   bool pin = true;
 };
 
