@@ -11,6 +11,7 @@
 #include <span>
 
 #include "cqd/handler.h"
+#include "runtime/thread_role.h"
 
 namespace cqd::internal {
 
@@ -21,7 +22,16 @@ class OrphanSink {
   void Take(std::span<const ibv_wc> wcs) noexcept {
     if (wcs.empty()) return;
     count_.fetch_add(wcs.size(), std::memory_order_relaxed);
-    if (handler_ != nullptr) handler_->OnOrphans(wcs);
+    if (handler_ == nullptr) return;
+    if (!HasWaitDuty()) {
+      handler_->OnOrphans(wcs);
+      return;
+    }
+    // Dispatching run-to-completion handlers on a poller, where they may call the runtime: an
+    // OrphanHandler on a poller may not (handler.h), so its calls are refused here as elsewhere.
+    tls_runtime_thread = true;
+    handler_->OnOrphans(wcs);
+    tls_runtime_thread = false;
   }
   // Returns the number of orphans so far.
   uint64_t total() const { return count_.load(std::memory_order_relaxed); }

@@ -311,6 +311,54 @@ TEST(RunToCompletion, HandlerUnregistersItself) {
   CQD_ASSERT_OK(rt->DestroyCq(cq));
 }
 
+// Orphans that come up while run-to-completion handlers are dispatched on the poller (here: QP
+// B's completions, queued behind QP A's, after A's handler unregistered B) reach the
+// OrphanHandler on the poller, where control calls stay refused (handler.h).
+TEST(RunToCompletion, OrphanHandlerOnThePollerMayNotCallTheRuntime) {
+  struct CallingOrphans : OrphanHandler {
+    Runtime* rt = nullptr;
+    SimQp* spare = nullptr;
+    SequenceHandler spare_handler;
+    std::atomic<int> calls{0};
+    std::atomic<int> refused{0};
+    void OnOrphans(std::span<const ibv_wc>) noexcept override {
+      auto reg = rt->RegisterQp(*spare, spare_handler, 0);
+      if (!reg.ok() && reg.status().code() == StatusCode::kFailedPrecondition) refused.fetch_add(1);
+      calls.fetch_add(1);
+    }
+  } orphans;
+  RuntimeOptions options = RtcOptions(1);
+  options.orphan_handler = &orphans;
+  auto rt = Runtime::Create(options).value();
+  orphans.rt = rt.get();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqOptions cq_options;
+  cq_options.solicited_only = true;  // the completions wait in the CQ until the solicited one
+  CqHandle cq = rt->CreateCq(dev, 0, cq_options).value();
+  SimQp* a = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SimQp* b = sim->CreateQp(cq.sim(), cq.sim()).value();
+  orphans.spare = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SequenceHandler b_handler;
+  Registration b_reg = rt->RegisterQp(*b, b_handler, 0).value();
+  struct Unregistering : QpHandler {
+    Registration* victim = nullptr;
+    void OnCompletions(std::span<const ibv_wc>) noexcept override { victim->Unregister(); }
+  } a_handler;
+  a_handler.victim = &b_reg;
+  Registration a_reg = rt->RegisterQp(*a, a_handler, 0).value();
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+  ASSERT_EQ(a->Complete(0), 1);
+  ASSERT_EQ(b->Complete(0), 1);
+  ASSERT_EQ(b->Complete(1, IBV_WC_RECV, IBV_WC_SUCCESS, /*solicited=*/true), 1);
+  ASSERT_TRUE(WaitFor([&] { return orphans.calls.load() >= 1; }));
+  EXPECT_EQ(orphans.refused.load(), orphans.calls.load());
+  EXPECT_EQ(b_handler.received(), 0u);
+  a_reg.Unregister();
+  for (SimQp* qp : {a, b, orphans.spare}) CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
 // Completions polled before Shutdown reach their handlers; nothing is lost.
 TEST(RunToCompletion, ShutdownDeliversWhatWasPolled) {
   RuntimeOptions options = RtcOptions(1, /*busy=*/true);

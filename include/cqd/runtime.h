@@ -127,7 +127,8 @@ class Teardown {
   // reached the handler, kDeadlineExceeded when the timeout ran out first, kCancelled when the
   // runtime shut down first. Returns kFailedPrecondition on a default-constructed Teardown.
   // Must not be called from the QP's own handler, nor from the thread that drains an
-  // engine-driven consumer of the QP (the markers would never be dispatched: the deadline ends it).
+  // engine-driven consumer of the QP, nor from a run-to-completion handler on the poller of the
+  // QP's CQs (the markers would never be polled or dispatched: the deadline ends it).
   Status Wait() const;
 
  private:
