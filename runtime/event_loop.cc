@@ -167,7 +167,7 @@ void EventLoop::Run() {
     for (size_t shard = 0; shard < wake_shard_.size(); ++shard) {
       if (wake_shard_[shard]) {
         wake_shard_[shard] = false;
-        pollers_[shard]->Wake();
+        pollers_[shard]->CqEvents();
       }
     }
   }
@@ -279,7 +279,10 @@ void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
     if (device->handler != nullptr) device->handler->OnDeviceEvent(event);  // unregistered QP
     return;
   }
-  if (event.type == IBV_EVENT_DEVICE_FATAL) device->failed.store(true, std::memory_order_release);
+  if (event.type == IBV_EVENT_DEVICE_FATAL) {
+    device->failed.store(true, std::memory_order_release);
+    for (Poller* poller : pollers_) poller->UnparkAll();  // its CQs raise no more events
+  }
   if (device->handler != nullptr) device->handler->OnDeviceEvent(event);
   if (event.type != IBV_EVENT_CQ_ERR && event.type != IBV_EVENT_DEVICE_FATAL) return;
   // Fan out to every QP the event takes down: rare, so a scan of the slots is fine.

@@ -18,6 +18,7 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       slots_(slots),
       orphans_(orphans),
       strays_(strays),
+      may_park_(!options.busy_poll && options.cq_park_after.count() > 0),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
                          [](const ConsumerOptions& c) { return c.record_latency; })) {
@@ -92,6 +93,12 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
   uint64_t taken = 0;
   RunSync([&] {
     std::erase(cqs_, cq);
+    if (cq->parked) {
+      std::erase(parked_, cq);
+      parked_count_.store(parked_.size(), std::memory_order_relaxed);
+    }
+    cq->parked = false;
+    cq->empty_run = 0;
     if (cq->poll_failed) return;
     // No live registration uses it (the control path checked): everything left is an orphan.
     for (;;) {
@@ -112,7 +119,19 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
 
 Status Poller::ResizeCq(CqRecord* cq, int depth) {
   Status status;
-  RunSync([&] { status = cq->cq->Resize(depth); });
+  RunSync([&] {
+    status = cq->cq->Resize(depth);
+    // Whether a resize keeps a pending arm is the device's business: poll it again, and arm it
+    // afresh before it parks or the poller sleeps (arming an armed CQ is harmless).
+    if (cq->parked) {
+      std::erase(parked_, cq);
+      parked_count_.store(parked_.size(), std::memory_order_relaxed);
+      cq->parked = false;
+      cqs_.push_back(cq);
+    }
+    cq->empty_run = 0;
+    cq->armed.store(false, std::memory_order_seq_cst);
+  });
   return status;
 }
 
@@ -180,7 +199,7 @@ bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint3
 
 void Poller::NotificationsBroken() noexcept {
   notifications_broken_.store(true, std::memory_order_seq_cst);
-  parker_.Wake();
+  UnparkAll();
 }
 
 void Poller::Run() {
@@ -197,6 +216,7 @@ void Poller::Run() {
       worked |= PlaceEvents();
     }
     if (!listed_.empty()) worked |= Flush(false);
+    if (UnparkPending()) Unpark();
     if (PollAll() > 0) worked = true;
     if (!owned_.empty()) worked |= RunOwned();
     if (worked) {
@@ -264,9 +284,8 @@ bool Poller::PlaceEvents() {
 bool Poller::CatchUp(PostedEvent& posted) noexcept {
   for (int k = 0; k < 2; ++k) {
     if (posted.cq_ids[k] == 0 || (posted.caught_up & (1u << k))) continue;
-    auto it = std::find_if(cqs_.begin(), cqs_.end(),
-                           [&](const CqRecord* cq) { return cq->id == posted.cq_ids[k]; });
-    CqRecord* cq = it == cqs_.end() ? nullptr : *it;
+    // A parked CQ is polled too; it stays parked, since its next completion raises an event.
+    CqRecord* cq = FindCq(posted.cq_ids[k]);
     while (cq != nullptr && !cq->poll_failed) {
       const int room = RoomFor(*cq);
       if (room == 0) return false;
@@ -288,9 +307,22 @@ int Poller::RoomFor(const CqRecord& cq) noexcept {
   return room;
 }
 
+CqRecord* Poller::FindCq(uint32_t id) noexcept {
+  for (const std::vector<CqRecord*>* list : {&cqs_, &parked_}) {
+    for (CqRecord* cq : *list) {
+      if (cq->id == id) return cq;
+    }
+  }
+  return nullptr;
+}
+
 int Poller::PollAll() noexcept {
   int found = 0;
-  for (CqRecord* cq : cqs_) {
+  size_t kept = 0;
+  Clock::time_point now{};  // read at most once per pass, by the first CQ that needs it
+  for (size_t i = 0; i < cqs_.size(); ++i) {
+    CqRecord* cq = cqs_[i];
+    cqs_[kept++] = cq;
     if (cq->poll_failed) continue;
     int room = RoomFor(*cq);
     if (room == 0) {  // a consumer it shares is stalled: leave the completions in the CQ
@@ -298,9 +330,67 @@ int Poller::PollAll() noexcept {
       continue;
     }
     int n = PollOne(cq, room);
-    if (n > 0) found += n;
+    if (n != 0) {
+      if (n > 0) found += n;
+      cq->empty_run = 0;
+      continue;
+    }
+    if (!may_park_ || cq->solicited_only) continue;
+    if (++cq->empty_run <= kParkProbe) {
+      if (cq->empty_run == kParkProbe) {
+        if (now == Clock::time_point{}) now = Clock::now();
+        cq->empty_since = now;
+      }
+      continue;
+    }
+    if (now == Clock::time_point{}) now = Clock::now();
+    if (now - cq->empty_since < options_.cq_park_after) continue;
+    if (TryPark(cq)) {
+      --kept;
+      cq->parked = true;
+      parked_.push_back(cq);
+      Count(parks_, 1);
+      parked_count_.store(parked_.size(), std::memory_order_relaxed);
+    }
   }
+  cqs_.resize(kept);
   return found;
+}
+
+bool Poller::TryPark(CqRecord* cq) noexcept {
+  cq->empty_run = 0;  // whatever happens, measure afresh
+  if (notifications_broken_.load(std::memory_order_relaxed) ||
+      cq->device->failed.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  if (!cq->armed.load(std::memory_order_seq_cst)) {
+    cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
+    Count(arms_, 1);
+    if (cq->cq->RequestNotify(/*solicited_only=*/false) != 0) {
+      cq->armed.store(false, std::memory_order_seq_cst);
+      Count(arm_failures_, 1);
+      return false;
+    }
+  }
+  // S6: a completion that came before the arm raises no event; only an empty CQ may park.
+  const int room = RoomFor(*cq);
+  return room > 0 && PollOne(cq, room) == 0;
+}
+
+void Poller::Unpark() noexcept {
+  seen_cq_events_ = cq_events_.load(std::memory_order_seq_cst);
+  const bool all = unpark_all_.exchange(false, std::memory_order_seq_cst);
+  size_t kept = 0;
+  for (CqRecord* cq : parked_) {
+    if (all || !cq->armed.load(std::memory_order_seq_cst)) {
+      cq->parked = false;
+      cqs_.push_back(cq);
+    } else {
+      parked_[kept++] = cq;
+    }
+  }
+  parked_.resize(kept);
+  parked_count_.store(kept, std::memory_order_relaxed);
 }
 
 int Poller::PollOne(CqRecord* cq, int room) noexcept {
@@ -442,7 +532,7 @@ void Poller::TrySleep() noexcept {
   }
   // S6: completions that arrived before arming raise no event: poll once more.
   if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
-      OwnedPending() || stop_.load(std::memory_order_seq_cst)) {
+      OwnedPending() || UnparkPending() || stop_.load(std::memory_order_seq_cst)) {
     parker_.Cancel();
     return;
   }
@@ -466,6 +556,8 @@ PollerStats Poller::stats() const {
   s.arm_failures = arm_failures_.load(std::memory_order_relaxed);
   s.sleeps = sleeps_.load(std::memory_order_relaxed);
   s.backpressure_stalls = skipped_.load(std::memory_order_relaxed);
+  s.parks = parks_.load(std::memory_order_relaxed);
+  s.parked_cqs = parked_count_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -16,9 +16,17 @@
 // purges its items from the outboxes (completions to the orphan sink), so a consumer whose QPs
 // are all gone stops holding anything back.
 //
+// Parking: a CQ found empty for `cq_park_after` while the poller stays busy is armed (S7), polled
+// once more (S6), and moved out of the passes to `parked_` if that found nothing. The event
+// thread clears the CQ's `armed` and calls CqEvents(), which bumps `cq_events_` (after the
+// clear, both seq_cst); a pass that sees the count move puts every parked CQ whose `armed` is
+// clear back. A completion on a parked CQ therefore always raises an event that unparks it.
+// A failed arm keeps the CQ in the passes; a failed channel (NotificationsBroken) or device
+// (UnparkAll) brings every parked CQ back and stops parking.
+//
 // Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
 // more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
-// Wake() for each event; Parker orders the sleep against the wake. The sleep is bounded while an
+// CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while an
 // outbox holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or
 // the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification
 // costs latency, never a hang.
@@ -90,8 +98,16 @@ class Poller {
   // Returns false only after the poller stopped, when `consumer` has closed too (an owned
   // consumer past Shutdown): the caller still owns the part.
   bool PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b);
-  // Event thread: a CQ of this shard got an event.
-  void Wake() noexcept { parker_.Wake(); }
+  // Event thread: CQs of this shard got their events (their `armed` already cleared).
+  void CqEvents() noexcept {
+    cq_events_.fetch_add(1, std::memory_order_seq_cst);
+    parker_.Wake();
+  }
+  // Event thread: a device failed; parked CQs go back into the passes (no event will come).
+  void UnparkAll() noexcept {
+    unpark_all_.store(true, std::memory_order_seq_cst);
+    CqEvents();
+  }
   // Event thread: the shard's completion channel failed; never sleep unbounded again.
   void NotificationsBroken() noexcept;
 
@@ -112,8 +128,18 @@ class Poller {
   };
   void Run();
   void RunSync(const std::function<void()>& fn);
-  // Polls every CQ once; returns the number of completions taken.
+  // Polls every CQ in the passes once, parking those idle long enough; returns the number of
+  // completions taken.
   int PollAll() noexcept;
+  // Arms `cq` if it is not, polls it once more, and returns true if it may be parked.
+  bool TryPark(CqRecord* cq) noexcept;
+  // Puts parked CQs whose event came (or all, after UnparkAll) back into the passes.
+  void Unpark() noexcept;
+  bool UnparkPending() const noexcept {
+    return cq_events_.load(std::memory_order_seq_cst) != seen_cq_events_;
+  }
+  // The CQ with id `id` in the passes or parked, or null.
+  CqRecord* FindCq(uint32_t id) noexcept;
   // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (or a
   // negative errno once the CQ has failed).
   int PollOne(CqRecord* cq, int room) noexcept;
@@ -142,6 +168,8 @@ class Poller {
   // How long a bounded sleep lasts (see the header comment).
   static constexpr std::chrono::microseconds kRecheckStalled{200};
   static constexpr std::chrono::microseconds kRecheckUnarmed{1000};
+  // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
+  static constexpr uint32_t kParkProbe = 16;
 
   const int index_;
   const RuntimeOptions& options_;
@@ -150,7 +178,10 @@ class Poller {
   const SlotPool& slots_;
   OrphanSink& orphans_;
   StrayMarkers& strays_;
-  std::vector<CqRecord*> cqs_;
+  std::vector<CqRecord*> cqs_;     // in the passes, round robin
+  std::vector<CqRecord*> parked_;  // armed, out of the passes until their event
+  const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)
+  uint32_t seen_cq_events_ = 0;    // cq_events_ when parked_ was last checked
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
   std::vector<std::unique_ptr<Outbox>> outboxes_;  // one per consumer
   std::vector<uint32_t> listed_;                   // consumers whose outbox is not empty
@@ -166,6 +197,8 @@ class Poller {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> notifications_broken_{false};
+  alignas(64) std::atomic<uint32_t> cq_events_{0};  // bumped by the event thread (CqEvents)
+  std::atomic<bool> unpark_all_{false};
   Parker parker_;
   Mailbox mailbox_;
 
@@ -183,6 +216,8 @@ class Poller {
   std::atomic<uint64_t> arm_failures_{0};
   std::atomic<uint64_t> sleeps_{0};
   std::atomic<uint64_t> skipped_{0};
+  std::atomic<uint64_t> parks_{0};
+  std::atomic<uint64_t> parked_count_{0};  // parked_.size()
 };
 
 }  // namespace cqd::internal

@@ -6,6 +6,7 @@
 #define CQD_RUNTIME_RECORDS_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -67,6 +68,12 @@ struct CqRecord {
     uint32_t count;
   };
   std::vector<Use> uses;
+  // Parking (RuntimeOptions::cq_park_after): parked CQs are armed and out of the poller's passes
+  // until their event; empty_run counts the empty polls in a row, empty_since is when that run
+  // reached Poller::kParkProbe polls.
+  bool parked = false;
+  uint32_t empty_run = 0;
+  std::chrono::steady_clock::time_point empty_since{};
 
   // Set by the poller before it arms, cleared by the event thread when the CQ's event arrives:
   // the poller arms only while it is clear, so at most once per notification (S7).

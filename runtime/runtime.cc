@@ -63,6 +63,7 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
     return InvalidArgument("poll_batch is " + Str(o.poll_batch) + ", must be in 1..1024");
   }
   if (o.idle_budget.count() < 0) return InvalidArgument("idle_budget must not be negative");
+  if (o.cq_park_after.count() < 0) return InvalidArgument("cq_park_after must not be negative");
   if (o.ack_threshold < 1) return InvalidArgument("ack_threshold must be at least 1");
   if (o.max_registrations < 1 || o.max_registrations > (1u << 24)) {
     return InvalidArgument("max_registrations is " + Str(o.max_registrations) +

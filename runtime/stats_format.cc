@@ -267,6 +267,8 @@ void AppendStatsJson(std::string& out, const Stats& s) {
     o.U64("arm_failures", p.arm_failures);
     o.U64("sleeps", p.sleeps);
     o.U64("backpressure_stalls", p.backpressure_stalls);
+    o.U64("parks", p.parks);
+    o.U64("parked_cqs", p.parked_cqs);
   }
   out += ']';
   root.Key("cqs") += '[';
@@ -343,6 +345,8 @@ std::string StatsToPrometheus(const Stats& s) {
       {"cqd_poller_backpressure_stalls_total",
        "CQ polls skipped because a consumer the CQ serves was full.",
        &PollerStats::backpressure_stalls},
+      {"cqd_poller_parks_total", "Times an idle CQ was armed and left out of the passes.",
+       &PollerStats::parks},
   };
   w.Family("cqd_poller_cpu", "gauge", "CPU the poller is pinned to, -1 if not pinned.");
   for (size_t i = 0; i < s.pollers.size(); ++i) {
@@ -352,6 +356,10 @@ std::string StatsToPrometheus(const Stats& s) {
            "NUMA node whose CPUs auto_placement confined the poller to, -1 if none.");
   for (size_t i = 0; i < s.pollers.size(); ++i) {
     w.I64("cqd_poller_numa_node", PollerLabels(i), s.pollers[i].numa_node);
+  }
+  w.Family("cqd_poller_parked_cqs", "gauge", "CQs parked now: armed, not polled until an event.");
+  for (size_t i = 0; i < s.pollers.size(); ++i) {
+    w.U64("cqd_poller_parked_cqs", PollerLabels(i), s.pollers[i].parked_cqs);
   }
   for (const PollerCounter& c : kPollerCounters) {
     w.Family(c.name, "counter", c.help);

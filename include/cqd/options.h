@@ -68,6 +68,13 @@ struct RuntimeOptions {
   // A poller that found nothing for this long arms its CQs, polls once more, and sleeps.
   std::chrono::microseconds idle_budget{50};
   bool busy_poll = false;            // never arm or sleep: poll until shutdown
+  // A CQ that a poller found empty for this long (while the poller itself stayed busy with
+  // others) is armed, polled once more, and left out of the poller's passes until its next
+  // completion event: a shard with many idle CQs costs what its active ones cost. 0: never
+  // park. Not done with busy_poll, for solicited-only CQs, or once a shard's notifications
+  // failed. The price: the first completion on a parked CQ waits for its event (one wake of
+  // the event thread).
+  std::chrono::microseconds cq_park_after{1000};
   uint32_t ack_threshold = 64;       // CQ events acked per ibv_ack_cq_events call (>= 1)
   std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  // at least one
   uint32_t max_registrations = 1 << 16;  // concurrently registered QPs (1..1<<24)

@@ -21,6 +21,8 @@ struct PollerStats {
   uint64_t arm_failures = 0;     // ... of which failed (the CQ is armed again at the next sleep)
   uint64_t sleeps = 0;           // times the poller went to sleep
   uint64_t backpressure_stalls = 0;  // CQ polls skipped because a consumer it serves was full
+  uint64_t parks = 0;            // times an idle CQ was parked (RuntimeOptions::cq_park_after)
+  uint64_t parked_cqs = 0;       // CQs parked now: armed, and not polled until their event
 };
 
 struct CqStats {
