@@ -52,9 +52,9 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
       // enqueues never allocate.
       queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (producers + 1)),
       consumer_token_(queue_),
-      batch_(std::make_unique<Item[]>(options.dispatch_batch)),
-      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)),
-      run_(std::make_unique<ibv_wc[]>(options.dispatch_batch)) {
+      wcs_(std::make_unique<ibv_wc[]>(options.dispatch_batch)),
+      meta_(std::make_unique<ItemMeta[]>(options.dispatch_batch)),
+      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
   if (options_.kind == ConsumerKind::kEngineDriven) {
     notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(notify_fd_);
@@ -173,19 +173,18 @@ int Consumer::Dispatch(int max) noexcept {
   // the queue, whose lines the producers need.
   if (depth_.load(std::memory_order_relaxed) == 0) return 0;
   size_t want = static_cast<size_t>(std::clamp(max, 0, options_.dispatch_batch));
-  size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), want);
+  size_t n = DequeueBatch(want);
   if (n == 0) return 0;
-  depth_.fetch_sub(n, std::memory_order_release);
   if (latency_ != nullptr) [[unlikely]] {
-    latency_->RecordBatch(batch_.get(), n, ItemKind::kCompletion);
+    latency_->RecordBatch(meta_.get(), n, ItemKind::kCompletion);
   }
   const DispatchFrame frame{this, tls_dispatch_frames};
   tls_dispatch_frames = &frame;
   // Publish which slots this batch may call (see the header), then make the sequence odd.
   uint32_t listed = 0;
   for (size_t k = 0; k < n; ++k) {
-    if (listed == 0 || batch_[k].slot != batch_[k - 1].slot) {
-      batch_slots_[listed++].store(batch_[k].slot, std::memory_order_release);
+    if (listed == 0 || meta_[k].slot != meta_[k - 1].slot) {
+      batch_slots_[listed++].store(meta_[k].slot, std::memory_order_release);
     }
   }
   batch_slot_count_.store(listed, std::memory_order_release);
@@ -193,24 +192,24 @@ int Consumer::Dispatch(int max) noexcept {
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
   size_t i = 0;
   while (i < n) {
-    const Item& first = batch_[i];
+    const ItemMeta& first = meta_[i];
     if (first.kind != ItemKind::kCompletion) {
       if (first.kind == ItemKind::kAsyncEvent) {
         DeliverEvent(first);
       } else if (first.kind == ItemKind::kListenerEvent) {
         DeliverListenerEvent(first);
       } else {
-        DeliverMarker(first);
+        DeliverMarker(first, wcs_[i]);
       }
       ++i;
       continue;
     }
     size_t j = i + 1;
-    while (j < n && batch_[j].kind == ItemKind::kCompletion && batch_[j].slot == first.slot &&
-           batch_[j].generation == first.generation) {
+    while (j < n && meta_[j].kind == ItemKind::kCompletion && meta_[j].slot == first.slot &&
+           meta_[j].generation == first.generation) {
       ++j;
     }
-    DeliverRun(&batch_[i], j - i);
+    DeliverRun(i, j - i);
     i = j;
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
@@ -218,15 +217,17 @@ int Consumer::Dispatch(int max) noexcept {
   return static_cast<int>(n);
 }
 
-void Consumer::DeliverRun(const Item* items, size_t n) noexcept {
-  const ibv_wc* wcs = &items[0].wc;
-  if (n > 1) {
-    for (size_t k = 0; k < n; ++k) run_[k] = items[k].wc;
-    wcs = run_.get();
-  }
-  Slot& slot = slots_.slot(items[0].slot);
+size_t Consumer::DequeueBatch(size_t max) noexcept {
+  size_t n = queue_.try_dequeue_bulk(consumer_token_, SplitWriter(wcs_.get(), meta_.get()), max);
+  if (n > 0) depth_.fetch_sub(n, std::memory_order_release);
+  return n;
+}
+
+void Consumer::DeliverRun(size_t first, size_t n) noexcept {
+  const ibv_wc* wcs = &wcs_[first];
+  Slot& slot = slots_.slot(meta_[first].slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (StateLive(state) && StateGeneration(state) == items[0].generation) {
+  if (StateLive(state) && StateGeneration(state) == meta_[first].generation) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   } else {
@@ -234,7 +235,7 @@ void Consumer::DeliverRun(const Item* items, size_t n) noexcept {
   }
 }
 
-void Consumer::DeliverEvent(const Item& item) noexcept {
+void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
   EventJoin* join = item.join;
   if (!join->ReleasePart()) return;  // the other poller's part is still on its way
   Slot& slot = slots_.slot(item.slot);
@@ -269,7 +270,7 @@ void Consumer::DeliverEvent(const Item& item) noexcept {
   delete join;
 }
 
-void Consumer::DeliverListenerEvent(const Item& item) noexcept {
+void Consumer::DeliverListenerEvent(const ItemMeta& item) noexcept {
   item.join->watch->handler->OnCmEvent(item.join->cm);
   CountEvent();
   delete item.join;
@@ -280,24 +281,24 @@ void Consumer::CountEvent() noexcept {
                          std::memory_order_relaxed);
 }
 
-void Consumer::DeliverMarker(const Item& item) noexcept {
+void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(item.slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
   if (!StateLive(state) || StateGeneration(state) != item.generation) return;
   // Live with this generation: the teardown has not ended (ending unregisters first, and waits
   // for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
-  teardown->worker->Note(teardown, item.wc.wr_id == teardown->send_marker()
+  teardown->worker->Note(teardown, wc.wr_id == teardown->send_marker()
                                        ? TeardownState::kSendMarker
                                        : TeardownState::kRecvMarker);
 }
 
-void Consumer::DropEventPart(const Item& item, bool hand_on) noexcept {
-  if (!item.join->ReleasePart()) return;
+void Consumer::DropEventPart(EventJoin* join, bool hand_on) noexcept {
+  if (!join->ReleasePart()) return;
   if (hand_on) {
-    HandOnOrDelete(item.join);
+    HandOnOrDelete(join);
   } else {
-    delete item.join;
+    delete join;
   }
 }
 
@@ -372,15 +373,14 @@ int Consumer::Drain(int max) noexcept {
 
 void Consumer::OrphanRemaining() noexcept {
   for (;;) {
-    size_t n = queue_.try_dequeue_bulk(consumer_token_, batch_.get(), options_.dispatch_batch);
+    size_t n = DequeueBatch(options_.dispatch_batch);
     if (n == 0) return;
-    depth_.fetch_sub(n, std::memory_order_release);
     for (size_t k = 0; k < n; ++k) {
-      if (batch_[k].kind == ItemKind::kCompletion) {
-        orphans_.Take({&batch_[k].wc, 1});
-      } else if (batch_[k].kind == ItemKind::kAsyncEvent ||
-                 batch_[k].kind == ItemKind::kListenerEvent) {
-        DropEventPart(batch_[k], /*hand_on=*/false);  // no thread is left to run a CmHandler
+      if (meta_[k].kind == ItemKind::kCompletion) {
+        orphans_.Take({&wcs_[k], 1});
+      } else if (meta_[k].kind == ItemKind::kAsyncEvent ||
+                 meta_[k].kind == ItemKind::kListenerEvent) {
+        DropEventPart(meta_[k].join, /*hand_on=*/false);  // no thread is left to run a CmHandler
       }
     }
   }

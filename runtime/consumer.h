@@ -89,6 +89,55 @@ struct Item {
 };
 static_assert(sizeof(Item) == 64, "an Item is one cache line");
 
+// What the consumer keeps of a dequeued Item besides its work completion. Dispatch dequeues
+// through a SplitWriter: the completions land side by side in one ibv_wc array, so a run of one
+// QP's completions reaches its handler as a span of that array, with no further copy.
+struct ItemMeta {
+  EventJoin* join;  // kAsyncEvent, kListenerEvent
+  uint32_t slot;
+  uint32_t generation;
+  ItemKind kind;
+  uint32_t stamp;
+};
+
+// An output iterator for moodycamel's dequeue_bulk that stores item k's wc in wcs[k] and the
+// rest in meta[k].
+class SplitWriter {
+ public:
+  SplitWriter(ibv_wc* wcs, ItemMeta* meta) noexcept : wcs_(wcs), meta_(meta) {}
+  struct Ref {
+    ibv_wc* wc;
+    ItemMeta* meta;
+    Ref& operator=(Item&& item) noexcept {
+      if (item.kind == ItemKind::kAsyncEvent || item.kind == ItemKind::kListenerEvent) {
+        meta->join = item.join;
+      } else {
+        *wc = item.wc;
+      }
+      meta->slot = item.slot;
+      meta->generation = item.generation;
+      meta->kind = item.kind;
+      meta->stamp = item.stamp;
+      return *this;
+    }
+  };
+  Ref operator*() const noexcept { return {wcs_, meta_}; }
+  SplitWriter& operator++() noexcept {
+    ++wcs_;
+    ++meta_;
+    return *this;
+  }
+  SplitWriter operator++(int) noexcept {
+    SplitWriter before = *this;
+    ++*this;
+    return before;
+  }
+
+ private:
+  ibv_wc* wcs_;
+  ItemMeta* meta_;
+};
+
 struct ItemQueueTraits : moodycamel::ConcurrentQueueDefaultTraits {
   static const size_t BLOCK_SIZE = 256;
   static const size_t EXPLICIT_INITIAL_INDEX_SIZE = 512;
@@ -126,7 +175,7 @@ class Consumer {
   // Any thread: releases an event part without delivering it (its registration is gone). The
   // last part of a CM event goes on to its channel's CmHandler (unless `hand_on` is false: the
   // runtime is being destroyed).
-  static void DropEventPart(const Item& item, bool hand_on = true) noexcept;
+  static void DropEventPart(EventJoin* join, bool hand_on = true) noexcept;
 
   // Producers. ReserveUpTo reserves room for at most `n` items and returns how many (0 when the
   // queue holds queue_capacity items). Reserve always succeeds (Shutdown's final hand-over).
@@ -162,11 +211,14 @@ class Consumer {
  private:
   void Run();
   void NoteDepth(uint64_t depth) noexcept;
-  void DeliverRun(const Item* items, size_t n) noexcept;
-  void DeliverEvent(const Item& item) noexcept;
-  void DeliverListenerEvent(const Item& item) noexcept;
+  // Delivers wcs_[first, first + n): one registration's completions.
+  void DeliverRun(size_t first, size_t n) noexcept;
+  void DeliverEvent(const ItemMeta& item) noexcept;
+  void DeliverListenerEvent(const ItemMeta& item) noexcept;
   void CountEvent() noexcept;
-  void DeliverMarker(const Item& item) noexcept;
+  void DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept;
+  // Dequeues up to `max` items into wcs_ and meta_; returns how many.
+  size_t DequeueBatch(size_t max) noexcept;
   void Signal() noexcept;  // engine-driven: make the notify fd readable
 
   const uint32_t index_;
@@ -175,11 +227,12 @@ class Consumer {
   OrphanSink& orphans_;
   ItemQueue queue_;
   moodycamel::ConsumerToken consumer_token_;
-  std::unique_ptr<Item[]> batch_;
+  // The batch being dispatched, split (SplitWriter).
+  std::unique_ptr<ibv_wc[]> wcs_;
+  std::unique_ptr<ItemMeta[]> meta_;
   // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
   std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
   std::atomic<uint32_t> batch_slot_count_{0};
-  std::unique_ptr<ibv_wc[]> run_;
   int notify_fd_ = -1;
   // Engine thread only (see Drain): the parker is prepared, so a producer's Wake will write the
   // notify fd; a producer's write is owed and not yet read; we wrote the fd ourselves.

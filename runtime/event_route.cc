@@ -43,15 +43,15 @@ void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Polle
   if (one) {
     if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq,
                                           r.recv_cq == r.send_cq ? 0 : r.recv_cq)) {
-      Consumer::DropEventPart(item);
+      Consumer::DropEventPart(item.join);
     }
     return;
   }
   if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq, 0)) {
-    Consumer::DropEventPart(item);
+    Consumer::DropEventPart(item.join);
   }
   if (!pollers[r.recv_shard]->PostEvent(r.consumer, item, r.recv_cq, 0)) {
-    Consumer::DropEventPart(item);
+    Consumer::DropEventPart(item.join);
   }
 }
 

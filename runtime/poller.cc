@@ -170,13 +170,13 @@ void Poller::PurgeDead(uint32_t consumer) {
       if (item.kind == ItemKind::kCompletion) {
         orphans_.Take({&item.wc, 1});
       } else if (item.kind == ItemKind::kAsyncEvent) {
-        Consumer::DropEventPart(item);
+        Consumer::DropEventPart(item.join);
       }  // a teardown marker is the runtime's own: nobody else may see it
       return false;
     });
     std::erase_if(deferred_, [&](const PostedEvent& posted) {
       if (posted.consumer != consumer || live(posted.item)) return false;
-      Consumer::DropEventPart(posted.item);
+      Consumer::DropEventPart(posted.item.join);
       return true;
     });
     NoteOutbox(consumer);
