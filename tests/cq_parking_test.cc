@@ -129,7 +129,7 @@ TEST(CqParking, EventOnAParkedCqFollowsItsCompletions) {
     ASSERT_TRUE(WaitFor([&] { return Parked(*one.rt) == 1; }));
     ASSERT_TRUE(InjectRecvs(one.qp, round * 30, 30));
     CQD_ASSERT_OK(one.sim->RaiseQpEvent(one.qp, IBV_EVENT_COMM_EST));
-    ASSERT_TRUE(WaitFor([&] { return handler.events() == round + 1; }));
+    ASSERT_TRUE(WaitFor([&] { return handler.events() == static_cast<uint64_t>(round + 1); }));
   }
   std::vector<RecordingHandler::Entry> log = handler.log();
   ASSERT_EQ(log.size(), 20u * 31);
@@ -221,15 +221,19 @@ TEST(CqParking, AFailedArmKeepsTheCqPolled) {
   CQD_ASSERT_OK(one.Build(ParkingOptions()));
   testing::SequenceHandler handler;
   handler.qp_num = one.qp->qp_num();
-  one.sim->FailRequestNotify(one.cq.sim(), EIO, 3);
   Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(WaitFor([&] { return Parked(*one.rt) == 1; }));
+  // Its event unparks it; the next three arms fail.
+  one.sim->FailRequestNotify(one.cq.sim(), EIO, 3);
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 1));
   ASSERT_TRUE(WaitFor(
       [&] { return SumPollers(one.rt->GetStats(), &PollerStats::arm_failures) >= 3; }));
-  ASSERT_TRUE(InjectRecvs(one.qp, 0, 5));
+  ASSERT_TRUE(InjectRecvs(one.qp, 1, 4));  // into a CQ that could not be armed: still polled
   ASSERT_TRUE(WaitFor([&] { return handler.received() == 5; }));
   ASSERT_TRUE(WaitFor([&] { return Parked(*one.rt) == 1; }));
   ASSERT_TRUE(InjectRecvs(one.qp, 5, 5));
   ASSERT_TRUE(WaitFor([&] { return handler.received() == 10; }));
+  EXPECT_EQ(handler.out_of_order(), 0u);
   reg.Unregister();
   CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
   CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
