@@ -1,16 +1,18 @@
-// cqd's dispatch harness: cqd beside the limit and the alternatives, in one process, on the
+// cqd's dispatch harness: cqd beside the limits and the alternatives, in one process, on the
 // simulated device.
 //
 //   bazel run -c opt //benchmarks:dispatch -- [--quick] [--seconds=S] [--out=DIR]
 //
-// Writes DIR/dispatch.json and, when gnuplot is installed, DIR/throughput.png and
-// DIR/latency_cdf.png (DIR defaults to docs/perf in the workspace). Parts:
-//   throughput  completions/s delivered to handlers, per pipeline (see pipelines.h), poll batch
-//               1..64, 1 and 1000 QPs, 1 and 2 consumers; one poller thread, so this is also the
-//               rate per poller core; median of 3 runs, threads pinned alike for every pipeline
-//   latency     from a completion entering the CQ to its handler's entry, at a low fixed rate,
-//               cqd busy-polling and in event mode, beside a two-thread eventfd ping-pong (the
-//               cost of one wake: the floor for event mode)
+// Writes DIR/dispatch.json (DIR defaults to docs/perf in the workspace). Parts:
+//   throughput  completions/s delivered to handlers and CPU ns per completion over all threads,
+//               per pipeline (pipelines.h), poll batch 1..64, 1 and 1000 QPs; many CQs; many QPs
+//               in random order; median of 3 runs, threads pinned alike for every pipeline
+//   latency     poll -> handler and completion added -> handler at a low rate, cqd handoff and
+//               run to completion, busy-polling and in event mode, beside a two-thread eventfd
+//               ping-pong (one wake) and a spinning cache-line handoff (the busy floor)
+//   open loop   default options, completions arriving on schedule (a paced replay) at 10, 50
+//               and 90 % of the measured cqd saturation: added -> handler percentiles and the
+//               CPU the process used meanwhile
 //   idle CPU    CPU time of the whole process over a few seconds with no traffic
 //   acks        ibv_ack_cq_events calls per completion event for several thresholds
 #include <pthread.h>
@@ -147,6 +149,7 @@ std::vector<ThroughputRow> RunThroughput(const Flags& flags) {
     PipelineConfig c{"cqd", 32, 1000, 1};
     c.cqs = cqs;
     c.active_cqs = 10;
+    c.busy_poll = false;  // the default poller: it parks the idle CQs
     configs.push_back({"cqs", c});
   }
   // Many QPs: completions of 1000 or 100000 QPs, in random order.
@@ -390,6 +393,89 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
   return result;
 }
 
+// ---- open loop ----
+
+// Counts completions and records every `stride`-th one's added -> handler time (wr_id carries
+// the arrival time, SimCq::Replay with a rate). One consumer thread calls it for every QP.
+class SampledLatencyHandler : public QpHandler {
+ public:
+  SampledLatencyHandler(uint64_t stride, size_t max) : stride_(stride), samples(max) {}
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    for (const ibv_wc& wc : wcs) {
+      if (seen_++ % stride_ == 0 && taken < samples.size()) samples[taken++] = NowNs() - wc.wr_id;
+    }
+    count.store(seen_, std::memory_order_release);
+  }
+  std::atomic<uint64_t> count{0};
+  std::vector<uint64_t> samples;
+  size_t taken = 0;
+
+ private:
+  const uint64_t stride_;
+  uint64_t seen_ = 0;
+};
+
+struct OpenLoopRow {
+  double load = 0;            // fraction of the saturation rate
+  double offered_mcps = 0;    // arrival rate
+  double delivered_mcps = 0;  // delivered / time from the first arrival to the last delivery
+  uint64_t total = 0, delivered = 0;
+  size_t samples = 0;
+  Percentiles lat;
+  double cpu_cores = 0;  // process CPU time / wall time over the traffic
+};
+
+// Default RuntimeOptions, one owned consumer, 1000 QPs on one CQ whose completions arrive round
+// robin on schedule for `seconds`.
+OpenLoopRow RunOpenLoop(double load, double saturation_mcps, double seconds) {
+  constexpr int kQps = 1000;
+  OpenLoopRow row;
+  row.load = load;
+  row.offered_mcps = load * saturation_mcps;
+  const double rate = row.offered_mcps * 1e6;
+  row.total = static_cast<uint64_t>(rate * seconds);
+  auto rt = Runtime::Create(RuntimeOptions{}).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq = rt->CreateCq(dev, 0, CqOptions{.depth = 4096}).value();
+  SampledLatencyHandler handler(std::max<uint64_t>(1, row.total / 200000), 200001);
+  std::vector<SimQp*> qps;
+  std::vector<Registration> regs;
+  std::vector<ibv_wc> pattern;
+  for (int i = 0; i < kQps; ++i) {
+    qps.push_back(sim->CreateQp(cq.sim(), cq.sim()).value());
+    regs.push_back(rt->RegisterQp(*qps.back(), handler, 0, QpOptions{.send_wrs = 0, .recv_wrs = 0})
+                       .value());
+    ibv_wc wc{};
+    wc.opcode = IBV_WC_RECV;
+    wc.byte_len = 64;
+    wc.qp_num = qps.back()->qp_num();
+    pattern.push_back(wc);
+  }
+  SleepFor(0.1);
+  const uint64_t cpu0 = ProcessCpuNs();
+  const Clock::time_point t0 = Clock::now();
+  cq.sim()->Replay(pattern, row.total, rate);
+  const Clock::time_point give_up = t0 + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(seconds * 10 + 10));
+  while (handler.count.load(std::memory_order_acquire) < row.total && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  row.cpu_cores = (ProcessCpuNs() - cpu0) / 1e9 / elapsed;
+  row.delivered = handler.count.load(std::memory_order_acquire);
+  row.delivered_mcps = row.delivered / elapsed / 1e6;
+  cq.sim()->Replay({}, 0);
+  (void)rt->Shutdown();
+  row.samples = handler.taken;
+  handler.samples.resize(handler.taken);
+  if (!handler.samples.empty()) row.lat = Summarize(handler.samples);
+  regs.clear();
+  for (SimQp* qp : qps) (void)sim->DestroyQp(qp);
+  (void)rt->DestroyCq(cq);
+  return row;
+}
+
 // ---- acks ----
 
 struct AckRow {
@@ -429,7 +515,7 @@ std::string JsonString(const std::string& s) { return "\"" + s + "\""; }
 
 void WriteJson(const std::string& dir, const std::string& command,
                const std::vector<ThroughputRow>& tput, const std::vector<LatencyResult>& lat,
-               const std::vector<AckRow>& acks) {
+               const std::vector<OpenLoopRow>& open, const std::vector<AckRow>& acks) {
   std::string cmd = "mkdir -p '" + dir + "'";
   if (system(cmd.c_str()) != 0) return;
   std::ofstream json(dir + "/dispatch.json");
@@ -464,6 +550,17 @@ void WriteJson(const std::string& dir, const std::string& command,
          << ", \"p999\": " << r.e2e.p999 << "}";
     if (r.idle_cpu >= 0) json << ", \"idle_cpu_percent\": " << r.idle_cpu;
     json << "}" << (i + 1 < lat.size() ? "," : "") << "\n";
+  }
+  json << "  ],\n  \"open_loop\": [\n";
+  for (size_t i = 0; i < open.size(); ++i) {
+    const auto& o = open[i];
+    json << "    {\"load\": " << o.load << ", \"offered_mcps\": " << o.offered_mcps
+         << ", \"delivered_mcps\": " << o.delivered_mcps << ", \"total\": " << o.total
+         << ", \"delivered\": " << o.delivered << ", \"samples\": " << o.samples
+         << ", \"added_to_handler_ns\": {\"p50\": " << o.lat.p50 << ", \"p99\": " << o.lat.p99
+         << ", \"p999\": " << o.lat.p999 << ", \"max\": " << o.lat.max
+         << "}, \"cpu_cores\": " << o.cpu_cores << "}" << (i + 1 < open.size() ? "," : "")
+         << "\n";
   }
   json << "  ],\n  \"acks\": [\n";
   for (size_t i = 0; i < acks.size(); ++i) {
@@ -510,6 +607,17 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--out=", 0) == 0) {
       flags.out = a.substr(6);
       if (!flags.out.empty() && flags.out[0] != '/') flags.out = root + "/" + flags.out;
+    } else if (a == "--open-loop-only") {  // saturation, then the open-loop part only
+      const double saturation = MeasureThroughput({"cqd", 32, 1000, 1}, flags.seconds).mcps;
+      printf("saturation %.2f M/s\n", saturation);
+      for (double load : {0.1, 0.5, 0.9}) {
+        OpenLoopRow o = RunOpenLoop(load, saturation, 1.0);
+        printf("%3.0f%%: offered %.2f delivered %.2f M/s (%" PRIu64 "/%" PRIu64
+               "), p50 %.0f p99 %.0f p99.9 %.0f ns, %.2f cores\n",
+               load * 100, o.offered_mcps, o.delivered_mcps, o.delivered, o.total, o.lat.p50,
+               o.lat.p99, o.lat.p999, o.cpu_cores);
+      }
+      return 0;
     } else if (a.rfind("--only=", 0) == 0) {  // impl:batch:qps:consumers, for profiling
       PipelineConfig c;
       char impl[16] = {};
@@ -525,7 +633,7 @@ int main(int argc, char** argv) {
     } else {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] "
-              "[--only=impl:batch:qps:consumers]\n");
+              "[--only=impl:batch:qps:consumers | --open-loop-only]\n");
       return 2;
     }
   }
@@ -547,6 +655,15 @@ int main(int argc, char** argv) {
   lat.push_back(RunSpinHandoff(samples, rate));
   fprintf(stderr, "\n");
 
+  // Open loop at fractions of the saturation measured above (cqd, batch 32, 1000 QPs).
+  std::vector<OpenLoopRow> open;
+  const double saturation = Mcps(Find(tput, "dispatch", "cqd", 32, 1000));
+  for (double load : {0.1, 0.5, 0.9}) {
+    Progress("open loop at " + std::to_string(static_cast<int>(load * 100)) + " %");
+    open.push_back(RunOpenLoop(load, saturation, flags.quick ? 0.5 : 2.0));
+  }
+  fprintf(stderr, "\n");
+
   std::vector<AckRow> acks;
   for (uint32_t threshold : {1u, 4u, 16u, 64u}) {
     Progress("acks threshold " + std::to_string(threshold));
@@ -554,7 +671,7 @@ int main(int argc, char** argv) {
   }
   fprintf(stderr, "\n");
 
-  WriteJson(flags.out, command, tput, lat, acks);
+  WriteJson(flags.out, command, tput, lat, open, acks);
 
   // The summary a person reads.
   printf("\nthroughput: M completions/s (CPU ns per completion, all threads), 1 consumer\n");
@@ -581,6 +698,14 @@ int main(int argc, char** argv) {
            r.p.p999, r.e2e.p50, r.e2e.p99, r.e2e.p999);
     if (r.idle_cpu >= 0) printf(" %9.2f%%", r.idle_cpu);
     printf("\n");
+  }
+  printf("\nopen loop, default options (saturation %.2f M/s): added -> handler, ns\n"
+         "%-6s %10s %10s %8s %8s %8s %10s\n",
+         saturation, "load", "offered", "delivered", "p50", "p99", "p99.9", "CPU cores");
+  for (const auto& o : open) {
+    printf("%5.0f%% %10.2f %10.2f %8.0f %8.0f %8.0f %10.2f%s\n", o.load * 100, o.offered_mcps,
+           o.delivered_mcps, o.lat.p50, o.lat.p99, o.lat.p999, o.cpu_cores,
+           o.delivered < o.total ? "  (not all delivered in time)" : "");
   }
   printf("\nacks\n%-10s %8s %10s %16s\n", "threshold", "events", "ack calls", "calls per event");
   for (const auto& a : acks) {

@@ -127,6 +127,21 @@ def main(paths):
         vals = [row(r, *args) for r in runs]
         out.append(f"| {label} | " + spread([v and v["mcps"] for v in vals]) + " | " +
                    spread([v and v["cpu_ns_per_completion"] for v in vals]) + " |")
+    out.append("\n### Open loop, default options: completion added -> handler entry\n")
+    out.append("Arrivals on schedule (a paced replay, 1000 QPs, one CQ) at a fraction of the "
+               "cqd saturation measured in the same run (batch 32, 1000 QPs).\n")
+    out.append("| load | offered M/s | delivered M/s | p50 ns | p99 ns | p99.9 ns | CPU cores |")
+    out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for i, load in enumerate((0.1, 0.5, 0.9)):
+        vals = [r["open_loop"][i] for r in runs if len(r.get("open_loop", [])) > i]
+        if not vals:
+            continue
+        cells = [spread([v["offered_mcps"] for v in vals], "{:.2f}"),
+                 spread([v["delivered_mcps"] for v in vals], "{:.2f}")]
+        cells += [spread([v["added_to_handler_ns"][k] for v in vals], "{:.0f}")
+                  for k in ("p50", "p99", "p999")]
+        cells.append(spread([v["cpu_cores"] for v in vals], "{:.2f}"))
+        out.append(f"| {load * 100:.0f} % | " + " | ".join(cells) + " |")
     print("\n".join(out))
 
 

@@ -153,7 +153,7 @@ class CqdPipeline : public Pipeline {
     RuntimeOptions options;
     options.pollers = 1;
     options.poll_batch = c.batch;
-    options.busy_poll = true;
+    options.busy_poll = c.busy_poll;
     const int consumers = run_to_completion ? 1 : c.consumers;
     options.consumers.assign(consumers, ConsumerOptions{});
     for (int i = 0; i < consumers; ++i) {

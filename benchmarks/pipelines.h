@@ -54,6 +54,9 @@ struct PipelineConfig {
   // robin).
   bool random_order = false;
   size_t queue_capacity = 1 << 16;
+  // cqd only: true polls with busy_poll; false runs the default adaptive poller, which parks
+  // idle CQs (RuntimeOptions::cq_park_after; parking is off under busy_poll).
+  bool busy_poll = true;
   // CPU placement, the same for every pipeline: the polling thread on CPU 0, consumer i (or
   // limit2's second thread) on CPU (1 + i) % cpus. Off: the scheduler places them.
   bool pin = true;

@@ -226,11 +226,24 @@ void SimCqImpl::Overflow() {
   device_->RaiseOverflow(this);
 }
 
-void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept {
+namespace {
+uint64_t SteadyNs() noexcept {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+}  // namespace
+
+void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total,
+                       double rate_per_sec) noexcept {
   replay_left_.store(0, std::memory_order_seq_cst);  // stops the one running, if any
   if (pattern.empty() || total == 0) return;
   // A fresh record per start: a poller still copying from the previous one keeps valid memory.
-  auto record = std::make_unique<ReplayRecord>(ReplayRecord{pattern, 0});
+  auto record = std::make_unique<ReplayRecord>(ReplayRecord{pattern, 0, total});
+  if (rate_per_sec > 0) {
+    record->ns_per = 1e9 / rate_per_sec;
+    record->start_ns = SteadyNs();
+  }
   replay_.store(record.get(), std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(ack_mu_);  // not hot: guards the record list only
@@ -243,10 +256,22 @@ void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept
 
 int SimCqImpl::PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept {
   ReplayRecord& replay = *replay_.load(std::memory_order_acquire);
-  const int taken = static_cast<int>(std::min<uint64_t>(left, static_cast<uint64_t>(n)));
+  uint64_t allowed = std::min<uint64_t>(left, static_cast<uint64_t>(n));
+  const uint64_t first = replay.total - left;  // index of the next completion
+  if (replay.ns_per > 0) {
+    const double elapsed = static_cast<double>(SteadyNs() - replay.start_ns);
+    const auto arrived = static_cast<uint64_t>(elapsed / replay.ns_per) + 1;
+    allowed = arrived > first ? std::min(allowed, arrived - first) : 0;
+    if (allowed == 0) return 0;
+  }
+  const int taken = static_cast<int>(allowed);
   const size_t size = replay.pattern.size();
   for (int i = 0; i < taken; ++i) {
     wc[i] = replay.pattern[replay.next];
+    if (replay.ns_per > 0) {
+      wc[i].wr_id = replay.start_ns + static_cast<uint64_t>(static_cast<double>(first + i) *
+                                                            replay.ns_per);
+    }
     if (++replay.next == size) replay.next = 0;
   }
   // A concurrent Replay wins: what was copied is dropped, as if never produced.

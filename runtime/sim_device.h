@@ -98,7 +98,8 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   int Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow) noexcept override;
   int size() const noexcept override;
   bool failed() const noexcept override;
-  void Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept override;
+  void Replay(std::span<const ibv_wc> pattern, uint64_t total,
+              double rate_per_sec) noexcept override;
   uint64_t replay_left() const noexcept override {
     return replay_left_.load(std::memory_order_relaxed);
   }
@@ -161,6 +162,9 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   struct ReplayRecord {
     std::span<const ibv_wc> pattern;
     size_t next;
+    uint64_t total;        // completions the replay produces
+    double ns_per = 0;     // paced: ns between two completions (0: as fast as polled)
+    uint64_t start_ns = 0; // paced: when completion 0 became pollable
   };
   std::atomic<ReplayRecord*> replay_{nullptr};
   std::vector<std::unique_ptr<ReplayRecord>> replay_records_;  // guarded by ack_mu_

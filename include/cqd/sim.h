@@ -53,7 +53,13 @@ class SimCq {
   // call replaces the running replay; Replay({}, 0) ends it. Injected completions are not
   // returned meanwhile. Starting raises the event a next-completion arm waits for (replayed
   // completions count as successful, unsolicited receives).
-  virtual void Replay(std::span<const ibv_wc> pattern, uint64_t total) noexcept = 0;
+  //
+  // With `rate_per_sec` > 0 the device is paced instead, an open-loop source: completion k
+  // (from 0) becomes pollable at start + k / rate_per_sec, whether or not earlier ones were
+  // polled, and carries that time (steady clock, ns) in its wr_id. No event is raised after the
+  // start, so a paced replay is for gaps well below the pollers' idle_budget.
+  virtual void Replay(std::span<const ibv_wc> pattern, uint64_t total,
+                      double rate_per_sec = 0) noexcept = 0;
   // Returns how many replayed completions are left.
   virtual uint64_t replay_left() const noexcept = 0;
   // Benchmarks: while on, Poll writes the low 32 bits of the steady-clock time in ns into each
