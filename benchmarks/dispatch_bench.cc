@@ -621,10 +621,14 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--only=", 0) == 0) {  // impl:batch:qps:consumers, for profiling
       PipelineConfig c;
       char impl[16] = {};
-      if (sscanf(a.c_str() + 7, "%15[^:]:%d:%d:%d", impl, &c.batch, &c.qps, &c.consumers) != 4) {
-        fprintf(stderr, "--only=impl:batch:qps:consumers\n");
+      int busy = 1;
+      const int got = sscanf(a.c_str() + 7, "%15[^:]:%d:%d:%d:%d:%d:%d", impl, &c.batch, &c.qps,
+                             &c.consumers, &c.cqs, &c.active_cqs, &busy);
+      if (got != 4 && got != 7) {
+        fprintf(stderr, "--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll]\n");
         return 2;
       }
+      c.busy_poll = busy != 0;
       c.impl = impl;
       ThroughputRow r = MeasureThroughput(c, flags.seconds);
       printf("%s batch %d qps %d consumers %d: %.2f M completions/s, %.1f CPU ns each\n", impl,
@@ -633,7 +637,7 @@ int main(int argc, char** argv) {
     } else {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] "
-              "[--only=impl:batch:qps:consumers | --open-loop-only]\n");
+              "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only]\n");
       return 2;
     }
   }
