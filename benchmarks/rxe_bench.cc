@@ -1,13 +1,18 @@
 // cqd on rxe: a ping-pong and a stream between two RC QPs, both dispatched by one cqd runtime,
 // for comparison with perftest's ib_send_lat and ib_send_bw in the same VM (benchmarks/rxe.sh).
 //
-//   rxe_bench pingpong SIZE ITERS adaptive|busy   prints "pingpong <mode> <t_typical_us>
+//   rxe_bench pingpong SIZE ITERS MODE [GAP_US]   prints "pingpong <mode> <t_typical_us>
 //                                                 <t_avg_us> <p99_us> <idle_cpu_percent>"
-//   rxe_bench stream SIZE COUNT                   prints "stream <Mmsg_per_s>"
+//   rxe_bench stream SIZE COUNT [rtc]             prints "stream <mode> <Mmsg_per_s>"
 //
-// One-way latency is half the round trip, as ib_send_lat reports it. adaptive: the poller arms
-// and sleeps after 50 us idle (the default); busy: it never sleeps. Both QPs' CQs are on one
-// poller shard. The device is $CQD_RDMA_DEVICE or rxe0.
+// One-way latency is half the round trip, as ib_send_lat reports it. MODE: adaptive (the default
+// options: the poller arms and sleeps after 50 us idle, handlers on a consumer thread), busy
+// (busy_poll), rtc (handlers on the poller thread, ConsumerKind::kRunToCompletion, adaptive),
+// rtc_busy. GAP_US > 0 waits that long between a reply and the next ping (a low-rate ping-pong:
+// with gaps past the idle budget the poller and the consumer really sleep). Sends are signaled
+// and not inline; the stream keeps 128 sends in flight and signals every 32nd (ib_send_bw is
+// run with -t 128 -Q 32 -I 0 to match). Both QPs' CQs are on one poller shard. The device is
+// $CQD_RDMA_DEVICE or rxe0.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -115,7 +120,8 @@ class Server : public QpHandler {
 // Client side of the ping-pong: each reply is timed and triggers the next ping.
 class Client : public QpHandler {
  public:
-  Client(Link& link, uint32_t size, int iters) : link_(link), size_(size), rtt_ns_(iters) {}
+  Client(Link& link, uint32_t size, int iters, bool chain)
+      : link_(link), size_(size), chain_(chain), rtt_ns_(iters) {}
   void Ping() {
     sent_at_ = Clock::now();
     (void)rxe::PostSend(link_.client, 0, link_.buffers, 301, size_, false);
@@ -128,23 +134,34 @@ class Client : public QpHandler {
       rtt_ns_[i] = std::chrono::duration<double, std::nano>(Clock::now() - sent_at_).count();
       (void)rxe::PostRecv(link_.client, wc.wr_id, link_.buffers, static_cast<int>(wc.wr_id));
       done.store(i + 1, std::memory_order_release);
-      if (i + 1 < rtt_ns_.size()) Ping();
+      if (chain_ && i + 1 < rtt_ns_.size()) Ping();
     }
   }
-  std::vector<double> rtt_ns_;
-  std::atomic<size_t> done{0};
 
  private:
   Link& link_;
   uint32_t size_;
+  bool chain_;  // the handler sends the next ping (no gap)
+
+ public:
+  std::vector<double> rtt_ns_;
+  std::atomic<size_t> done{0};
+
+ private:
   Clock::time_point sent_at_;
 };
 
-void PingPong(uint32_t size, int iters, bool busy) {
+void PingPong(uint32_t size, int iters, const std::string& mode, int gap_us) {
   // One poller and one consumer: the VM has 2 vCPUs, and rxe's own packet work needs one.
+  const bool busy = mode == "busy" || mode == "rtc_busy";
   RuntimeOptions options;
   options.pollers = 1;
   options.consumers.assign(1, ConsumerOptions{});
+  if (mode == "rtc" || mode == "rtc_busy") {
+    options.consumers[0].kind = ConsumerKind::kRunToCompletion;
+  } else if (mode != "adaptive" && mode != "busy") {
+    Die("unknown mode " + mode);
+  }
   if (const char* spin = getenv("CQD_BENCH_SPIN_US")) {
     options.consumers[0].idle_spin = std::chrono::microseconds(atoi(spin));
   }
@@ -154,16 +171,26 @@ void PingPong(uint32_t size, int iters, bool busy) {
   if (busy) options.busy_poll = true;
   Link link(options);
   Server server(link, size, /*echo=*/true);
-  Client client(link, size, iters);
+  Client client(link, size, iters, /*chain=*/gap_us == 0);
   for (int i = 0; i < kWindow; ++i) {
     Check(rxe::PostRecv(link.server, i, link.buffers, i), "post recv");
     Check(rxe::PostRecv(link.client, kWindow + i, link.buffers, kWindow + i), "post recv");
   }
   link.server_reg = Check(link.rt->RegisterQp(link.server, server, 0), "RegisterQp");
   link.client_reg = Check(link.rt->RegisterQp(link.client, client, 0), "RegisterQp");
-  client.Ping();
-  while (client.done.load(std::memory_order_acquire) < static_cast<size_t>(iters)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (gap_us == 0) {
+    client.Ping();
+    while (client.done.load(std::memory_order_acquire) < static_cast<size_t>(iters)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } else {
+    for (int i = 0; i < iters; ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(gap_us));
+      client.Ping();
+      while (client.done.load(std::memory_order_acquire) <= static_cast<size_t>(i)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(gap_us / 4 + 1));
+      }
+    }
   }
   std::vector<double> one_way = client.rtt_ns_;
   for (double& v : one_way) v /= 2000.0;  // ns round trip -> us one way
@@ -176,14 +203,15 @@ void PingPong(uint32_t size, int iters, bool busy) {
   double c0 = CpuSeconds();
   std::this_thread::sleep_for(std::chrono::seconds(2));
   double idle_cpu = 100.0 * (CpuSeconds() - c0) / 2.0;
-  printf("pingpong %s %.2f %.2f %.2f %.2f\n", busy ? "busy" : "adaptive",
+  printf("pingpong %s%s %.2f %.2f %.2f %.2f\n", mode.c_str(), gap_us > 0 ? "_lowrate" : "",
          sorted[sorted.size() / 2], avg, sorted[sorted.size() * 99 / 100], idle_cpu);
 }
 
-void Stream(uint32_t size, uint64_t count) {
+void Stream(uint32_t size, uint64_t count, bool rtc) {
   RuntimeOptions options;
   options.pollers = 1;
   options.consumers.assign(1, ConsumerOptions{});
+  if (rtc) options.consumers[0].kind = ConsumerKind::kRunToCompletion;
   Link link(options);
   Server server(link, size, /*echo=*/false);
   // Every kSignal-th send is signaled (as perftest does); its completion frees kSignal slots of
@@ -216,20 +244,22 @@ void Stream(uint32_t size, uint64_t count) {
   }
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   while (sender.completed.load() < posted - posted % kSignal) std::this_thread::yield();
-  printf("stream %.4f\n", count / seconds / 1e6);
+  printf("stream %s %.4f\n", rtc ? "rtc" : "handoff", count / seconds / 1e6);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && strcmp(argv[1], "pingpong") == 0) {
-    PingPong(atoi(argv[2]), atoi(argv[3]), strcmp(argv[4], "busy") == 0);
+  if ((argc == 5 || argc == 6) && strcmp(argv[1], "pingpong") == 0) {
+    PingPong(atoi(argv[2]), atoi(argv[3]), argv[4], argc == 6 ? atoi(argv[5]) : 0);
     return 0;
   }
-  if (argc == 4 && strcmp(argv[1], "stream") == 0) {
-    Stream(atoi(argv[2]), strtoull(argv[3], nullptr, 10));
+  if ((argc == 4 || argc == 5) && strcmp(argv[1], "stream") == 0) {
+    Stream(atoi(argv[2]), strtoull(argv[3], nullptr, 10), argc == 5 && strcmp(argv[4], "rtc") == 0);
     return 0;
   }
-  fprintf(stderr, "usage: rxe_bench pingpong SIZE ITERS adaptive|busy | stream SIZE COUNT\n");
+  fprintf(stderr,
+          "usage: rxe_bench pingpong SIZE ITERS adaptive|busy|rtc|rtc_busy [GAP_US] | "
+          "stream SIZE COUNT [rtc]\n");
   return 2;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# bazel run -c opt //benchmarks:rxe [-- SIZE ITERS STREAM_COUNT]: boots the rxe VM once and runs
-# perftest and cqd's rxe_bench side by side in it (benchmarks/rxe.sh); writes docs/perf/rxe.json.
+# bazel run -c opt //benchmarks:rxe [-- SIZE ITERS STREAM_COUNT RUNS GAP_US]: boots the rxe VM once, runs
+# perftest and cqd's rxe_bench in it RUNS times (benchmarks/rxe.sh); writes docs/perf/rxe.json.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 runfiles=${RUNFILES_DIR:-$0.runfiles}/cqd
