@@ -132,7 +132,7 @@ def main(paths):
                "cqd saturation measured in the same run (batch 32, 1000 QPs).\n")
     out.append("| load | offered M/s | delivered M/s | p50 ns | p99 ns | p99.9 ns | CPU cores |")
     out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for i, load in enumerate((0.1, 0.5, 0.9)):
+    for i, fraction in enumerate((0.1, 0.5, 0.9)):
         vals = [r["open_loop"][i] for r in runs if len(r.get("open_loop", [])) > i]
         if not vals:
             continue
@@ -141,7 +141,7 @@ def main(paths):
         cells += [spread([v["added_to_handler_ns"][k] for v in vals], "{:.0f}")
                   for k in ("p50", "p99", "p999")]
         cells.append(spread([v["cpu_cores"] for v in vals], "{:.2f}"))
-        out.append(f"| {load * 100:.0f} % | " + " | ".join(cells) + " |")
+        out.append(f"| {fraction * 100:.0f} % | " + " | ".join(cells) + " |")
     print("\n".join(out))
 
 
