@@ -84,7 +84,11 @@ bool Poller::OwnedPending() const noexcept {
 }
 
 void Poller::AddCq(CqRecord* cq) {
-  RunSync([&] { cqs_.push_back(cq); });
+  RunSync([&] {
+    cqs_.push_back(cq);
+    // Room for every CQ to park, so that parking (in PollAll) never allocates.
+    parked_.reserve(cqs_.size() + parked_.size());
+  });
 }
 
 void Poller::ReturnCq(CqRecord* cq) { AddCq(cq); }
