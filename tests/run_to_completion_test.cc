@@ -19,6 +19,7 @@ namespace {
 
 using testing::CountingOrphans;
 using testing::InjectRecvs;
+using testing::OneQp;
 using testing::RecordingHandler;
 using testing::SequenceHandler;
 using testing::SimTopology;
@@ -116,13 +117,14 @@ TEST(RunToCompletion, HandlersRunOnTheirPollerInOrderExactlyOnce) {
 // A sleeping poller wakes for completions and for async events, and an event follows every
 // completion that was in the QP's CQ when it was read.
 TEST(RunToCompletion, EventsFollowCompletionsAndWakeASleepingPoller) {
-  auto rt = Runtime::Create(RtcOptions(1)).value();
-  auto sim = SimDevice::Create();
-  DeviceId dev = rt->AddSimDevice(sim).value();
   CqOptions cq_options;
   cq_options.solicited_only = true;  // unsolicited completions wait in the CQ, unseen
-  CqHandle cq = rt->CreateCq(dev, 0, cq_options).value();
-  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(RtcOptions(1), cq_options));
+  auto& rt = one.rt;
+  auto& sim = one.sim;
+  SimQp* qp = one.qp;
+  CqHandle cq = one.cq;
   RecordingHandler handler;
   Registration reg = rt->RegisterQp(*qp, handler, 0).value();
   ASSERT_TRUE(WaitForPollersAsleep(*rt));
@@ -152,11 +154,12 @@ TEST(RunToCompletion, UnregisterFromAnotherThreadEndsCalls) {
   CountingOrphans orphans;
   RuntimeOptions options = RtcOptions(1);
   options.orphan_handler = &orphans;
-  auto rt = Runtime::Create(options).value();
-  auto sim = SimDevice::Create();
-  DeviceId dev = rt->AddSimDevice(sim).value();
-  CqHandle cq = rt->CreateCq(dev, 0).value();
-  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(options));
+  auto& rt = one.rt;
+  auto& sim = one.sim;
+  SimQp* qp = one.qp;
+  CqHandle cq = one.cq;
   std::atomic<bool> unregistered{false};
   std::atomic<uint64_t> late{0}, delivered{0};
   struct Handler : QpHandler {
@@ -282,13 +285,14 @@ TEST(RunToCompletion, HandlerUnregistersItself) {
   CountingOrphans orphans;
   RuntimeOptions options = RtcOptions(1);
   options.orphan_handler = &orphans;
-  auto rt = Runtime::Create(options).value();
-  auto sim = SimDevice::Create();
-  DeviceId dev = rt->AddSimDevice(sim).value();
   CqOptions cq_options;
   cq_options.solicited_only = true;
-  CqHandle cq = rt->CreateCq(dev, 0, cq_options).value();
-  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(options, cq_options));
+  auto& rt = one.rt;
+  auto& sim = one.sim;
+  SimQp* qp = one.qp;
+  CqHandle cq = one.cq;
   struct Handler : QpHandler {
     Registration* reg = nullptr;
     std::atomic<int> calls{0};
