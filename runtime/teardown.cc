@@ -98,7 +98,7 @@ void TeardownWorker::Run() {
       const bool send_seen =
           (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
       if (state->srq && send_seen && state->grace_ends == Clock::time_point{}) {
-        state->grace_ends = now + state->last_wqe_grace;
+        state->grace_ends = TeardownState::After(now, state->last_wqe_grace);
       }
       if (state->end_with) {
         ending.emplace_back(state, *state->end_with);
@@ -136,8 +136,8 @@ void TeardownWorker::Run() {
     }
     if (stop_) return;
     noted_ = false;
-    if (wake == Clock::time_point::max()) {
-      cv_.wait(lock, [&] { return noted_ || stop_ || !active_.empty(); });
+    if (wake == Clock::time_point::max()) {  // nothing is due (no teardown, or no deadline)
+      cv_.wait(lock, [&] { return noted_ || stop_; });  // Add and Note set noted_
     } else {
       cv_.wait_until(lock, wake, [&] { return noted_ || stop_; });
     }

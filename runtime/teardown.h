@@ -49,9 +49,17 @@ struct alignas(8) TeardownState {
   uint32_t qp_num = 0;  // for log messages
   bool srq = false;  // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
   Clock::time_point deadline;
-  std::chrono::nanoseconds last_wqe_grace{0};
+  std::chrono::milliseconds last_wqe_grace{0};  // TeardownOptions::last_wqe_grace
   std::function<void(const Status&)> on_done;
   std::optional<Status> end_with;  // end at once with this result (nothing can drain)
+
+  // Returns t + d, or the latest time point where that would overflow (so that a timeout of
+  // milliseconds::max() means "no deadline").
+  static Clock::time_point After(Clock::time_point t, std::chrono::milliseconds d) noexcept {
+    const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+        Clock::time_point::max() - t);
+    return d >= room ? Clock::time_point::max() : t + d;
+  }
 
   std::atomic<uint32_t> seen{0};  // k* bits, set by the QP's consumer
   Clock::time_point grace_ends;   // worker-owned: set when the send marker is seen (SRQ)

@@ -168,6 +168,44 @@ TEST(Teardown, DeadlineEndsATeardownThatCannotDrain) {
   EXPECT_EQ(handler.completions(), 0u);
 }
 
+// milliseconds::max() is no deadline (it must not overflow into one already past): the
+// teardown waits for the engine to drain, and everything reaches the handler.
+TEST(Teardown, MaxTimeoutIsNoDeadline) {
+  Bed bed;
+  bed.Build(ConsumerKind::kEngineDriven);
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 10, /*solicited=*/true));
+  TeardownOptions options;
+  options.timeout = std::chrono::milliseconds::max();
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  ASSERT_TRUE(testing::DrainUntil(*bed.rt, 0, [&] { return teardown.done(); }));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), 10u);
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
+  CQD_ASSERT_OK(bed.sim->DestroyQp(qp));
+}
+
+// A last_wqe_grace of milliseconds::max() never runs out: on a device without
+// LAST_WQE_REACHED no fence stands in, and the timeout ends the teardown.
+TEST(Teardown, MaxGraceNeverRunsOut) {
+  Bed bed;
+  bed.Build(ConsumerKind::kOwnedThread, /*last_wqe_reached=*/false);
+  SimQpOptions srq;
+  srq.srq = true;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  TeardownOptions options;
+  options.last_wqe_grace = std::chrono::milliseconds::max();
+  options.timeout = std::chrono::milliseconds(100);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  Status result = teardown.Wait();
+  EXPECT_EQ(result.code(), StatusCode::kDeadlineExceeded) << result.ToString();
+  CQD_ASSERT_OK(bed.sim->DestroyQp(qp));
+}
+
 // Shutdown ends a teardown still waiting: kCancelled, and Wait returns.
 TEST(Teardown, ShutdownCancelsAPendingTeardown) {
   Bed bed;
