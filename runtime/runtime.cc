@@ -44,6 +44,17 @@ Status CheckCpu(const char* what, int cpu) {
   return Status::Ok();
 }
 
+// The idle waits are compared with clock differences in nanoseconds: bounded so that they
+// cannot overflow there.
+Status CheckWait(const char* what, std::chrono::microseconds wait) {
+  constexpr std::chrono::microseconds kMax = std::chrono::hours(24);
+  if (wait.count() < 0 || wait > kMax) {
+    return InvalidArgument(std::string(what) + " is " + Str(wait.count()) +
+                           " us, must be in 0.." + Str(kMax.count()) + " (one day)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status RuntimeImpl::Validate(const RuntimeOptions& o) {
@@ -62,8 +73,8 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
   if (o.poll_batch < 1 || o.poll_batch > 1024) {
     return InvalidArgument("poll_batch is " + Str(o.poll_batch) + ", must be in 1..1024");
   }
-  if (o.idle_budget.count() < 0) return InvalidArgument("idle_budget must not be negative");
-  if (o.cq_park_after.count() < 0) return InvalidArgument("cq_park_after must not be negative");
+  if (Status s = CheckWait("idle_budget", o.idle_budget); !s.ok()) return s;
+  if (Status s = CheckWait("cq_park_after", o.cq_park_after); !s.ok()) return s;
   if (o.ack_threshold < 1) return InvalidArgument("ack_threshold must be at least 1");
   if (o.max_registrations < 1 || o.max_registrations > (1u << 24)) {
     return InvalidArgument("max_registrations is " + Str(o.max_registrations) +
@@ -101,7 +112,7 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
       return InvalidArgument(who + ".dispatch_batch is " + Str(c.dispatch_batch) +
                              ", must be in 1..1024");
     }
-    if (c.idle_spin.count() < 0) return InvalidArgument(who + ".idle_spin must not be negative");
+    if (Status s = CheckWait((who + ".idle_spin").c_str(), c.idle_spin); !s.ok()) return s;
     if (c.cpu != -1) {
       if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
     }
@@ -548,9 +559,12 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
   }
   Result<backend::QpCaps> caps = device->backend->QueryQp(native_qp);
   if (!caps.ok()) return Status(caps.status().code(), "RegisterQp: " + caps.status().message());
-  const uint64_t send_wrs = (options.send_wrs >= 0 ? options.send_wrs : caps->max_send_wr) + 1;
+  const uint64_t send_wrs =
+      static_cast<uint64_t>(options.send_wrs >= 0 ? options.send_wrs : caps->max_send_wr) + 1;
   const uint64_t recv_wrs =
-      caps->srq ? 0 : (options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
+      caps->srq ? 0
+                : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs
+                                                                : caps->max_recv_wr) + 1;
   if (send == recv) {
     if (Status s = Commit(send, send_wrs + recv_wrs, qp_num); !s.ok()) return s;
   } else {
@@ -654,7 +668,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   teardown->slot = index;
   teardown->generation = generation;
   teardown->qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  teardown->deadline = TeardownState::Clock::now() + options.timeout;
+  teardown->deadline = TeardownState::After(TeardownState::Clock::now(), options.timeout);
   teardown->last_wqe_grace = options.last_wqe_grace;
   teardown->on_done = options.on_done;
   if (device->failed.load(std::memory_order_acquire)) {

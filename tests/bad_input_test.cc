@@ -54,6 +54,21 @@ TEST(BadInput, RuntimeOptions) {
   o = {};
   o.max_registrations = 0;
   ExpectCreateFails(o, "max_registrations");
+  // Waits past a day (up to microseconds::max(), which would overflow in nanoseconds) are
+  // refused, not taken as "now".
+  o = {};
+  o.idle_budget = std::chrono::microseconds::max();
+  ExpectCreateFails(o, "idle_budget");
+  o = {};
+  o.cq_park_after = std::chrono::hours(25);
+  ExpectCreateFails(o, "cq_park_after");
+  o = {};
+  o.consumers[0].idle_spin = std::chrono::microseconds::max();
+  ExpectCreateFails(o, "idle_spin");
+  o = {};
+  o.idle_budget = std::chrono::hours(24);
+  o.cq_park_after = std::chrono::hours(24);
+  EXPECT_TRUE(Runtime::Create(o).ok());
 }
 
 class BadCalls : public ::testing::Test {
@@ -138,6 +153,13 @@ TEST_F(BadCalls, Registrations) {
   auto reg2 = rt_->RegisterQp(**qp2, handler, 0);
   ASSERT_TRUE(reg2.ok());
   EXPECT_EQ(rt_->RegisterQp(**qp3, handler, 0).status().code(), StatusCode::kResourceExhausted);
+  reg2->Unregister();
+
+  // Work request counts at the top of int are refused with the (positive) count they add up to.
+  auto huge = rt_->RegisterQp(**qp3, handler, 0, QpOptions{INT32_MAX, INT32_MAX});
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find(" 4294967"), std::string::npos)
+      << huge.status().ToString();
 
   reg->Unregister();
   reg->Unregister();  // idempotent

@@ -46,7 +46,7 @@ struct ConsumerOptions {
   // held back. Memory: pollers * spill_capacity * 64 bytes.
   std::size_t spill_capacity = 4096;
   int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
-  // kOwnedThread: spin this long on an empty queue before sleeping.
+  // kOwnedThread: spin this long on an empty queue before sleeping (0..24 h).
   std::chrono::microseconds idle_spin{20};
   // Record each completion's poll -> dispatch latency in a histogram (ConsumerStats::latency).
   // Costs, while any consumer has it: one clock read per CQ poll that returned completions (on
@@ -64,8 +64,9 @@ struct RuntimeOptions {
   int pollers = 1;                   // poller threads = CQ shards (1..256)
   // Empty: not pinned (but see auto_placement); else one CPU per poller.
   std::vector<int> poller_cpus;
-  int poll_batch = 32;               // completions per ibv_poll_cq call (1..256)
-  // A poller that found nothing for this long arms its CQs, polls once more, and sleeps.
+  int poll_batch = 32;               // completions per ibv_poll_cq call (1..1024)
+  // A poller that found nothing for this long arms its CQs, polls once more, and sleeps
+  // (0..24 h; to never sleep, use busy_poll).
   std::chrono::microseconds idle_budget{50};
   bool busy_poll = false;            // never arm or sleep: poll until shutdown
   // A CQ that a poller found empty for this long (while the poller itself stayed busy with
@@ -73,7 +74,7 @@ struct RuntimeOptions {
   // completion event: a shard with many idle CQs costs what its active ones cost. 0: never
   // park. Not done with busy_poll, for solicited-only CQs, or once a shard's notifications
   // failed. The price: the first completion on a parked CQ waits for its event (one wake of
-  // the event thread).
+  // the event thread). 0..24 h.
   std::chrono::microseconds cq_park_after{1000};
   uint32_t ack_threshold = 64;       // CQ events acked per ibv_ack_cq_events call (>= 1)
   std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  // at least one
@@ -125,7 +126,7 @@ struct QpOptions {
 // How Runtime::TeardownQp takes a QP out of service.
 struct TeardownOptions {
   // The teardown finishes by then: drained (OK) or not (kDeadlineExceeded); either way the QP is
-  // unregistered.
+  // unregistered. Must be > 0; milliseconds::max() means no deadline.
   std::chrono::milliseconds timeout{5000};
   // SRQ-attached QPs: how long to wait for IBV_EVENT_QP_LAST_WQE_REACHED after the send queue
   // has flushed, before taking the device for one that never sends it (rxe does not); then a
