@@ -240,8 +240,8 @@ void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total,
   if (pattern.empty() || total == 0) return;
   // A fresh record per start: a poller still copying from the previous one keeps valid memory.
   auto record = std::make_unique<ReplayRecord>(ReplayRecord{pattern, 0, total});
-  if (rate_per_sec > 0) {
-    record->ns_per = 1e9 / rate_per_sec;
+  if (rate_per_sec > 0) {  // false for NaN too
+    record->ns_per = 1e9 / std::clamp(rate_per_sec, 1e-3, 1e12);
     record->start_ns = SteadyNs();
   }
   replay_.store(record.get(), std::memory_order_release);
@@ -260,7 +260,8 @@ int SimCqImpl::PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept {
   const uint64_t first = replay.total - left;  // index of the next completion
   if (replay.ns_per > 0) {
     const double elapsed = static_cast<double>(SteadyNs() - replay.start_ns);
-    const auto arrived = static_cast<uint64_t>(elapsed / replay.ns_per) + 1;
+    const double due = elapsed / replay.ns_per + 1;  // completions due by now
+    const uint64_t arrived = due >= 1e19 ? UINT64_MAX : static_cast<uint64_t>(due);
     allowed = arrived > first ? std::min(allowed, arrived - first) : 0;
     if (allowed == 0) return 0;
   }
@@ -413,7 +414,7 @@ Status SimDeviceImpl::DestroyCq(SimCq* public_cq) {
     }
     if (cq->qp_refs > 0) {
       return FailedPrecondition("DestroyCq: " + std::to_string(cq->qp_refs) +
-                                " QPs still use the CQ (EBUSY)");
+                                " QP queues (send or receive) still use the CQ (EBUSY)");
     }
     if (cq->destroying.load(std::memory_order_relaxed)) {
       return FailedPrecondition("DestroyCq: already being destroyed");

@@ -1,6 +1,8 @@
 // The simulated device beyond the S1-S13 suite: what it adds to verbs (fault injection) and the
 // verbs misuse it reports instead of hanging.
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -143,6 +145,51 @@ TEST(SimDevice, PacedReplayReleasesCompletionsOnTheirSchedule) {
   ibv_wc wc[4];
   EXPECT_EQ(polled->Poll(4, wc), 0);
   EXPECT_EQ(cq->replay_left(), 0u);
+  CQD_ASSERT_OK(sim->DestroyCq(cq));
+}
+
+// Rates out of range are clamped (0.001..1e12 per second): an enormous rate releases everything
+// at once, an infinite one too and still stamps, a vanishing one releases completion 0 (stamped
+// with the start) and nothing for the next 1000 s; NaN and negative rates replay unpaced.
+TEST(SimDevice, PacedReplayClampsTheRate) {
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(8, nullptr));
+  auto* polled = static_cast<sim_internal::SimCqImpl*>(cq);
+  std::vector<ibv_wc> pattern(1);
+  pattern[0].wr_id = 7;
+  auto now_ns = [] {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  };
+  ibv_wc wc[8];
+  for (double rate : {1e300, std::numeric_limits<double>::infinity()}) {
+    const uint64_t before = now_ns();
+    cq->Replay(pattern, 5, rate);
+    int got = 0;
+    for (int tries = 0; got < 5 && tries < 1000000; ++tries) {
+      const int n = polled->Poll(8, wc);
+      ASSERT_GE(n, 0);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_GE(wc[i].wr_id, before) << rate;  // stamped with its time
+        EXPECT_LE(wc[i].wr_id, now_ns()) << rate;
+      }
+      got += n;
+    }
+    EXPECT_EQ(got, 5) << rate;
+  }
+  const uint64_t before = now_ns();
+  cq->Replay(pattern, 5, 1e-300);
+  ASSERT_EQ(polled->Poll(8, wc), 1);
+  EXPECT_GE(wc[0].wr_id, before);
+  EXPECT_LE(wc[0].wr_id, now_ns());
+  EXPECT_EQ(polled->Poll(8, wc), 0);
+  EXPECT_EQ(cq->replay_left(), 4u);
+  for (double rate : {std::nan(""), -1.0}) {
+    cq->Replay(pattern, 3, rate);
+    ASSERT_EQ(polled->Poll(8, wc), 3) << rate;
+    EXPECT_EQ(wc[0].wr_id, 7u);  // unpaced: the pattern as it is
+  }
   CQD_ASSERT_OK(sim->DestroyCq(cq));
 }
 

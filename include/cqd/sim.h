@@ -56,8 +56,10 @@ class SimCq {
   //
   // With `rate_per_sec` > 0 the device is paced instead, an open-loop source: completion k
   // (from 0) becomes pollable at start + k / rate_per_sec, whether or not earlier ones were
-  // polled, and carries that time (steady clock, ns) in its wr_id. No event is raised after the
-  // start, so a paced replay is for gaps well below the pollers' idle_budget.
+  // polled, and carries that time (steady clock, ns) in its wr_id. The rate is clamped to
+  // 0.001..1e12 per second; 0, a negative rate or NaN replays unpaced. No event is raised after
+  // the start, so a paced replay is for gaps well below the pollers' idle_budget and
+  // cq_park_after: a sleeping poller, or a parked CQ, would wait for an event that never comes.
   virtual void Replay(std::span<const ibv_wc> pattern, uint64_t total,
                       double rate_per_sec = 0) noexcept = 0;
   // Returns how many replayed completions are left.
