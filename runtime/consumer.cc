@@ -262,7 +262,7 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
     case EventJoin::Kind::kListener:
       break;
   }
-  if (StateDraining(state) && join->kind != EventJoin::Kind::kCm &&
+  if (StateDraining(state) && join->during_teardown && join->kind != EventJoin::Kind::kCm &&
       join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED) {
     TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
     teardown->worker->Note(teardown, TeardownState::kLastWqe);

@@ -71,6 +71,10 @@ struct EventJoin {
   CmWatch* watch = nullptr;                // kCm, kListener: the channel the event came from
   std::shared_ptr<CmBinding> binding;      // kCm: the id's registration, as bound
   std::atomic<int> parts{0};
+  // kAsync, kFence: posted while the QP's teardown was under way (its slot draining). Only such a
+  // LAST_WQE_REACHED ends the receive side of a teardown: one posted earlier caught up on the
+  // CQs before the teardown's flush (and any completion added after it), so it proves nothing.
+  bool during_teardown = false;
   // Returns true for the caller that released the last part (it must delete the join).
   bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
 };

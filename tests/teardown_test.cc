@@ -379,5 +379,49 @@ TEST(Teardown, SrqGraceWaitsForTheConsumerToCatchUp) {
   EXPECT_EQ(bed.orphans.count.load(), 0u);
 }
 
+// A LAST_WQE_REACHED raised before the teardown began, still queued for the consumer when it
+// begins, proves nothing about the flush: it caught up on the CQs before the completions that
+// came after it. The teardown must not take it for its own (it waits for the grace's fence
+// instead), so every completion added before TeardownQp still reaches the handler. (Found by the
+// fuzzer.)
+TEST(Teardown, LastWqeReachedFromBeforeTheTeardownDoesNotEndIt) {
+  CountingOrphans orphans;
+  RuntimeOptions options;
+  options.pollers = 2;
+  options.orphan_handler = &orphans;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  SimDeviceOptions sim_options;
+  sim_options.last_wqe_reached = false;  // only the stale event is there to be mistaken
+  std::shared_ptr<SimDevice> sim = SimDevice::Create(sim_options);
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(send_cq, rt->CreateCq(dev, 0));
+  CqOptions recv_options;
+  recv_options.solicited_only = true;  // unsolicited receives wait in the CQ, unseen
+  CQD_ASSERT_OK_AND_ASSIGN(recv_cq, rt->CreateCq(dev, 1, recv_options));
+  SimQpOptions srq;
+  srq.srq = true;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(send_cq.sim(), recv_cq.sim(), srq));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
+
+  CQD_ASSERT_OK(sim->RaiseQpEvent(qp, IBV_EVENT_QP_LAST_WQE_REACHED));
+  // Queued for the consumer, which nobody drains yet; asleep, the pollers have placed it whole.
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[0].queue_depth >= 1; }));
+  ASSERT_TRUE(WaitForPollersAsleep(*rt));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 8));  // after the event was caught up, before the teardown
+
+  TeardownOptions teardown_options;
+  teardown_options.last_wqe_grace = std::chrono::milliseconds(20);
+  teardown_options.timeout = std::chrono::seconds(60);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, rt->TeardownQp(reg, teardown_options));
+  ASSERT_TRUE(testing::DrainUntil(*rt, 0, [&] { return teardown.done(); }));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), 8u);
+  EXPECT_EQ(handler.events(), 1u);  // the stale event itself is delivered, as any other
+  EXPECT_EQ(orphans.count.load(), 0u);
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+}
+
 }  // namespace
 }  // namespace cqd
