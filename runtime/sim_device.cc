@@ -668,7 +668,12 @@ Result<backend::Cq*> SimBackend::AdoptCq(void* native_cq, backend::Channel* chan
 }
 
 Status SimBackend::DestroyCq(backend::Cq* cq) {
-  return device_->DestroyCq(static_cast<SimCqImpl*>(cq));
+  // The runtime names the call itself ("DestroyCq: ..."), as it does for ibv_destroy_cq's errors:
+  // pass on the simulated device's reason without the name it carries for SimDevice's callers.
+  Status s = device_->DestroyCq(static_cast<SimCqImpl*>(cq));
+  constexpr std::string_view kName = "DestroyCq: ";
+  if (s.ok() || !s.message().starts_with(kName)) return s;
+  return Status(s.code(), "simulated device: " + s.message().substr(kName.size()));
 }
 
 Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {

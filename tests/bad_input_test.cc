@@ -164,6 +164,11 @@ TEST_F(BadCalls, Registrations) {
   reg->Unregister();
   reg->Unregister();  // idempotent
   reg2->Unregister();
+  // No registration left, but the device still has QPs on it: its refusal, named once.
+  Status busy = rt_->DestroyCq(*cq);
+  EXPECT_EQ(busy.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(busy.message().rfind("DestroyCq: simulated device: ", 0), 0u) << busy.ToString();
+  EXPECT_EQ(busy.message().find("DestroyCq", 1), std::string::npos) << busy.ToString();
   for (SimQp* q : {*qp, *qp2, *qp3, *foreign_qp}) CQD_ASSERT_OK(sim_->DestroyQp(q));
   CQD_ASSERT_OK(rt_->DestroyCq(*cq));
   CQD_ASSERT_OK(sim_->DestroyCq(*foreign_cq));
