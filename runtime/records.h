@@ -95,7 +95,8 @@ struct CqRecord {
   void Ack(uint32_t n) noexcept {
     if (n == 0) return;
     device->backend->AckCqEvents(cq, n);
-    acked_events.fetch_add(n, std::memory_order_relaxed);
+    // Release: whoever reads acked_events (acquire) first, then events, sees every event acked.
+    acked_events.fetch_add(n, std::memory_order_release);
     ack_calls.fetch_add(1, std::memory_order_relaxed);
   }
 };

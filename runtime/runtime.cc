@@ -745,8 +745,10 @@ Stats RuntimeImpl::GetStats() const {
     c.shard = cq->shard;
     c.comp_vector = cq->comp_vector;
     c.completions = cq->completions.load(std::memory_order_relaxed);
+    // Acked first (acquire, see CqRecord::Ack): an event is counted before it is acked, so the
+    // snapshot never shows more acked than read.
+    c.acked_events = cq->acked_events.load(std::memory_order_acquire);
     c.events = cq->events.load(std::memory_order_relaxed);
-    c.acked_events = cq->acked_events.load(std::memory_order_relaxed);
     c.ack_calls = cq->ack_calls.load(std::memory_order_relaxed);
     c.poll_errors = cq->poll_errors.load(std::memory_order_relaxed);
     stats.cqs.push_back(c);
@@ -755,8 +757,8 @@ Stats RuntimeImpl::GetStats() const {
     stats.cq_ack_calls += c.ack_calls;
   }
   for (const auto& cq : released_) {  // adopted, released, still acked if an event comes
+    stats.cq_acked_events += cq->acked_events.load(std::memory_order_acquire);  // first, as above
     stats.cq_events += cq->events.load(std::memory_order_relaxed);
-    stats.cq_acked_events += cq->acked_events.load(std::memory_order_relaxed);
     stats.cq_ack_calls += cq->ack_calls.load(std::memory_order_relaxed);
   }
   stats.cq_events += gone_events_;

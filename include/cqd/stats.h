@@ -31,7 +31,7 @@ struct CqStats {
   int comp_vector = -1;          // the completion vector it was created on; -1 if adopted
   uint64_t completions = 0;      // completions polled from this CQ
   uint64_t events = 0;           // completion events read from the channel
-  uint64_t acked_events = 0;     // events acknowledged so far
+  uint64_t acked_events = 0;     // events acknowledged so far (never above `events`)
   uint64_t ack_calls = 0;        // ibv_ack_cq_events calls
   uint64_t poll_errors = 0;      // negative poll returns (the CQ is then left alone)
 };
@@ -96,7 +96,8 @@ struct Stats {
   // failing (a device gone); the affected pollers then sleep in bounded steps.
   uint64_t failed_fds = 0;
   uint64_t cm_events = 0;        // connection-manager events read from watched channels
-  // Totals over every CQ this runtime has polled, destroyed ones included.
+  // Totals over every CQ this runtime has polled, destroyed ones included; in any one snapshot
+  // cq_acked_events <= cq_events, equal once every CQ is destroyed.
   uint64_t cq_events = 0;
   uint64_t cq_acked_events = 0;
   uint64_t cq_ack_calls = 0;
