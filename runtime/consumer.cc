@@ -175,6 +175,18 @@ int Consumer::Dispatch(int max) noexcept {
   size_t want = static_cast<size_t>(std::clamp(max, 0, options_.dispatch_batch));
   size_t n = DequeueBatch(want);
   if (n == 0) return 0;
+  RunBatch(n);
+  return static_cast<int>(n);
+}
+
+void Consumer::LoadBatch(const Item* items, size_t n) noexcept {
+  SplitWriter out(wcs_.get(), meta_.get());
+  for (size_t k = 0; k < n; ++k, ++out) *out = items[k];
+}
+
+void Consumer::DispatchLoaded(size_t n) noexcept { RunBatch(n); }
+
+void Consumer::RunBatch(size_t n) noexcept {
   if (latency_ != nullptr) [[unlikely]] {
     latency_->RecordBatch(meta_.get(), n, ItemKind::kCompletion);
   }
@@ -214,7 +226,6 @@ int Consumer::Dispatch(int max) noexcept {
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
   tls_dispatch_frames = frame.outer;
-  return static_cast<int>(n);
 }
 
 size_t Consumer::DequeueBatch(size_t max) noexcept {

@@ -6,16 +6,20 @@
 // behind every completion that poller took off the QP's CQ before it. Depth is reserved before
 // enqueue (ReserveUpTo) and released after dequeue, so `depth` never undercounts and the queue
 // never holds more than `queue_capacity` items (Shutdown's final hand-over excepted): a full
-// consumer makes pollers keep items in their outboxes, never drop them.
+// consumer makes pollers keep items in their outboxes, never drop them. A run-to-completion
+// consumer's own poller skips the queue while it is empty: it dispatches straight from its
+// outbox (LoadBatch, DispatchLoaded), and queues only what the outbox cannot hold. What it queued
+// is older than what its outbox holds, so the queue goes first and each QP's order stays.
 //
-// Dispatch() runs on the consumer's thread only (the owned thread, the engine thread calling
-// Drain, or for kRunToCompletion its poller's thread). Before a batch's first handler call it lists the batch's slots in `batch_slots_`
-// (release) and makes `batch_seq_` odd (seq_cst); after the last call it makes it even. It reads
-// each slot's state (seq_cst) right before calling its handler. Unregister stores the dead state
-// (seq_cst), then reads `batch_seq_`: if odd and the batch lists the slot, it waits for the value
-// to change. Either the consumer's state read sees the registration gone, or Unregister sees the
-// batch that may call it and waits for its end. One seq_cst store per batch, not per call, and no
-// wait on handlers of other QPs.
+// Dispatch() and DispatchLoaded() run on the consumer's thread only (the owned thread, the engine
+// thread calling Drain, or for kRunToCompletion its poller's thread). Before a batch's first
+// handler call they list the batch's slots in `batch_slots_` (release) and make `batch_seq_` odd
+// (seq_cst); after the last call they make it even. Each reads each slot's state (seq_cst) right
+// before calling its handler. Unregister stores the dead state (seq_cst), then reads
+// `batch_seq_`: if odd and the batch lists the slot, it waits for the value to change. Either
+// the consumer's state read sees the registration gone, or Unregister sees the batch that may
+// call it and waits for its end. One seq_cst store per batch, not per call, and no wait on
+// handlers of other QPs.
 #ifndef CQD_RUNTIME_CONSUMER_H_
 #define CQD_RUNTIME_CONSUMER_H_
 
@@ -112,7 +116,7 @@ class SplitWriter {
   struct Ref {
     ibv_wc* wc;
     ItemMeta* meta;
-    Ref& operator=(Item&& item) noexcept {
+    Ref& operator=(const Item& item) noexcept {
       if (item.kind == ItemKind::kAsyncEvent || item.kind == ItemKind::kListenerEvent) {
         meta->join = item.join;
       } else {
@@ -193,6 +197,13 @@ class Consumer {
 
   // Consumer thread: dispatches up to `max` items; returns how many.
   int Dispatch(int max) noexcept;
+  // kRunToCompletion, its poller's thread, while nothing is queued (Pending() is false): the
+  // poller dispatches items straight from its outbox, skipping the queue. LoadBatch copies
+  // items[0, n) (n <= dispatch_batch()) into the batch, so the caller may drop them from the
+  // outbox before any handler runs; DispatchLoaded(n) then dispatches them as Dispatch would.
+  void LoadBatch(const Item* items, size_t n) noexcept;
+  void DispatchLoaded(size_t n) noexcept;
+  size_t dispatch_batch() const { return static_cast<size_t>(options_.dispatch_batch); }
   // Engine thread: Dispatch plus notify-fd upkeep (see Runtime::Drain).
   int Drain(int max) noexcept;
   int notify_fd() const { return notify_fd_; }
@@ -223,6 +234,8 @@ class Consumer {
   void DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept;
   // Dequeues up to `max` items into wcs_ and meta_; returns how many.
   size_t DequeueBatch(size_t max) noexcept;
+  // Runs the handlers of the `n` items in wcs_ and meta_.
+  void RunBatch(size_t n) noexcept;
   void Signal() noexcept;  // engine-driven: make the notify fd readable
 
   const uint32_t index_;

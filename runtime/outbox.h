@@ -70,6 +70,9 @@ class Outbox {
   std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
   bool stalled = false;                                  // poller-owned
   bool listed = false;  // poller-owned: in the poller's list of non-empty outboxes
+  // poller-owned, set once: for a run-to-completion consumer of this poller, which dispatches
+  // straight from the outbox while the consumer's queue is empty (Poller::DispatchOwned).
+  bool direct = false;
 
  private:
   const uint32_t limit_;

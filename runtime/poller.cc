@@ -30,6 +30,7 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
     if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
       consumers_[c]->RunOnPoller(&parker_);
       owned_.push_back(consumers_[c]);
+      outboxes_.back()->direct = true;
     }
   }
   listed_.reserve(consumers_.size());
@@ -69,16 +70,31 @@ bool Poller::RunOwned() noexcept {
   bool worked = false;
   for (Consumer* consumer : owned_) {
     // A few batches per pass, so that polling goes on under a steady stream.
-    for (int round = 0; round < 4 && consumer->Dispatch(1024) > 0; ++round) worked = true;
+    for (int round = 0; round < 4 && DispatchOwned(*consumer); ++round) worked = true;
   }
   tls_wait_duty = {};
   tls_runtime_thread = true;
   return worked;
 }
 
+bool Poller::DispatchOwned(Consumer& consumer) noexcept {
+  // What this poller queued is older than its outbox: the queue goes first.
+  if (consumer.Pending()) return consumer.Dispatch(1024) > 0;
+  Outbox& outbox = *outboxes_[consumer.index()];
+  if (outbox.empty()) return false;
+  uint32_t n;
+  const Item* items = outbox.Front(static_cast<uint32_t>(consumer.dispatch_batch()), &n);
+  consumer.LoadBatch(items, n);
+  // Off the outbox before any handler runs: one may purge it (Unregister runs inline here).
+  outbox.PopFront(n);
+  NoteOutbox(consumer.index());
+  consumer.DispatchLoaded(n);
+  return true;
+}
+
 bool Poller::OwnedPending() const noexcept {
   for (const Consumer* consumer : owned_) {
-    if (consumer->Pending()) return true;
+    if (consumer->Pending() || !outboxes_[consumer->index()]->empty()) return true;
   }
   return false;
 }
@@ -463,8 +479,12 @@ bool Poller::Flush(bool force) noexcept {
   size_t kept = 0;
   for (size_t i = 0; i < listed_.size(); ++i) {
     uint32_t consumer = listed_[i];
-    moved |= FlushOne(consumer, force);
     Outbox& outbox = *outboxes_[consumer];
+    // A run-to-completion consumer of this thread with nothing queued is dispatched straight
+    // from the outbox (DispatchOwned), unless the outbox fills up: then the queue takes it.
+    const bool direct = outbox.direct && !force && !outbox.full() &&
+                        !consumers_[consumer]->Pending();
+    if (!direct) moved |= FlushOne(consumer, force);
     NoteOutbox(consumer);
     if (outbox.empty()) {
       outbox.listed = false;

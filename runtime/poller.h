@@ -158,6 +158,9 @@ class Poller {
   bool PlaceEvents();
   // Dispatches the run-to-completion consumers; returns true if a handler ran.
   bool RunOwned() noexcept;
+  // One batch of `consumer` (owned): from its queue if anything is queued, else straight from
+  // this poller's outbox. Returns true if it dispatched anything.
+  bool DispatchOwned(Consumer& consumer) noexcept;
   bool OwnedPending() const noexcept;
   static void ServeMailbox(void* self);  // the wait duty of RunOwned's handlers
   void TrySleep() noexcept;

@@ -66,9 +66,14 @@ class ThreadRecordingHandler : public SequenceHandler {
   std::set<std::string> names_;
 };
 
+// With the default spill the poller dispatches straight from it (nothing is ever queued); with a
+// spill of 2 most items go through the queue and the two ways alternate.
 TEST(RunToCompletion, HandlersRunOnTheirPollerInOrderExactlyOnce) {
-  for (bool busy : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool busy = variant & 1;
+    const size_t spill = (variant & 2) ? 2 : ConsumerOptions{}.spill_capacity;
     RuntimeOptions options = RtcOptions(2, busy);
+    for (ConsumerOptions& c : options.consumers) c.spill_capacity = spill;
     auto rt = Runtime::Create(options).value();
     auto sim = SimDevice::Create();
     DeviceId dev = rt->AddSimDevice(sim).value();
@@ -103,10 +108,13 @@ TEST(RunToCompletion, HandlersRunOnTheirPollerInOrderExactlyOnce) {
       EXPECT_EQ(handlers[i]->out_of_order(), 0u);
       EXPECT_EQ(handlers[i]->concurrent_calls(), 0u);
       EXPECT_EQ(handlers[i]->names(), std::set<std::string>{"cqd-poll" + std::to_string(i % 2)})
-          << "busy " << busy;
+          << "busy " << busy << ", spill " << spill;
     }
     Stats stats = rt->GetStats();
     EXPECT_EQ(stats.consumers[0].delivered + stats.consumers[1].delivered, 4u * kPerQp);
+    if (spill > 2) {  // a pass polls at most poll_batch per CQ: the spill never fills
+      for (const ConsumerStats& c : stats.consumers) EXPECT_EQ(c.high_water, 0u) << c.name;
+    }
     regs.clear();
     for (SimQp* qp : qps) CQD_ASSERT_OK(sim->DestroyQp(qp));
     for (CqHandle cq : cqs) CQD_ASSERT_OK(rt->DestroyCq(cq));

@@ -67,7 +67,9 @@ struct ConsumerStats {
   uint64_t high_water = 0;       // most items ever queued at once
   // Spill: items pollers hold because the queue was full (summed over pollers; see
   // ConsumerOptions::spill_capacity). A stall is a time a poller's spill for this consumer was
-  // full, so that it skipped the CQs this consumer uses.
+  // full, so that it skipped the CQs this consumer uses. A run-to-completion consumer's poller
+  // also holds there, between polling and dispatch, what it dispatches without queueing it: for
+  // that kind the queue figures count only what the spill could not hold.
   uint64_t spill_depth = 0;      // items held in pollers' spills now
   uint64_t spill_high_water = 0; // most items one poller held at once
   uint64_t stalls = 0;           // stalls begun
