@@ -10,7 +10,8 @@ for path in sys.argv[1:]:
     if len(data) < 3:
         continue
     c0, c1, c2 = data[0], data[1], data[2]
-    print(f"  config: pollers={1 + (c0 & 1)} consumers={'owned+engine' if c0 & 2 else 'engine'}"
+    other = "rtc" if c2 & 0x10 else "owned"
+    print(f"  config: pollers={1 + (c0 & 1)} consumers={other + '+engine' if c0 & 2 else 'engine'}"
           f" edge={bool(c0 & 4)} ack_threshold={[1, 2, 4, 64][(c0 >> 3) & 3]}"
           f" idle_budget={20 if c0 & 0x20 else 0}us poll_batch={[1, 2, 4, 32][c0 >> 6]}"
           f" queue_capacity={[1, 2, 3, 4, 8, 16, 64, 1024][c1 & 7]}"

@@ -20,10 +20,10 @@ def op(name, a=0, b=0):
 
 
 def config(pollers=1, owned=False, edge=False, ack=0, idle=False, batch=3, cap=7, dispatch=6,
-           few_regs=False, spill=4096, no_last_wqe=False, fatal_at_end=False):
+           few_regs=False, spill=4096, no_last_wqe=False, fatal_at_end=False, rtc=False):
     c0 = (pollers - 1) | (owned << 1) | (edge << 2) | (ack << 3) | (idle << 5) | (batch << 6)
     c1 = cap | (dispatch << 3) | (few_regs << 6)
-    c2 = SPILLS.index(spill) | (no_last_wqe << 2) | (fatal_at_end << 3)
+    c2 = SPILLS.index(spill) | (no_last_wqe << 2) | (fatal_at_end << 3) | (rtc << 4)
     return bytes([c0, c1, c2])
 
 
@@ -173,6 +173,11 @@ SEEDS = {
         op("EpollDrain", 0, 64) + op("Quiesce") + op("DestroyQp", 0) + op("DestroyQp", 1) +
         qp(0, 1, send_wr=8, recv_wr=8) + reg(2, 1) + qp(1, 0) + reg(3, 0) + inject(2, 7) +
         inject(3, 7) + op("Quiesce"),
+    # Found by the fuzzer (a teardown replaced before the harness settled it), kept as it was.
+    "teardown_replaced_before_settled": bytes.fromhex(
+        "c3370300000f00010f40120000000000000003104204003e006400077000146061380300000fffff"
+        "c32a0000000000010f0303104204000107c1c1c1600007700014600a076100077100530000ffffff"
+        "1d07f3f3f3e000"),
 }
 
 # Inputs that reproduce runtime bugs (tests/fuzz/repros/NAME.input; they fail until it is fixed):
@@ -191,10 +196,16 @@ if __name__ == "__main__":
     os.makedirs(out, exist_ok=True)
     for old in os.listdir(out):
         os.remove(os.path.join(out, old))
+    written = 0
     for name, data in SEEDS.items():
-        with open(os.path.join(out, name), "wb") as f:
-            f.write(data)
-    print(f"wrote {len(SEEDS)} seeds to {out}")
+        variants = {name: data}
+        if data[0] & 2:  # two consumers: the same program with the other one run to completion
+            variants[name + "_rtc"] = data[:2] + bytes([data[2] | 0x10]) + data[3:]
+        for variant, bytes_ in variants.items():
+            with open(os.path.join(out, variant), "wb") as f:
+                f.write(bytes_)
+            written += 1
+    print(f"wrote {written} seeds to {out}")
     repros = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repros")
     for name, data in REPRO_INPUTS.items():
         with open(os.path.join(repros, name + ".input"), "wb") as f:

@@ -12,7 +12,8 @@
 //   config[1]: bits0-2 queue_capacity {1,2,3,4,8,16,64,1024}; bits3-5 dispatch_batch
 //              {1,2,3,4,8,16,64,256}; bit6 max_registrations 3 (else 64)
 //   config[2]: bits0-1 spill_capacity {1,2,8,4096}; bit2 the device raises no LAST_WQE_REACHED
-//              (as rxe); bit3 DEVICE_FATAL at the start of the final teardown
+//              (as rxe); bit3 DEVICE_FATAL at the start of the final teardown; bit4 the other
+//              consumer (with two) runs to completion on poller 0 instead of on its own thread
 //   operations: see enum Op below (opcode % kOpCount).
 //
 // A QP incarnation (one SimQp, kMaxQps over an input's life; the device reuses qp_nums) tags its
@@ -263,6 +264,7 @@ struct State {
   int pollers = 1;
   int consumers = 1;
   int engine = 0;               // the engine-driven consumer's index
+  bool rtc = false;             // consumer 0 (of two) is kRunToCompletion on poller 0
   bool edge = false;
   size_t queue_capacity = 1;
   size_t spill_capacity = 4096;
@@ -937,6 +939,7 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (st.shut_down) return ExpectCode(reg.status(), C::kFailedPrecondition, "RegisterQp after Shutdown");
   if (consumer >= static_cast<cqd::ConsumerId>(st.consumers)) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp on a bad consumer");
   if (!scq.polled || !rcq.polled) return ExpectCode(reg.status(), C::kNotFound, "RegisterQp on an unpolled CQ");
+  if (st.rtc && consumer == 0 && (scq.shard != 0 || rcq.shard != 0)) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp on a run-to-completion consumer with a CQ on another shard");
   if (q->reg.registered()) return ExpectCode(reg.status(), C::kAlreadyExists, "RegisterQp twice");
   // Still draining: kAlreadyExists (or it just ended: the teardown unregisters before it says
   // it is done, and the checks below apply).
@@ -1559,6 +1562,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   st->spill_capacity = kSpill[c2 & 3];
   st->last_wqe_device = !((c2 >> 2) & 1);
   st->fatal_at_end = (c2 >> 3) & 1;
+  st->rtc = st->consumers == 2 && ((c2 >> 4) & 1);
 
   cqd::RuntimeOptions options;
   options.pollers = st->pollers;
@@ -1570,7 +1574,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.consumers.clear();
   for (int c = 0; c < st->consumers; ++c) {
     cqd::ConsumerOptions co;
-    co.kind = c == st->engine ? cqd::ConsumerKind::kEngineDriven : cqd::ConsumerKind::kOwnedThread;
+    co.kind = c == st->engine ? cqd::ConsumerKind::kEngineDriven
+              : st->rtc       ? cqd::ConsumerKind::kRunToCompletion
+                              : cqd::ConsumerKind::kOwnedThread;
     co.queue_capacity = st->queue_capacity;
     co.spill_capacity = st->spill_capacity;
     co.dispatch_batch = kDispatch[(c1 >> 3) & 7];
