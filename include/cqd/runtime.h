@@ -216,8 +216,8 @@ class Runtime {
   // IBV_EVENT_QP_LAST_WQE_REACHED on an SRQ-attached QP (one the runtime reads after TeardownQp
   // began; an earlier one is delivered as usual but does not count; after
   // TeardownOptions::last_wqe_grace, a fence the runtime sends behind the QP's completions stands
-  // in for it), then unregisters. The markers are the runtime's: the handler never sees them. On success
-  // `registration` is handed over (registered() becomes false) and the returned Teardown says
+  // in for it), then unregisters. The markers are the runtime's: the handler never sees them.
+  // On success `registration` is handed over (registered() becomes false) and the Teardown says
   // when it is over; once it is, no completion of the QP is left in its CQs, so the engine may
   // destroy the QP and a new QP that gets the same qp_num receives nothing of the old one.
   // Errors: kInvalidArgument (not registered, another runtime's, a UD QP), kFailedPrecondition
