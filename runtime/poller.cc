@@ -269,9 +269,11 @@ void Poller::Run() {
     inbox_open_ = false;
   }
   // The run-to-completion consumers' last handlers run here (events posted meanwhile go straight
-  // to their queues); then they close.
+  // to their queues, and whatever a handler's control call routes here meanwhile is dispatched
+  // from the outbox); then they close.
   for (Consumer* consumer : owned_) {
-    while (!consumer->CloseIfEmpty()) RunOwned();
+    const Outbox& outbox = *outboxes_[consumer->index()];
+    while (!outbox.empty() || !consumer->CloseIfEmpty()) RunOwned();
   }
   mailbox_.Close();
 }
