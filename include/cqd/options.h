@@ -43,7 +43,8 @@ struct ConsumerOptions {
   // Items each poller holds for this consumer while its queue is full (1..1<<20). When they are
   // full too, that poller stops polling the CQs this consumer's QPs use until there is room
   // again; completions stay in those CQs, none is dropped. CQs the consumer does not use are not
-  // held back. Memory: pollers * spill_capacity * 64 bytes.
+  // held back. Memory: pollers * spill_capacity * 64 bytes. kRunToCompletion: its poller
+  // dispatches straight from here while the queue is empty, and queues only what does not fit.
   std::size_t spill_capacity = 4096;
   int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
   // kOwnedThread: spin this long on an empty queue before sleeping (0..24 h).
