@@ -273,10 +273,13 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
     case EventJoin::Kind::kListener:
       break;
   }
-  if (StateDraining(state) && join->during_teardown && join->kind != EventJoin::Kind::kCm &&
-      join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED) {
+  if (StateDraining(state) && join->drain_epoch != 0 && join->kind != EventJoin::Kind::kCm &&
+      join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED &&
+      join->drain_epoch == slot.drain_epoch.load(std::memory_order_relaxed)) {
+    // Null once the teardown ends or its start failed; either waits for this batch before the
+    // state goes away.
     TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
-    teardown->worker->Note(teardown, TeardownState::kLastWqe);
+    if (teardown != nullptr) teardown->worker->Note(teardown, TeardownState::kLastWqe);
   }
   delete join;
 }
@@ -296,9 +299,10 @@ void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(item.slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
   if (!StateLive(state) || StateGeneration(state) != item.generation) return;
-  // Live with this generation: the teardown has not ended (ending unregisters first, and waits
-  // for this batch), so the state is still there.
+  // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
+  // which nulls the pointer and then waits for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
+  if (teardown == nullptr) return;
   teardown->worker->Note(teardown, wc.wr_id == teardown->send_marker()
                                        ? TeardownState::kSendMarker
                                        : TeardownState::kRecvMarker);

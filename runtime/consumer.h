@@ -75,10 +75,11 @@ struct EventJoin {
   CmWatch* watch = nullptr;                // kCm, kListener: the channel the event came from
   std::shared_ptr<CmBinding> binding;      // kCm: the id's registration, as bound
   std::atomic<int> parts{0};
-  // kAsync, kFence: posted while the QP's teardown was under way (its slot draining). Only such a
-  // LAST_WQE_REACHED ends the receive side of a teardown: one posted earlier caught up on the
-  // CQs before the teardown's flush (and any completion added after it), so it proves nothing.
-  bool during_teardown = false;
+  // kAsync, kFence: the slot's drain_epoch if it was draining when the event was posted, else 0.
+  // Only a LAST_WQE_REACHED posted during the teardown attempt still under way ends its receive
+  // side: one posted earlier caught up on the CQs before that attempt's flush (and before any
+  // completion added after it), so it proves nothing.
+  uint32_t drain_epoch = 0;
   // Returns true for the caller that released the last part (it must delete the join).
   bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
 };

@@ -15,7 +15,7 @@ bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uin
   if (join == nullptr) return false;  // out of memory: the device handler gets it instead
   join->kind = fence ? EventJoin::Kind::kFence : EventJoin::Kind::kAsync;
   join->event = event;
-  join->during_teardown = StateDraining(state);
+  if (StateDraining(state)) join->drain_epoch = slot.drain_epoch.load(std::memory_order_relaxed);
   PostAlong(RouteOf(slot, index, state), join, pollers);
   return true;
 }

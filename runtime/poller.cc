@@ -458,17 +458,22 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
     if (slot != nullptr) {
       uint64_t state = slot->state.load(std::memory_order_acquire);
       if (StateLive(state) && slot->Holds(device, wc.qp_num) && slot->Uses(cq->id)) {
+        ItemKind kind = ItemKind::kCompletion;
+        if (StateDraining(state)) [[unlikely]] {
+          const auto marker = reinterpret_cast<uint64_t>(
+              slot->teardown.load(std::memory_order_acquire));  // see Unregister's null store
+          if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
+            kind = ItemKind::kTeardownMarker;
+          } else if (marker == 0 && wc.status != IBV_WC_SUCCESS && strays_.Take(wc.wr_id)) {
+            continue;  // the teardown ended (unregistered) since the check above: a stray now
+          }
+        }
         Item& item = AppendTo(StateConsumer(state));
         item.wc = wc;
         item.slot = slot->index;
         item.generation = StateGeneration(state);
-        item.kind = ItemKind::kCompletion;
+        item.kind = kind;
         item.stamp = poll_stamp_;
-        if (StateDraining(state)) [[unlikely]] {
-          const auto marker = reinterpret_cast<uint64_t>(
-              slot->teardown.load(std::memory_order_relaxed));  // published by `state`
-          if (wc.wr_id == marker || wc.wr_id == marker + 1) item.kind = ItemKind::kTeardownMarker;
-        }
         continue;
       }
     }

@@ -51,6 +51,9 @@ struct alignas(64) Slot {
   std::atomic<uint16_t> recv_shard{0};
   std::atomic<void*> qp{nullptr};  // the native QP (ibv_qp* or SimQp*), for teardown
   std::atomic<TeardownState*> teardown{nullptr};  // while draining; published by `state`
+  // Bumped (never to 0) by each TeardownQp attempt before it sets `draining`; published by
+  // `state`. Tells a LAST_WQE_REACHED posted during this attempt from one of an earlier attempt.
+  std::atomic<uint32_t> drain_epoch{0};
   // Control path only (under the runtime mutex): work requests committed on each CQ.
   uint32_t send_commit = 0;
   uint32_t recv_commit = 0;

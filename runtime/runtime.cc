@@ -632,7 +632,8 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
     if (k == 1 && recv_id == send_id) continue;  // one CQ for both: one use
     pollers_[cq->shard]->DropUse(cq, consumer);
   }
-  slot.teardown.store(nullptr, std::memory_order_relaxed);
+  // Release: a poller that reads null (acquire) sees the markers made strays before (Finish).
+  slot.teardown.store(nullptr, std::memory_order_release);
   // What the pollers still hold for this registration becomes orphans now, so that a consumer
   // that stopped draining does not keep CQs of others held back for QPs that are gone.
   for (uint16_t shard : {slot.send_shard.load(std::memory_order_relaxed),
@@ -654,7 +655,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   if (options.last_wqe_grace.count() < 0) {
     return InvalidArgument("TeardownQp: last_wqe_grace must not be negative");
   }
-  std::lock_guard<ControlMutex> lock(mu_);
+  std::unique_lock<ControlMutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
   Slot& slot = slots_.slot(index);
   const uint64_t state = slot.state.load(std::memory_order_relaxed);
@@ -681,13 +682,22 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   // Draining before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
+  const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
+  slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
   slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
                    std::memory_order_seq_cst);
   Result<backend::DrainStart> posted = device->backend->StartQpDrain(
       slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
   if (!posted.ok()) {
+    // No marker went out. Back to live; a batch that saw `draining` may still read the state
+    // through slot.teardown: wait for it (without mu_, as Unregister does) before it goes.
     slot.state.store(state, std::memory_order_seq_cst);
-    slot.teardown.store(nullptr, std::memory_order_relaxed);
+    lock.unlock();
+    consumers_[consumer]->WaitForBatchInProgress(index);
+    lock.lock();
+    if (slot.teardown.load(std::memory_order_relaxed) == teardown.get()) {
+      slot.teardown.store(nullptr, std::memory_order_release);
+    }
     return Status(posted.status().code(), "TeardownQp: " + posted.status().message());
   }
   Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));

@@ -21,8 +21,9 @@
 // kRunToCompletion consumer's on its poller's thread); a handler may call control-path functions
 // (including Unregister of its own QP), except Shutdown, on every kind of consumer.
 // Unregister of a QP whose handler is running (or about to run in its consumer's current batch)
-// waits for that batch to end, so a handler must not unregister, or hold a lock while another
-// thread unregisters, a QP whose handler waits for it.
+// waits for that batch to end (so does a TeardownQp the device refuses to start), so a handler
+// must not unregister or tear down, or hold a lock while another thread does, a QP whose handler
+// waits for it.
 //
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
 // An async event of a QP reaches its handler after every completion of that QP that was in the
