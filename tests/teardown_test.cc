@@ -423,5 +423,113 @@ TEST(Teardown, LastWqeReachedFromBeforeTheTeardownDoesNotEndIt) {
   CQD_ASSERT_OK(sim->DestroyQp(qp));
 }
 
+
+// A LAST_WQE_REACHED the runtime reads while a TeardownQp is failing (the send CQ has no room for
+// its marker: the registration is draining for a moment) belongs to that failed attempt. Still
+// queued when a later TeardownQp succeeds, it must not end that one's receive side: receive
+// completions injected before the successful call were never ordered ahead of it. (Found by an
+// adversarial review: with a flag instead of a per-attempt epoch it failed 5 of 5 runs.)
+TEST(Teardown, LastWqeReachedFromAFailedAttemptDoesNotEndALaterOne) {
+  struct OrphansOf : OrphanHandler {
+    uint32_t qp_num = 0;
+    std::atomic<uint64_t> count{0};
+    void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
+      for (const ibv_wc& wc : wcs) count.fetch_add(wc.qp_num == qp_num ? 1 : 0);
+    }
+  } orphans;
+  RuntimeOptions options;
+  options.pollers = 2;
+  options.orphan_handler = &orphans;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;  // the QP under test
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // blockers: hold their CQs back
+  options.consumers[1].queue_capacity = 1;
+  options.consumers[1].spill_capacity = 1;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  SimDeviceOptions sim_options;
+  sim_options.last_wqe_reached = false;  // only the raised events (and, late, the fence)
+  std::shared_ptr<SimDevice> sim = SimDevice::Create(sim_options);
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim));
+  CQD_ASSERT_OK_AND_ASSIGN(send_cq, rt->CreateCq(dev, 0, CqOptions{.depth = 16, .grow = false}));
+  CQD_ASSERT_OK_AND_ASSIGN(recv_cq, rt->CreateCq(dev, 1));
+  SimQpOptions srq;
+  srq.srq = true;
+  srq.max_send_wr = 1;
+  CQD_ASSERT_OK_AND_ASSIGN(p, sim->CreateQp(send_cq.sim(), recv_cq.sim(), srq));
+  CQD_ASSERT_OK_AND_ASSIGN(send_blocker, sim->CreateQp(send_cq.sim(), send_cq.sim(), srq));
+  CQD_ASSERT_OK_AND_ASSIGN(recv_blocker, sim->CreateQp(recv_cq.sim(), recv_cq.sim(), srq));
+  orphans.qp_num = p->qp_num();
+  RecordingHandler handler;
+  testing::SequenceHandler blocker_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*p, handler, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(send_reg, rt->RegisterQp(*send_blocker, blocker_handler, 1));
+
+  // Fill the send CQ: the blocker's queue and spill take one each, then the CQ is held back.
+  uint64_t next = 0;
+  ASSERT_EQ(send_blocker->Complete(next++, IBV_WC_SEND), 1);
+  ASSERT_EQ(send_blocker->Complete(next++, IBV_WC_SEND), 1);
+  ASSERT_TRUE(WaitFor([&] {
+    Stats s = rt->GetStats();
+    return s.consumers[1].queue_depth == 1 && s.consumers[1].spill_depth == 1;
+  }));
+  while (send_blocker->Complete(next, IBV_WC_SEND) == 1) ++next;
+
+  // LAST_WQE_REACHED raised over and over while TeardownQp keeps failing for want of room.
+  constexpr int kEvents = 2000;
+  std::atomic<bool> raising{true};
+  std::thread raiser([&] {
+    for (int i = 0; i < kEvents; ++i) {
+      (void)sim->RaiseQpEvent(p, IBV_EVENT_QP_LAST_WQE_REACHED);
+      if (i % 8 == 0) std::this_thread::yield();
+    }
+    raising.store(false);
+  });
+  bool started_early = false;
+  while (raising.load() && !started_early) {
+    auto attempt = rt->TeardownQp(reg);
+    started_early = attempt.ok();
+    if (!started_early) EXPECT_EQ(attempt.status().code(), StatusCode::kResourceExhausted);
+  }
+  raiser.join();
+  ASSERT_FALSE(started_early) << "the send CQ had room for a marker";
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[0].queue_depth == kEvents; }));
+
+  // Hold the receive CQ back too, then add the completions the teardown must deliver.
+  CQD_ASSERT_OK_AND_ASSIGN(recv_reg, rt->RegisterQp(*recv_blocker, blocker_handler, 1));
+  for (int i = 0; i < 400; ++i) ASSERT_EQ(recv_blocker->Complete(i, IBV_WC_SEND), 1);
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[1].spill_depth == 2; }));
+  constexpr uint64_t kRecvs = 100;
+  for (uint64_t i = 0; i < kRecvs; ++i) ASSERT_EQ(p->Complete(i, IBV_WC_RECV), 1);
+
+  // Room for one marker: the blocker consumer takes one item at a time until TeardownQp works.
+  TeardownOptions teardown_options;
+  teardown_options.timeout = std::chrono::seconds(60);
+  teardown_options.last_wqe_grace = std::chrono::seconds(1);
+  Teardown teardown;
+  bool started = false;
+  for (int i = 0; i < 1000 && !started; ++i) {
+    rt->Drain(1, 1);
+    auto attempt = rt->TeardownQp(reg, teardown_options);
+    started = attempt.ok();
+    if (started) teardown = *attempt;
+  }
+  ASSERT_TRUE(started);
+  // Deliver the old events first, then let everything go.
+  while (rt->Drain(0, 1024) > 0) {
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    rt->Drain(1, 1024);
+    rt->Drain(0, 1024);
+    return teardown.done();
+  }));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), kRecvs);
+  EXPECT_EQ(orphans.count.load(), 0u);
+  EXPECT_EQ(handler.events(), static_cast<uint64_t>(kEvents));
+  send_reg.Unregister();
+  recv_reg.Unregister();
+  for (SimQp* qp : {p, send_blocker, recv_blocker}) CQD_ASSERT_OK(sim->DestroyQp(qp));
+}
+
 }  // namespace
 }  // namespace cqd
