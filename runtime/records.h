@@ -94,10 +94,12 @@ struct CqRecord {
   // Acks `n` events of this CQ (n may be 0) and counts the call.
   void Ack(uint32_t n) noexcept {
     if (n == 0) return;
-    device->backend->AckCqEvents(cq, n);
+    // Counted before the device has the ack (the events were counted before this call): once
+    // the engine's destroy of a released CQ returns, which waits for the ack, the count is in.
     // Release: whoever reads acked_events (acquire) first, then events, sees every event acked.
     acked_events.fetch_add(n, std::memory_order_release);
     ack_calls.fetch_add(1, std::memory_order_relaxed);
+    device->backend->AckCqEvents(cq, n);
   }
 };
 
