@@ -41,6 +41,12 @@ struct Bed {
     cq_options.solicited_only = solicited_only;  // pending completions stay in the CQ
     cq = rt->CreateCq(dev, 0, cq_options).value();
   }
+  // An SRQ-attached QP on the one CQ.
+  Result<SimQp*> CreateSrqQp() {
+    SimQpOptions srq;
+    srq.srq = true;
+    return sim->CreateQp(cq.sim(), cq.sim(), srq);
+  }
 };
 
 // Completions the QP still has in its CQ, unseen by the sleeping poller, all reach the handler
@@ -115,9 +121,7 @@ TEST(Teardown, NewQpWithTheSameNumberGetsNothingOfTheOld) {
 TEST(Teardown, SrqQpWaitsForLastWqeReached) {
   Bed bed;
   bed.Build(ConsumerKind::kOwnedThread, /*last_wqe_reached=*/true);
-  SimQpOptions srq;
-  srq.srq = true;
-  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.CreateSrqQp());
   RecordingHandler handler;
   CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
   ASSERT_TRUE(InjectRecvs(qp, 0, 8));
@@ -135,9 +139,7 @@ TEST(Teardown, SrqQpWaitsForLastWqeReached) {
 TEST(Teardown, SrqQpOnADeviceWithoutLastWqeReachedEndsAfterTheGrace) {
   Bed bed;
   bed.Build(ConsumerKind::kOwnedThread, /*last_wqe_reached=*/false);
-  SimQpOptions srq;
-  srq.srq = true;
-  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.CreateSrqQp());
   RecordingHandler handler;
   CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
   ASSERT_TRUE(InjectRecvs(qp, 0, 8));
@@ -192,9 +194,7 @@ TEST(Teardown, MaxTimeoutIsNoDeadline) {
 TEST(Teardown, MaxGraceNeverRunsOut) {
   Bed bed;
   bed.Build(ConsumerKind::kOwnedThread, /*last_wqe_reached=*/false);
-  SimQpOptions srq;
-  srq.srq = true;
-  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.CreateSrqQp());
   RecordingHandler handler;
   CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
   TeardownOptions options;
@@ -360,9 +360,7 @@ TEST(Teardown, MarkersOfATeardownPastItsDeadlineReachNobody) {
 TEST(Teardown, SrqGraceWaitsForTheConsumerToCatchUp) {
   Bed bed;
   bed.Build(ConsumerKind::kEngineDriven, /*last_wqe_reached=*/false, /*solicited_only=*/false);
-  SimQpOptions srq;
-  srq.srq = true;
-  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), srq));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.CreateSrqQp());
   RecordingHandler handler;
   CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
   ASSERT_TRUE(InjectRecvs(qp, 0, 8));
@@ -506,14 +504,12 @@ TEST(Teardown, LastWqeReachedFromAFailedAttemptDoesNotEndALaterOne) {
   teardown_options.timeout = std::chrono::seconds(60);
   teardown_options.last_wqe_grace = std::chrono::seconds(1);
   Teardown teardown;
-  bool started = false;
-  for (int i = 0; i < 1000 && !started; ++i) {
+  ASSERT_TRUE(WaitFor([&] {
     rt->Drain(1, 1);
     auto attempt = rt->TeardownQp(reg, teardown_options);
-    started = attempt.ok();
-    if (started) teardown = *attempt;
-  }
-  ASSERT_TRUE(started);
+    if (attempt.ok()) teardown = *attempt;
+    return attempt.ok();
+  }));
   // Deliver the old events first, then let everything go.
   while (rt->Drain(0, 1024) > 0) {
   }
