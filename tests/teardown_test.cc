@@ -486,7 +486,9 @@ TEST(Teardown, LastWqeReachedFromAFailedAttemptDoesNotEndALaterOne) {
   while (raising.load() && !started_early) {
     auto attempt = rt->TeardownQp(reg);
     started_early = attempt.ok();
-    if (!started_early) EXPECT_EQ(attempt.status().code(), StatusCode::kResourceExhausted);
+    if (!started_early) {
+      EXPECT_EQ(attempt.status().code(), StatusCode::kResourceExhausted);
+    }
   }
   raiser.join();
   ASSERT_FALSE(started_early) << "the send CQ had room for a marker";
