@@ -405,19 +405,21 @@ SimCqImpl* SimDeviceImpl::FindCq(void* native) {
   return cqs_.contains(cq) ? cq : nullptr;
 }
 
-Status SimDeviceImpl::DestroyCq(SimCq* public_cq) {
+Status SimDeviceImpl::DestroyCq(SimCq* public_cq) { return DestroyCqAs(public_cq, "DestroyCq: "); }
+
+Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
   auto* cq = static_cast<SimCqImpl*>(public_cq);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (public_cq == nullptr || !cqs_.contains(cq)) {
-      return NotFound("DestroyCq: not a CQ of sim device " + options_.name);
+      return NotFound(who + "not a CQ of sim device " + options_.name);
     }
     if (cq->qp_refs > 0) {
-      return FailedPrecondition("DestroyCq: " + std::to_string(cq->qp_refs) +
+      return FailedPrecondition(who + std::to_string(cq->qp_refs) +
                                 " QP queues (send or receive) still use the CQ (EBUSY)");
     }
     if (cq->destroying.load(std::memory_order_relaxed)) {
-      return FailedPrecondition("DestroyCq: already being destroyed");
+      return FailedPrecondition(who + "already being destroyed");
     }
     if (cq->sim_channel() != nullptr) {
       cq->sim_channel()->Retire(cq);  // unread events vanish, as in the kernel
@@ -428,7 +430,7 @@ Status SimDeviceImpl::DestroyCq(SimCq* public_cq) {
   }
   // S2: wait for every completion event that was read to be acked; S13: same for async events.
   if (!cq->WaitAllAcked()) {
-    return Internal("DestroyCq: more completion events were acked than were read "
+    return Internal(who + "more completion events were acked than were read "
                     "(verbs would hang here)");
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -668,12 +670,8 @@ Result<backend::Cq*> SimBackend::AdoptCq(void* native_cq, backend::Channel* chan
 }
 
 Status SimBackend::DestroyCq(backend::Cq* cq) {
-  // The runtime names the call itself ("DestroyCq: ..."), as it does for ibv_destroy_cq's errors:
-  // pass on the simulated device's reason without the name it carries for SimDevice's callers.
-  Status s = device_->DestroyCq(static_cast<SimCqImpl*>(cq));
-  constexpr std::string_view kName = "DestroyCq: ";
-  if (s.ok() || !s.message().starts_with(kName)) return s;
-  return Status(s.code(), "simulated device: " + s.message().substr(kName.size()));
+  // The runtime names the call itself ("DestroyCq: ..."), as it does for ibv_destroy_cq's errors.
+  return device_->DestroyCqAs(static_cast<SimCqImpl*>(cq), "simulated device: ");
 }
 
 Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {

@@ -212,6 +212,8 @@ class SimDeviceImpl final : public SimDevice {
   Status DestroyChannel(SimChannel* channel) override;
   Result<SimCq*> CreateCq(int depth, SimChannel* channel) override;
   Status DestroyCq(SimCq* cq) override;
+  // DestroyCq with its error messages prefixed by `who` (the backend's caller names the call).
+  Status DestroyCqAs(SimCq* cq, const std::string& who);
   Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq,
                           const SimQpOptions& options) override;
   Status DestroyQp(SimQp* qp) override;
