@@ -321,19 +321,23 @@ bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullp
 
 bool Consumer::DispatchingHere() const noexcept { return DispatchingOnThisThread(this); }
 
-void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
-  if (DispatchingOnThisThread(this)) return;  // a handler of this consumer unregistering
+uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
+  if (DispatchingOnThisThread(this)) return 0;  // a handler of this consumer unregistering
   const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
-  if (seq % 2 == 0) return;  // between batches: later batches see the slot dead
-  bool listed = false;
+  if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
   const uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
-  for (uint32_t k = 0; k < count && !listed; ++k) {
-    listed = batch_slots_[k].load(std::memory_order_acquire) == slot;
+  for (uint32_t k = 0; k < count; ++k) {
+    if (batch_slots_[k].load(std::memory_order_acquire) == slot) return seq;
   }
   // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
   // over. A batch that does not list the slot calls none of its handlers.
-  if (!listed) return;
-  while (batch_seq_.load(std::memory_order_acquire) == seq) WaitStep();  // thread_role.h
+  return 0;
+}
+
+void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
+  const uint64_t seq = BatchInProgress(slot);
+  if (seq == 0) return;
+  while (!BatchOver(seq)) WaitStep();  // thread_role.h
 }
 
 // The notify fd counts two kinds of writes: a producer's Wake adds 1 (after taking the parker's
@@ -355,6 +359,9 @@ void Consumer::Signal() noexcept {
 }
 
 int Consumer::Drain(int max) noexcept {
+  if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
+    last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
+  }
   int n = Dispatch(max);
   if (notify_armed_ && !parker_.sleeping()) {  // a producer took the arm: its write is owed
     notify_armed_ = false;

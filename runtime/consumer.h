@@ -175,6 +175,14 @@ class Consumer {
   // Call after marking `slot` dead: waits until a handler call of it that this consumer may have
   // started has returned, unless this thread is running this consumer's handlers.
   void WaitForBatchInProgress(uint32_t slot) const noexcept;
+  // The same without waiting: returns the batch that may still call `slot`'s handler (seq 0:
+  // none, or this thread runs it); BatchOver(seq) says when it has ended.
+  uint64_t BatchInProgress(uint32_t slot) const noexcept;
+  bool BatchOver(uint64_t seq) const noexcept {
+    return batch_seq_.load(std::memory_order_acquire) != seq;
+  }
+  // Engine-driven: the ThreadToken() (thread_role.h) of the thread that called Drain last.
+  const std::atomic<uintptr_t>& last_drainer() const { return last_drainer_; }
   // Returns true if this thread is inside this consumer's Dispatch.
   bool DispatchingHere() const noexcept;
   // Returns true on a thread that is running some consumer's handlers.
@@ -257,6 +265,7 @@ class Consumer {
   bool notify_armed_ = false;
   bool wake_owed_ = false;
   bool self_signaled_ = false;
+  std::atomic<uintptr_t> last_drainer_{0};  // written by Drain (relaxed), read by Teardown::Wait
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit

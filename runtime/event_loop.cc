@@ -300,6 +300,8 @@ void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
     copy.qp_num = slot.qp_num.load(std::memory_order_relaxed);
     DeliverToSlot(i, copy, device->id);
   }
+  // Teardowns under way on a dead device will not drain: they end now (kUnavailable).
+  if (event.type == IBV_EVENT_DEVICE_FATAL && on_device_failed_) on_device_failed_(device->id);
 }
 
 bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId device) {

@@ -47,6 +47,9 @@ class EventLoop {
 
   // Before Start: where to log fds given up and DEVICE_FATAL (may stay unset).
   void set_logger(const Logger* log) { log_ = log; }
+  // Before Start: called on the event thread once a device raised DEVICE_FATAL (after its QPs'
+  // handlers got the event's parts posted); must not block.
+  void set_on_device_failed(std::function<void(DeviceId)> fn) { on_device_failed_ = std::move(fn); }
   Status Start();
   void Stop();
   // Runs `fn` on the event thread (inline once it stopped) and waits for it.
@@ -112,6 +115,7 @@ class EventLoop {
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};
   std::atomic<uint64_t> failed_fds_{0};
+  std::function<void(DeviceId)> on_device_failed_;
   const Logger* log_ = nullptr;
 };
 

@@ -11,13 +11,12 @@ namespace cqd::internal {
 using Clock = std::chrono::steady_clock;
 
 Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
-               const SlotPool& slots, OrphanSink& orphans, StrayMarkers& strays)
+               const SlotPool& slots, OrphanSink& orphans)
     : index_(index),
       options_(options),
       consumers_(consumers),
       slots_(slots),
       orphans_(orphans),
-      strays_(strays),
       may_park_(!options.busy_poll && options.cq_park_after.count() > 0),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
@@ -128,11 +127,15 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       Count(completions_, n);
       for (int i = 0; i < n; ++i) {
         const ibv_wc& wc = wcs_[i];
-        if (wc.status != IBV_WC_SUCCESS && strays_.Take(wc.wr_id)) continue;  // the runtime's
+        if (!leftovers_.empty() && TakeLeftover(cq, wc)) continue;
         orphans_.Take({&wc, 1});
       }
       taken += n;
     }
+  });
+  RunSync([&] {  // a marker the CQ no longer has will not come: forget it
+    std::erase_if(leftovers_, [&](const Leftover& l) { return l.cq == cq; });
+    leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
   });
   return taken;
 }
@@ -201,6 +204,40 @@ void Poller::PurgeDead(uint32_t consumer) {
     });
     NoteOutbox(consumer);
   });
+}
+
+int Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides,
+                          int n) {
+  int kept = 0;
+  RunSync([&] {
+    // On this thread, between passes: `polled` holds every marker a pass has taken so far.
+    const uint32_t polled = state.polled.load(std::memory_order_relaxed);
+    for (int k = 0; k < n; ++k) {
+      if (polled & sides[k].bit) continue;
+      leftovers_.push_back({sides[k].cq, sides[k].marker, qp_num, sides[k].commit});
+      sides[k].cq->leftover_commit.fetch_add(sides[k].commit, std::memory_order_relaxed);
+      ++kept;
+    }
+    leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
+  });
+  return kept;
+}
+
+bool Poller::TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept {
+  for (size_t i = 0; i < leftovers_.size(); ++i) {
+    const Leftover& l = leftovers_[i];
+    if (l.cq != cq || l.qp_num != wc.qp_num) continue;
+    if (wc.wr_id != l.marker) {
+      orphans_.Take({&wc, 1});  // the retired QP's, still ahead of its marker
+      return true;
+    }
+    // The marker: nothing of that QP is left behind it in this CQ.
+    cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
+    leftovers_.erase(leftovers_.begin() + i);
+    leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
+    return true;
+  }
+  return false;
 }
 
 bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
@@ -452,20 +489,25 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
   const DeviceId device = cq->device->id;
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs_[i];
-    // A marker of a teardown that ended before it came back: the runtime's own, for nobody.
-    if (wc.status != IBV_WC_SUCCESS && strays_.Take(wc.wr_id)) [[unlikely]] continue;
+    // A retired QP's completions still in this CQ, up to its teardown marker: nobody's.
+    if (!leftovers_.empty()) [[unlikely]] {
+      if (TakeLeftover(cq, wc)) continue;
+    }
     const Slot* slot = table.Lookup(wc.qp_num);
     if (slot != nullptr) {
       uint64_t state = slot->state.load(std::memory_order_acquire);
       if (StateLive(state) && slot->Holds(device, wc.qp_num) && slot->Uses(cq->id)) {
         ItemKind kind = ItemKind::kCompletion;
         if (StateDraining(state)) [[unlikely]] {
-          const auto marker = reinterpret_cast<uint64_t>(
-              slot->teardown.load(std::memory_order_acquire));  // see Unregister's null store
+          // Non-null while draining: the teardown nulls it only after it made the leftovers on
+          // this thread (KeepLeftovers), between two passes.
+          TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
+          const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
           if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
             kind = ItemKind::kTeardownMarker;
-          } else if (marker == 0 && wc.status != IBV_WC_SUCCESS && strays_.Take(wc.wr_id)) {
-            continue;  // the teardown ended (unregistered) since the check above: a stray now
+            teardown->polled.fetch_or(wc.wr_id == marker ? TeardownState::kSendMarker
+                                                         : TeardownState::kRecvMarker,
+                                      std::memory_order_relaxed);
           }
         }
         Item& item = AppendTo(StateConsumer(state));

@@ -9,6 +9,13 @@
 // polls them until they are empty or it has taken a CQ depth's worth since the event arrived,
 // so the event follows every completion that was in those CQs when the event was read.
 //
+// Leftovers: a teardown that ended before its markers were polled (deadline, device failure,
+// Shutdown) leaves them in the CQs with whatever the QP flushed ahead of them. Until a marker
+// is polled, this poller sends every completion of that (CQ, qp_num) to the orphan sink (a later
+// QP that got the number starts behind the marker in a CQ's FIFO order) and the CQ keeps the
+// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own; Route looks
+// at it only while it is not empty.
+//
 // Slow consumers: a consumer whose queue is full leaves its items in this poller's outbox. Each
 // CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
 // as many completions as the fullest of those outboxes has room for, and skipped while one is
@@ -67,7 +74,7 @@ namespace cqd::internal {
 class Poller {
  public:
   Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
-         const SlotPool& slots, OrphanSink& orphans, StrayMarkers& strays);
+         const SlotPool& slots, OrphanSink& orphans);
   ~Poller();
   Poller(const Poller&) = delete;
   Poller& operator=(const Poller&) = delete;
@@ -92,6 +99,18 @@ class Poller {
   // Moves the items of dead registrations out of `consumer`'s outbox: completions to the orphan
   // sink, event parts released.
   void PurgeDead(uint32_t consumer);
+  // The teardown `state` of `qp_num` ended (its registration is already dead). Each of its
+  // markers (TeardownState::k*Marker `bit`) on a CQ of this shard that no pass has polled yet
+  // becomes a leftover (see above) holding `commit` of that CQ. Returns how many did.
+  struct MarkerSide {
+    CqRecord* cq;
+    uint64_t marker;  // the wr_id
+    uint32_t bit;
+    uint64_t commit;
+  };
+  int KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides, int n);
+  // Leftovers not yet polled, for stats and tests.
+  uint64_t leftovers() const { return leftover_count_.load(std::memory_order_relaxed); }
 
   // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
   // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
@@ -148,6 +167,9 @@ class Poller {
   // Returns how many completions `cq` may be polled for now (0: skip it).
   int RoomFor(const CqRecord& cq) noexcept;
   void Route(CqRecord* cq, int n) noexcept;
+  // Returns true if `wc` (polled from `cq`) is a leftover: a marker (dropped, its commitment
+  // released) or a completion behind one (to the orphan sink).
+  bool TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept;
   // Moves outboxes into their consumers' queues; returns true if anything moved. With `force`,
   // everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
@@ -180,7 +202,14 @@ class Poller {
   std::vector<Consumer*> owned_;  // kRunToCompletion consumers this thread dispatches
   const SlotPool& slots_;
   OrphanSink& orphans_;
-  StrayMarkers& strays_;
+  struct Leftover {
+    CqRecord* cq;
+    uint64_t marker;
+    uint32_t qp_num;
+    uint64_t commit;
+  };
+  std::vector<Leftover> leftovers_;  // poller thread only; few
+  std::atomic<uint64_t> leftover_count_{0};
   std::vector<CqRecord*> cqs_;     // in the passes, round robin
   std::vector<CqRecord*> parked_;  // armed, out of the passes until their event
   const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)

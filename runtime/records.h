@@ -58,6 +58,10 @@ struct CqRecord {
   int comp_vector = -1;    // the vector CreateCq used; -1 for an adopted CQ
   int registered_qps = 0;  // control path
   uint64_t committed = 0;  // control path: work requests its registered QPs may have outstanding
+  // Work requests of retired QPs whose completions may still be in the CQ: their teardown ended
+  // before its marker here was polled (poller.h, leftovers). Raised on the poller thread inside a
+  // control call; lowered by the poller when it polls the marker (release).
+  std::atomic<uint64_t> leftover_commit{0};
 
   // Poller-owned (changed by the control path only through Poller's calls).
   bool poll_failed = false;

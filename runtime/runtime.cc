@@ -144,29 +144,12 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
   std::vector<Poller*> pollers;
   for (int i = 0; i < options_.pollers; ++i) {
     pollers_.push_back(
-        std::make_unique<Poller>(i, options_, consumers, slots_, orphans_, strays_));
+        std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
     pollers.push_back(pollers_.back().get());
   }
   events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
-  teardowns_ = std::make_unique<TeardownWorker>(
-      [this](uint32_t slot, uint32_t generation) { (void)Unregister(slot, generation); },
-      [this](uint32_t index, uint32_t generation) {
-        const Slot& slot = slots_.slot(index);
-        if (StateGeneration(slot.state.load(std::memory_order_acquire)) != generation) return;
-        AsyncEvent fence;
-        fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
-        fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
-        fence.device = slot.device.load(std::memory_order_relaxed);
-        std::vector<Poller*> pollers;
-        for (auto& p : pollers_) pollers.push_back(p.get());
-        PostQpEvent(slots_, pollers, index, fence, fence.device, /*fence=*/true);
-      },
-      [this](uint32_t slot) {
-        const Slot& s = slots_.slot(slot);
-        return std::make_pair(s.send_cq.load(std::memory_order_relaxed),
-                              s.recv_cq.load(std::memory_order_relaxed));
-      },
-      strays_);
+  teardowns_ = std::make_unique<TeardownWorker>(static_cast<TeardownHost&>(*this));
+  events_->set_on_device_failed([this](DeviceId device) { teardowns_->DeviceFailed(device); });
   events_->set_logger(&log_);
   teardowns_->set_logger(&log_);
 }
@@ -461,7 +444,6 @@ Status RuntimeImpl::DestroyCq(CqHandle handle) {
   // From here the poller neither polls nor arms it; what the CQ still holds went to the orphan
   // sink. Flush the acks (see CqRecord::retiring).
   pollers_[cq->shard]->RemoveCq(cq);
-  strays_.ForgetCq(cq->id);
   cq->retiring.store(true, std::memory_order_seq_cst);
   cq->Ack(cq->acks.TakeAll());
   if (cq->adopted) {
@@ -499,7 +481,9 @@ void RuntimeImpl::RetireCounters(const CqRecord& cq) {
 }
 
 Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
-  const uint64_t need = cq->committed + wrs;
+  // Leftovers of retired QPs (poller.h) still count: they may be in the CQ.
+  const uint64_t need =
+      cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
   const int depth = cq->cq->depth();
   if (need <= static_cast<uint64_t>(depth)) return Status::Ok();
   const std::string what = "RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
@@ -607,12 +591,10 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
   return registration;
 }
 
-bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
-  if (OnRuntimeThread()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
-  std::unique_lock<ControlMutex> lock(mu_);
+BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
   Slot& slot = slots_.slot(index);
   uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLive(state) || StateGeneration(state) != generation) return true;
+  if (!StateLive(state) || StateGeneration(state) != generation) return {};  // not retired
   uint32_t consumer = StateConsumer(state);
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
@@ -623,16 +605,18 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
   const uint32_t ids[2] = {send_id, recv_id};
   const uint32_t commits[2] = {slot.send_commit, slot.recv_commit};
+  CqRecord* cqs[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
     auto it = cqs_.find(ids[k]);
     if (it == cqs_.end()) continue;
-    CqRecord* cq = it->second.get();
+    CqRecord* cq = cqs[k] = it->second.get();
     --cq->registered_qps;
     cq->committed -= commits[k];
     if (k == 1 && recv_id == send_id) continue;  // one CQ for both: one use
     pollers_[cq->shard]->DropUse(cq, consumer);
   }
-  // Release: a poller that reads null (acquire) sees the markers made strays before (Finish).
+  if (ending != nullptr) KeepLeftovers(*ending, qp_num, cqs, commits);
+  // After the leftovers: a poller that still saw the state draining found the pointer set.
   slot.teardown.store(nullptr, std::memory_order_release);
   // What the pollers still hold for this registration becomes orphans now, so that a consumer
   // that stopped draining does not keep CQs of others held back for QPs that are gone.
@@ -640,11 +624,64 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
                          slot.recv_shard.load(std::memory_order_relaxed)}) {
     pollers_[shard]->PurgeDead(consumer);
   }
-  lock.unlock();
-  consumers_[consumer]->WaitForBatchInProgress(index);  // without mu_: a handler may want it
-  lock.lock();
+  return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
+}
+
+void RuntimeImpl::KeepLeftovers(const TeardownState& ending, uint32_t qp_num, CqRecord* const cqs[2],
+                                const uint32_t commits[2]) {
+  // Markers not polled yet are still in their CQ, behind what the QP flushed: the CQ keeps the
+  // commitment, and the poller keeps that (CQ, qp_num) from any later QP, until it polls them.
+  // An SRQ QP has no receive marker: on a CQ of its own its receive side is not covered.
+  const bool shared = cqs[0] == cqs[1];
+  Poller::MarkerSide send{cqs[0], ending.send_marker(), TeardownState::kSendMarker, commits[0]};
+  Poller::MarkerSide recv{cqs[1], ending.recv_marker(), TeardownState::kRecvMarker, commits[1]};
+  if (!(ending.markers & TeardownState::kRecvMarker) && shared) send.commit += recv.commit;
+  if ((ending.markers & TeardownState::kSendMarker) && send.cq != nullptr) {
+    pollers_[send.cq->shard]->KeepLeftovers(ending, qp_num, &send, 1);
+  }
+  if ((ending.markers & TeardownState::kRecvMarker) && recv.cq != nullptr) {
+    pollers_[recv.cq->shard]->KeepLeftovers(ending, qp_num, &recv, 1);
+  }
+}
+
+bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
+  if (OnRuntimeThread()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
+  std::unique_lock<ControlMutex> lock(mu_);
+  const BatchTicket batch = Retire(index, generation, nullptr);
+  if (!batch.retired) return true;  // already gone
+  if (batch.seq != 0) {
+    lock.unlock();  // a handler in that batch may want mu_
+    while (!consumers_[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h
+    lock.lock();
+  }
   slots_.Free(index);
   return true;
+}
+
+BatchTicket RuntimeImpl::RetireTeardown(TeardownState& state) noexcept {
+  std::lock_guard<ControlMutex> lock(mu_);
+  return Retire(state.slot, state.generation, &state);
+}
+
+bool RuntimeImpl::BatchOver(const BatchTicket& ticket) const noexcept {
+  return consumers_[ticket.consumer]->BatchOver(ticket.seq);
+}
+
+void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
+  std::lock_guard<ControlMutex> lock(mu_);
+  slots_.Free(index);
+}
+
+void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
+  const Slot& slot = slots_.slot(state.slot);
+  if (StateGeneration(slot.state.load(std::memory_order_acquire)) != state.generation) return;
+  AsyncEvent fence;
+  fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
+  fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  fence.device = slot.device.load(std::memory_order_relaxed);
+  std::vector<Poller*> pollers;
+  for (auto& p : pollers_) pollers.push_back(p.get());
+  PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*fence=*/true);
 }
 
 Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
@@ -669,6 +706,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   teardown->slot = index;
   teardown->generation = generation;
   teardown->qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  teardown->device = device->id;
   teardown->deadline = TeardownState::After(TeardownState::Clock::now(), options.timeout);
   teardown->last_wqe_grace = options.last_wqe_grace;
   teardown->on_done = options.on_done;
@@ -681,6 +719,9 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   }
   // Draining before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
+  if (consumers_[consumer]->kind() == ConsumerKind::kEngineDriven) {
+    teardown->drainer = &consumers_[consumer]->last_drainer();
+  }
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
   slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
@@ -704,7 +745,14 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   // Without a receive marker (SRQ, or it could not be posted) the receive side is known to be
   // flushed by LAST_WQE_REACHED or the grace period.
   teardown->srq = *posted == backend::DrainStart::kSendMarkerOnly || (caps.ok() && caps->srq);
-  if (*posted == backend::DrainStart::kNothingOutstanding) teardown->end_with = Status::Ok();
+  if (*posted == backend::DrainStart::kNothingOutstanding) {
+    teardown->end_with = Status::Ok();
+  } else {
+    teardown->markers = TeardownState::kSendMarker |
+                        (*posted == backend::DrainStart::kAllMarkers && !teardown->srq
+                             ? TeardownState::kRecvMarker
+                             : 0);
+  }
   teardowns_->Add(teardown);
   return teardown;
 }
@@ -786,22 +834,27 @@ Status RuntimeImpl::Shutdown() {
   if (Consumer::OnConsumerThread()) {
     return FailedPrecondition("Shutdown: called from a handler; it would wait for itself");
   }
+  if (TeardownWorker::OnWorkerThread()) {
+    return FailedPrecondition(
+        "Shutdown: called from a teardown's on_done; it would wait for the thread running it");
+  }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
   {
     std::lock_guard<ControlMutex> lock(mu_);
     if (shut_down_) return Status::Ok();
-    shut_down_ = true;
+    shut_down_ = true;  // from here TeardownQp is refused
   }
   // Not under mu_: the server's thread may be waiting for it in GetStats.
   if (stats_server_ != nullptr) stats_server_->Stop();
-  // The event thread first: what it read it already posted to the pollers. Then the pollers:
-  // they hand everything they hold to the consumers. Then the owned consumers, which dispatch
-  // everything queued before they exit.
+  // Pending teardowns end first (drained ones OK, the rest kCancelled), while the pollers and
+  // consumers they need to retire run, and before any join that could wait for a thread
+  // waiting for one. Then the event thread: what it read it already posted to the pollers. Then
+  // the pollers: they hand everything they hold to the consumers. Then the owned consumers,
+  // which dispatch everything queued before they exit.
+  teardowns_->Stop();
   events_->Stop();
   for (auto& poller : pollers_) poller->Stop();
   for (auto& consumer : consumers_) consumer->Stop();
-  // Teardowns whose markers the owned consumers reached end OK; the rest are cancelled.
-  teardowns_->Stop();
   return Status::Ok();
 }
 
@@ -961,6 +1014,24 @@ bool Teardown::done() const {
 Status Teardown::Wait() const {
   if (state_ == nullptr) return FailedPrecondition("Teardown::Wait: no teardown");
   std::unique_lock<std::mutex> lock(state_->mu);
+  if (state_->done) return state_->result;
+  // The threads a teardown may need, or that others need while it runs (runtime.h, "Waiting").
+  const char* refused = nullptr;
+  if (internal::Consumer::OnConsumerThread()) {
+    refused = "called from a handler (its consumer, or one a teardown needs, would wait for it)";
+  } else if (internal::OnRuntimeThread()) {
+    refused = "called from a cqd poller or event thread (an OrphanHandler or DeviceEventHandler)";
+  } else if (internal::TeardownWorker::OnWorkerThread()) {
+    refused = "called from a teardown's on_done (the thread that ends teardowns)";
+  } else if (state_->drainer != nullptr &&
+             state_->drainer->load(std::memory_order_relaxed) == internal::ThreadToken()) {
+    refused = "called from the thread that drains the QP's engine-driven consumer (nothing "
+              "would deliver its markers)";
+  }
+  if (refused != nullptr) {
+    return FailedPrecondition(std::string("Teardown::Wait: ") + refused +
+                              "; use done() or TeardownOptions::on_done instead");
+  }
   state_->cv.wait(lock, [&] { return state_->done; });
   return state_->result;
 }

@@ -28,7 +28,7 @@
 
 namespace cqd::internal {
 
-class RuntimeImpl {
+class RuntimeImpl final : private TeardownHost {
  public:
   // Returns kInvalidArgument naming the first bad option.
   static Status Validate(const RuntimeOptions& options);
@@ -67,7 +67,20 @@ class RuntimeImpl {
   Status Shutdown();
 
  private:
+  // TeardownHost (teardown.h), on the teardown thread.
+  BatchTicket RetireTeardown(TeardownState& state) noexcept override;
+  bool BatchOver(const BatchTicket& ticket) const noexcept override;
+  void FreeSlot(uint32_t slot) noexcept override;
+  void PostFence(const TeardownState& state) noexcept override;
+
   // All require mu_.
+  // Ends the registration (slot, generation) without waiting for its consumer: it is dead and
+  // unroutable, its CQ uses and commitments dropped, what the pollers hold for it orphaned. With
+  // `ending` (a teardown that ended), its markers not polled yet become the pollers' leftovers.
+  // Returns the batch to wait out before the slot is freed; `retired` false if it was gone.
+  BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending);
+  void KeepLeftovers(const TeardownState& ending, uint32_t qp_num, CqRecord* const cqs[2],
+                     const uint32_t commits[2]);
   Result<DeviceRecord*> FindDevice(const char* op, DeviceId id, int shard);
   Result<DeviceId> AddDevice(std::unique_ptr<DeviceRecord> record);
   Result<CqHandle> AddCq(std::unique_ptr<CqRecord> record);
@@ -85,7 +98,6 @@ class RuntimeImpl {
   bool shut_down_ = false;  // guarded by mu_
   SlotPool slots_;
   OrphanSink orphans_;
-  StrayMarkers strays_;  // before the pollers, which use it
   // Declared before the pollers and the event loop: their producer tokens must go first.
   std::vector<std::unique_ptr<Consumer>> consumers_;
   std::vector<std::unique_ptr<Poller>> pollers_;

@@ -7,51 +7,22 @@
 #include "runtime/consumer.h"
 
 namespace cqd::internal {
+namespace {
 
-void StrayMarkers::Add(const std::shared_ptr<TeardownState>& state, uint32_t send_cq,
-                       uint32_t recv_cq) {
-  const uint32_t seen = state->seen.load(std::memory_order_acquire);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!(seen & TeardownState::kSendMarker)) {
-    strays_.push_back({state->send_marker(), {state, send_cq}});
-  }
-  if (!state->srq && !(seen & TeardownState::kRecvMarker)) {
-    strays_.push_back({state->recv_marker(), {state, recv_cq}});
-  }
-  count_.store(static_cast<uint32_t>(strays_.size()), std::memory_order_release);
-}
+thread_local bool tls_teardown_worker = false;
 
-bool StrayMarkers::TakeSlow(uint64_t wr_id) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = 0; i < strays_.size(); ++i) {
-    if (strays_[i].first == wr_id) {
-      strays_.erase(strays_.begin() + i);
-      count_.store(static_cast<uint32_t>(strays_.size()), std::memory_order_release);
-      return true;
-    }
-  }
-  return false;
-}
+// How often the worker looks again at a consumer batch it waits out (it never blocks on one).
+constexpr std::chrono::microseconds kBatchRecheck{200};
 
-void StrayMarkers::ForgetCq(uint32_t cq_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::erase_if(strays_, [&](const auto& entry) { return entry.second.cq_id == cq_id; });
-  count_.store(static_cast<uint32_t>(strays_.size()), std::memory_order_release);
-}
+}  // namespace
 
-TeardownWorker::TeardownWorker(
-    std::function<void(uint32_t, uint32_t)> unregister,
-    std::function<void(uint32_t, uint32_t)> post_fence,
-    std::function<std::pair<uint32_t, uint32_t>(uint32_t)> cqs_of, StrayMarkers& strays)
-    : unregister_(std::move(unregister)),
-      post_fence_(std::move(post_fence)),
-      cqs_of_(std::move(cqs_of)),
-      strays_(strays) {}
+bool TeardownWorker::OnWorkerThread() noexcept { return tls_teardown_worker; }
 
 TeardownWorker::~TeardownWorker() { Stop(); }
 
 void TeardownWorker::Start() {
   thread_ = std::thread([this] {
+    tls_teardown_worker = true;
     PinAndNameThread(-1, "cqd-teardown");
     Run();
   });
@@ -85,6 +56,18 @@ void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
   cv_.notify_all();
 }
 
+void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::find(failed_devices_.begin(), failed_devices_.end(), device) ==
+        failed_devices_.end()) {
+      failed_devices_.push_back(device);  // at most one entry per device
+    }
+    noted_ = true;
+  }
+  cv_.notify_all();
+}
+
 void TeardownWorker::Run() {
   using Clock = TeardownState::Clock;
   std::unique_lock<std::mutex> lock(mu_);
@@ -100,10 +83,15 @@ void TeardownWorker::Run() {
       if (state->srq && send_seen && state->grace_ends == Clock::time_point{}) {
         state->grace_ends = TeardownState::After(now, state->last_wqe_grace);
       }
+      const bool device_failed = std::find(failed_devices_.begin(), failed_devices_.end(),
+                                           state->device) != failed_devices_.end();
       if (state->end_with) {
         ending.emplace_back(state, *state->end_with);
       } else if (state->Drained()) {
         ending.emplace_back(state, Status::Ok());
+      } else if (device_failed) {
+        ending.emplace_back(state, Unavailable("TeardownQp: the device failed (DEVICE_FATAL) "
+                                               "before the QP drained; unregistered anyway"));
       } else if (stop_) {
         ending.emplace_back(state, Cancelled("TeardownQp: the runtime shut down before QP "
                                              "slot " + std::to_string(state->slot) +
@@ -127,37 +115,55 @@ void TeardownWorker::Run() {
       }
     }
     for (auto& [state, result] : ending) std::erase(active_, state);
-    if (!ending.empty() || !fencing.empty()) {
-      lock.unlock();  // Unregister may wait for a consumer, whose Note takes mu_
-      for (auto& state : fencing) post_fence_(state->slot, state->generation);
-      for (auto& [state, result] : ending) Finish(state, std::move(result));
-      lock.lock();
+    const bool stopping = stop_;
+    noted_ = false;
+    // Without the lock: retiring takes the runtime mutex and waits for pollers, whose
+    // consumers' Note takes mu_; on_done may call the runtime.
+    lock.unlock();
+    for (auto& state : fencing) host_.PostFence(*state);
+    for (auto& [state, result] : ending) {
+      if (result.code() == StatusCode::kDeadlineExceeded && log_ != nullptr && log_->enabled()) {
+        char qp[16];
+        snprintf(qp, sizeof(qp), "0x%x", state->qp_num);
+        log_->Warning(std::string("TeardownQp of qp_num ") + qp +
+                      ": its work did not flush back before the deadline; unregistered anyway");
+      }
+      const BatchTicket batch = host_.RetireTeardown(*state);
+      retired_.push_back({state, std::move(result), batch});
+    }
+    const bool waiting_on_batches = FinishRetired();
+    lock.lock();
+    if (stopping && active_.empty() && !waiting_on_batches) return;
+    if (noted_ || !ending.empty() || !fencing.empty()) continue;  // look again at once
+    if (waiting_on_batches) {
+      wake = std::min(wake, Clock::now() + kBatchRecheck);
+    } else if (stopping) {
       continue;
     }
-    if (stop_) return;
-    noted_ = false;
     if (wake == Clock::time_point::max()) {  // nothing is due (no teardown, or no deadline)
-      cv_.wait(lock, [&] { return noted_ || stop_; });  // Add and Note set noted_
+      cv_.wait(lock, [&] { return noted_ || stop_; });  // Add, Note and Stop set them
     } else {
-      cv_.wait_until(lock, wake, [&] { return noted_ || stop_; });
+      cv_.wait_until(lock, wake, [&] { return noted_ || (stop_ && !stopping); });
     }
   }
 }
 
-void TeardownWorker::Finish(const std::shared_ptr<TeardownState>& state, Status result) {
-  // Markers still out become strays before the registration goes, so that no poller can route
-  // one to whatever registers the qp_num next.
-  if (!state->end_with) {
-    auto [send_cq, recv_cq] = cqs_of_(state->slot);
-    strays_.Add(state, send_cq, recv_cq);
+bool TeardownWorker::FinishRetired() {
+  // Not erased in place: on_done may add teardowns, never retired ones (only Run retires).
+  std::vector<Ending> over;
+  std::erase_if(retired_, [&](Ending& e) {
+    if (e.batch.retired && e.batch.seq != 0 && !host_.BatchOver(e.batch)) return false;
+    over.push_back(std::move(e));
+    return true;
+  });
+  for (Ending& e : over) {
+    if (e.batch.retired) host_.FreeSlot(e.state->slot);
+    Publish(e.state, e.result);
   }
-  unregister_(state->slot, state->generation);
-  if (result.code() == StatusCode::kDeadlineExceeded && log_ != nullptr && log_->enabled()) {
-    char qp[16];
-    snprintf(qp, sizeof(qp), "0x%x", state->qp_num);
-    log_->Warning(std::string("TeardownQp of qp_num ") + qp +
-                  ": its work did not flush back before the deadline; unregistered anyway");
-  }
+  return !retired_.empty();
+}
+
+void TeardownWorker::Publish(const std::shared_ptr<TeardownState>& state, const Status& result) {
   {
     std::lock_guard<std::mutex> lock(state->mu);
     state->done = true;

@@ -12,6 +12,7 @@
 #ifndef CQD_RUNTIME_THREAD_ROLE_H_
 #define CQD_RUNTIME_THREAD_ROLE_H_
 
+#include <cstdint>
 #include <mutex>
 #include <thread>
 
@@ -22,6 +23,12 @@ inline thread_local bool tls_runtime_thread = false;
 // Called once at the start of a poller or the event thread.
 inline void MarkRuntimeThread() { tls_runtime_thread = true; }
 inline bool OnRuntimeThread() { return tls_runtime_thread; }
+
+// Names the calling thread: the address of a thread_local, distinct among live threads.
+inline uintptr_t ThreadToken() {
+  static thread_local char token;
+  return reinterpret_cast<uintptr_t>(&token);
+}
 
 // The wait duty of this thread: `serve(owner)` runs what was posted to `owner`'s mailbox.
 struct WaitDuty {
