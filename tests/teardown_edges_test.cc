@@ -1,0 +1,448 @@
+// Teardowns at their edges, on the simulated device: which threads may wait for one (and that
+// the others are refused, not hung), teardowns that end without draining (deadline, device
+// failure, Shutdown) and what they leave in the CQs, and teardowns that must not wait on each
+// other. Each test below failed (or hung) before the rule in runtime.h, "Waiting for a
+// teardown", and the leftovers of poller.h.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::InjectRecvs;
+using testing::RecordingHandler;
+using testing::WaitFor;
+
+// A handler that runs `on_first` (once) on its first completion.
+class ActingHandler : public QpHandler {
+ public:
+  std::function<void()> on_first;
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    if (!ran_.exchange(true)) on_first();
+    seen.fetch_add(wcs.size());
+  }
+  std::atomic<uint64_t> seen{0};
+
+ private:
+  std::atomic<bool> ran_{false};
+};
+
+// A handler that blocks in its first call until released.
+class BlockingHandler : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    inside.store(true);
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    seen.fetch_add(wcs.size());
+  }
+  std::atomic<bool> inside{false};
+  std::atomic<bool> release{false};
+  std::atomic<uint64_t> seen{0};
+};
+
+struct Sim {
+  CountingOrphans orphans;
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim = SimDevice::Create();
+  DeviceId dev = 0;
+  void Build(RuntimeOptions options) {
+    options.orphan_handler = &orphans;
+    rt = Runtime::Create(options).value();
+    dev = rt->AddSimDevice(sim).value();
+  }
+  CqHandle Cq(int shard, CqOptions options = {}) { return rt->CreateCq(dev, shard, options).value(); }
+  SimQp* Qp(CqHandle cq, SimQpOptions options = {}) {
+    return sim->CreateQp(cq.sim(), cq.sim(), options).value();
+  }
+};
+
+// 1. A run-to-completion handler that waits for the teardown of a QP on its own poller is
+// refused (it hung for ever: the markers are polled by the thread that waits), and the teardown
+// still drains once the handler returns.
+TEST(TeardownWaits, RunToCompletionHandlerOnTheQpsPollerIsRefused) {
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kRunToCompletion;
+  options.consumers[0].poller = 0;
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* victim = s.Qp(cq);
+  SimQp* actor = s.Qp(cq);
+  RecordingHandler victim_handler;
+  ActingHandler actor_handler;
+  Registration victim_reg = s.rt->RegisterQp(*victim, victim_handler, 0).value();
+  std::promise<Status> waited;
+  Teardown teardown;
+  actor_handler.on_first = [&] {
+    auto td = s.rt->TeardownQp(victim_reg);
+    if (!td.ok()) return waited.set_value(td.status());
+    teardown = *td;
+    waited.set_value(teardown.Wait());
+  };
+  Registration actor_reg = s.rt->RegisterQp(*actor, actor_handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(victim, 0, 3));
+  ASSERT_TRUE(InjectRecvs(actor, 0, 1));
+  auto result = waited.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(result.get().code(), StatusCode::kFailedPrecondition);
+  CQD_ASSERT_OK(teardown.Wait());  // from this thread it drains
+  EXPECT_EQ(victim_handler.completions(), 3u);
+}
+
+// 2. A run-to-completion handler waiting for the teardown of a QP on another poller would stall
+// every control call that needs its poller (they hold the control mutex): it is refused, and a
+// control call made meanwhile on another thread finishes.
+TEST(TeardownWaits, RunToCompletionHandlerWaitingForAnotherPollerIsRefused) {
+  RuntimeOptions options;
+  options.pollers = 2;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[0].kind = ConsumerKind::kRunToCompletion;
+  options.consumers[0].poller = 0;
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // not drained while the handler runs
+  Sim s;
+  s.Build(options);
+  CqHandle cq0 = s.Cq(0);
+  CqHandle cq1 = s.Cq(1);
+  SimQp* victim = s.Qp(cq1);
+  SimQp* actor = s.Qp(cq0);
+  RecordingHandler victim_handler;
+  ActingHandler actor_handler;
+  Registration victim_reg = s.rt->RegisterQp(*victim, victim_handler, 1).value();
+  std::promise<Status> waited;
+  std::atomic<bool> control_done{false};
+  Teardown teardown;
+  actor_handler.on_first = [&] {
+    TeardownOptions td_options;
+    td_options.timeout = std::chrono::hours(1);
+    auto td = s.rt->TeardownQp(victim_reg, td_options);
+    if (!td.ok()) return waited.set_value(td.status());
+    teardown = *td;
+    waited.set_value(teardown.Wait());
+  };
+  Registration actor_reg = s.rt->RegisterQp(*actor, actor_handler, 0).value();
+  std::thread control([&] {
+    // Needs poller 0 (a CQ of its shard) while the handler may be waiting.
+    auto cq = s.rt->CreateCq(s.dev, 0);
+    if (cq.ok()) (void)s.rt->DestroyCq(*cq);
+    control_done.store(true);
+  });
+  ASSERT_TRUE(InjectRecvs(actor, 0, 1));
+  auto result = waited.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(result.get().code(), StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(WaitFor([&] { return control_done.load(); }));
+  control.join();
+  ASSERT_TRUE(testing::DrainUntil(*s.rt, 1, [&] { return teardown.done(); }));
+  CQD_ASSERT_OK(teardown.Wait());
+}
+
+// 3. An owned consumer's handler that tears down another consumer's QP and waits for it is
+// refused (it deadlocked with the teardown thread when another teardown's marker was in its
+// batch); both teardowns then finish OK.
+TEST(TeardownWaits, OwnedHandlerWaitIsRefusedAndNothingDeadlocks) {
+  RuntimeOptions options;
+  options.consumers.assign(2, ConsumerOptions{});  // both runtime-owned threads
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* first = s.Qp(cq);   // consumer 0: its marker shares the actor's batch
+  SimQp* second = s.Qp(cq);  // consumer 1
+  SimQp* actor = s.Qp(cq);   // consumer 0
+  RecordingHandler first_handler, second_handler;
+  ActingHandler actor_handler;
+  Registration first_reg = s.rt->RegisterQp(*first, first_handler, 0).value();
+  Registration second_reg = s.rt->RegisterQp(*second, second_handler, 1).value();
+  Registration actor_reg = s.rt->RegisterQp(*actor, actor_handler, 0).value();
+  std::promise<Status> waited;
+  Teardown second_td;
+  actor_handler.on_first = [&] {
+    auto td = s.rt->TeardownQp(second_reg);
+    if (!td.ok()) return waited.set_value(td.status());
+    second_td = *td;
+    waited.set_value(second_td.Wait());
+  };
+  ASSERT_TRUE(testing::WaitForPollersAsleep(*s.rt));
+  CQD_ASSERT_OK_AND_ASSIGN(first_td, s.rt->TeardownQp(first_reg));
+  ASSERT_TRUE(InjectRecvs(actor, 0, 1));  // behind the first QP's marker in the same CQ
+  auto result = waited.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(result.get().code(), StatusCode::kFailedPrecondition);
+  CQD_ASSERT_OK(first_td.Wait());
+  CQD_ASSERT_OK(second_td.Wait());
+}
+
+// One stuck teardown does not hold up another's deadline: the first QP's handler is blocked in
+// a batch (so its teardown, past its deadline, cannot free the slot yet), and the second QP's
+// teardown on another consumer still ends at its own deadline.
+TEST(TeardownWaits, AStuckTeardownDoesNotStopAnothersDeadline) {
+  RuntimeOptions options;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // never drained
+  Sim s;
+  s.Build(options);
+  CqHandle cq0 = s.Cq(0);
+  SimQp* stuck = s.Qp(cq0);
+  SimQp* other = s.Qp(cq0);
+  BlockingHandler stuck_handler;
+  RecordingHandler other_handler;
+  Registration stuck_reg = s.rt->RegisterQp(*stuck, stuck_handler, 0).value();
+  Registration other_reg = s.rt->RegisterQp(*other, other_handler, 1).value();
+  ASSERT_TRUE(InjectRecvs(stuck, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return stuck_handler.inside.load(); }));
+  TeardownOptions short_deadline;
+  short_deadline.timeout = std::chrono::milliseconds(20);
+  CQD_ASSERT_OK_AND_ASSIGN(stuck_td, s.rt->TeardownQp(stuck_reg, short_deadline));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past its deadline: retiring
+  CQD_ASSERT_OK_AND_ASSIGN(other_td, s.rt->TeardownQp(other_reg, short_deadline));
+  const bool other_ended = WaitFor([&] { return other_td.done(); });
+  const bool stuck_ended_early = stuck_td.done();
+  stuck_handler.release.store(true);
+  EXPECT_TRUE(other_ended) << "the second teardown waited for the first one's consumer";
+  EXPECT_FALSE(stuck_ended_early) << "ended while its handler was still running";
+  EXPECT_EQ(other_td.Wait().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(stuck_td.Wait().code(), StatusCode::kDeadlineExceeded);
+}
+
+// 4. Shutdown ends a pending teardown before it joins the consumers: a handler that waits for
+// the teardown the permitted way (its Wait is refused; it watches done()) lets Shutdown finish,
+// and the teardown ends kCancelled.
+TEST(TeardownWaits, ShutdownEndsTeardownsBeforeJoiningAHandlerThatWatchesOne) {
+  RuntimeOptions options;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // never drained
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* victim = s.Qp(cq);
+  SimQp* actor = s.Qp(cq);
+  RecordingHandler victim_handler;
+  ActingHandler actor_handler;
+  Registration victim_reg = s.rt->RegisterQp(*victim, victim_handler, 1).value();
+  Registration actor_reg = s.rt->RegisterQp(*actor, actor_handler, 0).value();
+  std::atomic<int> wait_code{-1};
+  std::atomic<bool> watching{false};
+  Teardown teardown;
+  actor_handler.on_first = [&] {
+    TeardownOptions td_options;
+    td_options.timeout = std::chrono::hours(1);
+    auto td = s.rt->TeardownQp(victim_reg, td_options);
+    if (!td.ok()) return;
+    teardown = *td;
+    wait_code.store(static_cast<int>(teardown.Wait().code()));
+    watching.store(true);
+    while (!teardown.done()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_TRUE(InjectRecvs(actor, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return watching.load(); }));
+  auto shutdown = std::async(std::launch::async, [&] { return s.rt->Shutdown(); });
+  ASSERT_EQ(shutdown.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  CQD_ASSERT_OK(shutdown.get());
+  EXPECT_EQ(wait_code.load(), static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kCancelled);
+}
+
+// The thread that drains an engine-driven consumer cannot wait for a teardown of that
+// consumer's QP (nothing else delivers the markers): refused. Another thread may.
+TEST(TeardownWaits, TheDrainingThreadIsRefused) {
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  s.rt->Drain(0, 16);  // this thread drains consumer 0
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kFailedPrecondition);
+  auto other = std::async(std::launch::async, [&] { return teardown.Wait(); });
+  ASSERT_TRUE(testing::DrainUntil(*s.rt, 0, [&] { return teardown.done(); }));
+  CQD_ASSERT_OK(other.get());
+}
+
+// on_done runs on the teardown thread: Shutdown from there is refused with a status (it joined
+// that thread from itself), and so is Wait of another teardown.
+TEST(TeardownWaits, ShutdownAndWaitFromOnDoneAreRefused) {
+  Sim s;
+  s.Build(RuntimeOptions{});
+  CqHandle cq = s.Cq(0);
+  SimQp* first = s.Qp(cq);
+  SimQp* second = s.Qp(cq);
+  RecordingHandler h1, h2;
+  Registration r1 = s.rt->RegisterQp(*first, h1, 0).value();
+  Registration r2 = s.rt->RegisterQp(*second, h2, 0).value();
+  TeardownOptions slow;
+  slow.timeout = std::chrono::hours(1);
+  std::promise<std::pair<Status, Status>> from_on_done;
+  Teardown pending;
+  TeardownOptions options;
+  options.on_done = [&](const Status&) {
+    from_on_done.set_value({s.rt->Shutdown(), pending.Wait()});
+  };
+  // The second one may drain first; Wait of a finished teardown is not a wait, so check done().
+  CQD_ASSERT_OK_AND_ASSIGN(second_td, s.rt->TeardownQp(r2, slow));
+  pending = second_td;
+  CQD_ASSERT_OK_AND_ASSIGN(first_td, s.rt->TeardownQp(r1, options));
+  auto got = from_on_done.get_future();
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  auto [shutdown, wait] = got.get();
+  EXPECT_EQ(shutdown.code(), StatusCode::kFailedPrecondition) << shutdown.ToString();
+  if (!wait.ok()) EXPECT_EQ(wait.code(), StatusCode::kFailedPrecondition) << wait.ToString();
+  CQD_ASSERT_OK(s.rt->Shutdown());
+}
+
+// A CQ held back by a stalled consumer, and a teardown that ends at its deadline while its QP's
+// completions and markers are still in it.
+struct HeldBack {
+  CountingOrphans orphans;
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim = SimDevice::Create();
+  DeviceId dev = 0;
+  CqHandle cq;
+  SimQp* blocker = nullptr;
+  RecordingHandler blocker_handler;
+  Registration blocker_reg;
+
+  void Build(int depth) {
+    RuntimeOptions options;
+    options.orphan_handler = &orphans;
+    options.consumers.assign(2, ConsumerOptions{});
+    options.consumers[0].kind = ConsumerKind::kEngineDriven;  // never drained
+    options.consumers[0].queue_capacity = 2;
+    options.consumers[0].spill_capacity = 2;
+    rt = Runtime::Create(options).value();
+    dev = rt->AddSimDevice(sim).value();
+    CqOptions cq_options;
+    cq_options.depth = depth;
+    cq_options.grow = false;
+    cq = rt->CreateCq(dev, 0, cq_options).value();
+    blocker = sim->CreateQp(cq.sim(), cq.sim()).value();
+    blocker_reg = rt->RegisterQp(*blocker, blocker_handler, 0).value();
+    ASSERT_TRUE(InjectRecvs(blocker, 0, 10));  // fills consumer 0's queue and spill
+    ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[0].spill_depth == 2; }));
+  }
+};
+
+// 5. The QP's CQ commitment stays while its completions and markers are in the CQ: the guard
+// refuses a QP that would overflow the CQ until they have been polled.
+TEST(TeardownLeftovers, DeadlineKeepsTheCommitmentUntilTheLeftoversArePolled) {
+  HeldBack bed;
+  bed.Build(/*depth=*/64);
+  SimQpOptions wide;
+  wide.max_send_wr = 20;
+  wide.max_recv_wr = 20;  // with its two markers, 42 of the 64
+  SimQp* old_qp = bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), wide).value();
+  RecordingHandler old_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(old_reg, bed.rt->RegisterQp(*old_qp, old_handler, 0));
+  ASSERT_TRUE(InjectRecvs(old_qp, 100, 5));
+  TeardownOptions short_deadline;
+  short_deadline.timeout = std::chrono::milliseconds(30);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(old_reg, short_deadline));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
+  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
+  SimQp* new_qp = bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim(), wide).value();
+  RecordingHandler new_handler;
+  auto refused = bed.rt->RegisterQp(*new_qp, new_handler, 1);
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted)
+      << "admitted while the old QP's completions were still in the CQ";
+  bed.blocker_reg.Unregister();  // the CQ is polled again: the leftovers come out
+  ASSERT_TRUE(WaitFor([&] { return bed.cq.sim()->size() == 0; }));
+  Result<Registration> admitted = Status(StatusCode::kInternal, "not tried");
+  ASSERT_TRUE(WaitFor([&] {
+    admitted = bed.rt->RegisterQp(*new_qp, new_handler, 1);
+    return admitted.ok();
+  })) << admitted.status().ToString();
+  EXPECT_EQ(old_handler.completions(), 0u);
+}
+
+// 6. After a teardown ended at its deadline, a new QP that gets the same qp_num on the same CQ
+// receives none of the old QP's completions: they go to the orphan handler.
+TEST(TeardownLeftovers, ANewQpWithTheNumberGetsNoneOfTheOldCompletions) {
+  HeldBack bed;
+  bed.Build(/*depth=*/4096);
+  SimQp* old_qp = bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()).value();
+  RecordingHandler old_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(old_reg, bed.rt->RegisterQp(*old_qp, old_handler, 0));
+  ASSERT_TRUE(InjectRecvs(old_qp, 100, 3));  // wait in the CQ behind the blocker's
+  TeardownOptions short_deadline;
+  short_deadline.timeout = std::chrono::milliseconds(30);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(old_reg, short_deadline));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
+  const uint32_t number = old_qp->qp_num();
+  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
+  SimQp* new_qp = bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()).value();
+  ASSERT_EQ(new_qp->qp_num(), number);
+  RecordingHandler new_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(new_reg, bed.rt->RegisterQp(*new_qp, new_handler, 1));
+  bed.blocker_reg.Unregister();
+  ASSERT_TRUE(WaitFor([&] { return bed.cq.sim()->size() == 0; }));
+  ASSERT_TRUE(InjectRecvs(new_qp, 0, 2));
+  ASSERT_TRUE(WaitFor([&] { return new_handler.completions() == 2; }));
+  for (const auto& e : new_handler.log()) {
+    EXPECT_LT(e.wr_id, 2u) << "the old QP's completion " << e.wr_id << " reached the new QP";
+    EXPECT_EQ(e.status, IBV_WC_SUCCESS) << "a marker reached the new QP";
+  }
+  std::vector<uint64_t> orphaned = bed.orphans.wr_ids();
+  for (uint64_t id : {100u, 101u, 102u}) {
+    EXPECT_NE(std::find(orphaned.begin(), orphaned.end(), id), orphaned.end())
+        << "old completion " << id << " was not orphaned";
+  }
+  new_reg.Unregister();
+}
+
+// 7. A DEVICE_FATAL ends a teardown that is already waiting: kUnavailable.
+TEST(TeardownLeftovers, DeviceFatalEndsAWaitingTeardown) {
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;  // never drained
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  TeardownOptions forever;
+  forever.timeout = std::chrono::milliseconds::max();
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, forever));
+  s.sim->RaiseDeviceFatal();
+  auto result = std::async(std::launch::async, [&] { return teardown.Wait(); });
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(result.get().code(), StatusCode::kUnavailable);
+}
+
+// After an overflow (the README says: tear the QPs down), TeardownQp of a QP on the overflowed
+// CQ starts (it was always refused: no room for the marker) and ends at its deadline, since
+// nothing can come back through a failed CQ.
+TEST(TeardownLeftovers, TeardownOnAnOverflowedCqStartsAndEndsAtItsDeadline) {
+  Sim s;
+  s.Build(RuntimeOptions{});
+  CqOptions small;
+  small.depth = 8;
+  small.grow = false;
+  CqHandle cq = s.Cq(0, small);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  std::vector<ibv_wc> burst(16);
+  for (auto& wc : burst) {
+    wc.qp_num = qp->qp_num();
+    wc.opcode = IBV_WC_RECV;
+  }
+  EXPECT_EQ(cq.sim()->Inject(burst, false, /*overflow=*/true), -1);
+  ASSERT_TRUE(cq.sim()->failed());
+  TeardownOptions short_deadline;
+  short_deadline.timeout = std::chrono::milliseconds(50);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, short_deadline));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace cqd
