@@ -18,8 +18,11 @@
 // overflowing a CQ: what did not fit is retried), a churn thread (every --churn_ms it replaces a
 // QP while traffic flows: --teardown_permille of the time by a drained teardown, TeardownQp and
 // Wait, which must return OK with every completion injected for the QP delivered to its handler
-// and none orphaned, then DestroyQp, which frees the qp_num for the next QP; otherwise by
-// Unregister and DestroyQp; then a new QP, registered on a random consumer), a chaos
+// and none orphaned, then DestroyQp, which frees the qp_num for the next QP, or
+// DEADLINE_EXCEEDED (--teardown_timeout_ms) with what it did not deliver orphaned, the QP then
+// kept like an unregistered one; otherwise by Unregister, keeping the QP until its books
+// balance; then a new QP, registered on a random consumer; handlers now and then call Wait on
+// the latest teardown, which must return at once, refused or over), a chaos
 // thread (every --fault_ms: a spurious CQ event, EINTR/EAGAIN storms on a completion channel and
 // on the async fd, a QP async event, a port event), the two engine threads, and the main thread
 // (progress once per second, then teardown and the verdict).
@@ -34,7 +37,9 @@
 // (if positive), duplicated = the excess (if negative), and any orphan-range mismatch, late
 // handler call (after Unregister returned), wrong-QP delivery, orphan of a QP that was never
 // unregistered, Stats::cq_events != cq_acked_events after the CQs are destroyed, a teardown that
-// was refused or did not return OK, or a consumer queue (spill) above queue_capacity
+// was refused or returned neither OK nor DEADLINE_EXCEEDED, a handler's Wait that returned
+// anything but its refusal or an ended teardown's result, or a consumer queue (spill) above
+// queue_capacity
 // (spill_capacity) fails the run. The progress line and the summary show the consumers' spill
 // and stall figures (ConsumerStats).
 #include <errno.h>
@@ -90,6 +95,7 @@ struct Flags {
   double fault_ms = 10;        // 0: no faults
   double pause_every = 4;      // seconds; 0: never pause
   double pause_ms = 1500;
+  double teardown_timeout_ms = 0;  // 0: 5000 + pause_ms
   int split_every = 4;         // every Nth QP gets a send CQ on the other shard; 0: none
   double drain_timeout = 60;   // seconds to wait for the last completions
   uint64_t seed = 1;
@@ -126,6 +132,8 @@ std::vector<FlagSpec> Specs(Flags& f) {
       {"pause_every", "pause consumer 1 every S seconds (0: never)", FlagSpec::kDouble,
        &f.pause_every},
       {"pause_ms", "... for M ms", FlagSpec::kDouble, &f.pause_ms},
+      {"teardown_timeout_ms", "TeardownOptions::timeout (0: 5000 + pause_ms)", FlagSpec::kDouble,
+       &f.teardown_timeout_ms},
       {"split_every", "every Nth QP has its send CQ on the other shard (0: none)",
        FlagSpec::kInt, &f.split_every},
       {"drain_timeout", "seconds to wait for the last completions", FlagSpec::kDouble,
@@ -268,7 +276,37 @@ struct Track {
   cqd::SimQp* qp_alive = nullptr;
 };
 
+// The teardown started last, for handlers to try to wait for: Teardown::Wait from a handler must
+// return at once (kFailedPrecondition, or the result of one already over), never block.
+struct HandlerWaits {
+  std::mutex mu;
+  cqd::Teardown latest;  // guarded by mu
+  std::atomic<uint64_t> refused{0};
+  std::atomic<uint64_t> over{0};   // it had ended: Wait returned its result
+  std::atomic<uint64_t> wrong{0};  // neither: Wait returned something else from a handler
+  void Try() noexcept {
+    static thread_local uint32_t calls = 0;
+    if (++calls % 512 != 0) return;  // now and then
+    cqd::Teardown td;
+    {
+      std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+      if (!lock.owns_lock()) return;
+      td = latest;
+    }
+    const bool was_over = td.done();
+    const cqd::Status s = td.Wait();
+    if (s.code() == cqd::StatusCode::kFailedPrecondition && !was_over) {
+      refused.fetch_add(1, std::memory_order_relaxed);
+    } else if (td.done()) {
+      over.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      wrong.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+} g_handler_waits;
+
 void SoakHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
+  g_handler_waits.Try();
   Track& t = *t_;
   if (t.unregistered.load(std::memory_order_acquire)) t.late_calls.fetch_add(1);
   uint64_t got[2] = {0, 0};
@@ -411,7 +449,8 @@ struct Soak {
   std::atomic<uint64_t> inject_failures{0};  // Inject returned -1: must never happen
   std::atomic<uint64_t> churns{0};
   std::atomic<uint64_t> teardowns{0};          // drained teardowns that returned OK
-  std::atomic<uint64_t> teardown_failures{0};  // refused, or Wait() not OK
+  std::atomic<uint64_t> teardowns_undrained{0};  // ended at the deadline (DEADLINE_EXCEEDED)
+  std::atomic<uint64_t> teardown_failures{0};  // refused, or Wait() neither OK nor the deadline
   std::atomic<uint64_t> teardown_retries{0};   // refused for want of room for a marker: retried
   std::atomic<uint64_t> teardown_undelivered{0};  // completions an OK teardown did not deliver
   std::atomic<uint64_t> teardown_wait_ns{0};
@@ -483,13 +522,18 @@ struct Soak {
       if (slot.track == nullptr) return true;
       t = slot.track.get();
       slot.draining = true;  // the QP goes to the error state: no new work
-      // Orphans are possible from here on only if the teardown does not drain (then it fails).
+      // Orphans are possible from here on only if the teardown does not drain.
       t->unregistering.store(true, std::memory_order_release);
-      const auto timeout = std::chrono::milliseconds(
-          5000 + static_cast<int64_t>(flags.pause_ms));  // a paused consumer resumes first
+      const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(
+          flags.teardown_timeout_ms > 0 ? flags.teardown_timeout_ms
+                                        : 5000 + flags.pause_ms));  // a pause ends first
       cqd::TeardownOptions options;
       options.timeout = timeout;
       td = rt->TeardownQp(t->registration, options);
+    }
+    if (td.ok()) {
+      std::lock_guard<std::mutex> lock(g_handler_waits.mu);
+      g_handler_waits.latest = *td;
     }
     if (!td.ok()) {
       std::lock_guard<std::mutex> lock(slot.mu);
@@ -516,7 +560,12 @@ struct Soak {
     while (waited > max && !teardown_wait_max_ns.compare_exchange_weak(max, waited)) {
     }
     t->unregistered.store(true, std::memory_order_release);  // it ended: unregistered
-    if (!r.ok()) {
+    const bool undrained = r.code() == cqd::StatusCode::kDeadlineExceeded;
+    if (undrained) {
+      // The runtime keeps what the QP left in its CQs from every later QP (they become orphans);
+      // the books here are by qp_num, so the QP stays alive until they balance (CloseBooks).
+      teardowns_undrained.fetch_add(1, std::memory_order_relaxed);
+    } else if (!r.ok()) {
       teardown_failures.fetch_add(1);
       fprintf(stderr, "\nsoak: teardown of qp 0x%x: %s\n", t->qp_num, r.ToString().c_str());
     } else {
@@ -530,7 +579,11 @@ struct Soak {
       }
     }
     std::lock_guard<std::mutex> lock(slot.mu);
-    if (cqd::Status s = sim->DestroyQp(slot.qp); !s.ok()) ControlError("DestroyQp", s);
+    if (undrained) {
+      t->qp_alive = slot.qp;
+    } else if (cqd::Status s = sim->DestroyQp(slot.qp); !s.ok()) {
+      ControlError("DestroyQp", s);
+    }
     slot.qp = nullptr;
     slot.draining = false;
     std::lock_guard<std::mutex> retired_lock(retired_mu);
@@ -1084,12 +1137,21 @@ int main(int argc, char** argv) {
          v.async_events, g_device_events.count.load());
   printf("  faults injected         %14" PRIu64 "  (%" PRIu64 " consumer pauses)\n",
          soak.faults.load(), soak.pauses.load());
-  printf("  drained teardowns       %14" PRIu64 "  (failed %" PRIu64 ", put off for a full CQ %" PRIu64
+  const uint64_t ended = soak.teardowns.load() + soak.teardowns_undrained.load() +
+                         soak.teardown_failures.load();
+  printf("  drained teardowns       %14" PRIu64 "  (ended at the deadline %" PRIu64 ", failed %" PRIu64
+         ", put off for a full CQ %" PRIu64
          ", completions not delivered by an OK one %" PRIu64 "; Wait %.2f ms mean, %.2f ms max)\n",
-         soak.teardowns.load(), soak.teardown_failures.load(), soak.teardown_retries.load(),
-         soak.teardown_undelivered.load(),
-         soak.teardowns.load() ? soak.teardown_wait_ns.load() / 1e6 / soak.teardowns.load() : 0.0,
+         soak.teardowns.load(), soak.teardowns_undrained.load(), soak.teardown_failures.load(),
+         soak.teardown_retries.load(), soak.teardown_undelivered.load(),
+         ended ? soak.teardown_wait_ns.load() / 1e6 / ended : 0.0,
          soak.teardown_wait_max_ns.load() / 1e6);
+  printf("  waits from handlers     %14" PRIu64 "  (refused %" PRIu64 ", of one over %" PRIu64
+         ", wrong %" PRIu64 ")\n",
+         g_handler_waits.refused.load() + g_handler_waits.over.load() +
+             g_handler_waits.wrong.load(),
+         g_handler_waits.refused.load(), g_handler_waits.over.load(),
+         g_handler_waits.wrong.load());
   printf("  full-CQ retries         %14" PRIu64 "  (all WRs outstanding: %" PRIu64 ")\n",
          soak.full_retries.load(), soak.wr_waits.load());
   printf("  backpressure stalls     %14" PRIu64 "  (poller sleeps %" PRIu64 ")\n", stalls,
@@ -1117,6 +1179,7 @@ int main(int argc, char** argv) {
   }
   const bool ok = v.lost == 0 && v.duplicated == 0 && v.out_of_order == 0 && bounds_ok &&
                   soak.teardown_failures.load() == 0 && soak.teardown_undelivered.load() == 0 &&
+                  g_handler_waits.wrong.load() == 0 &&
                   v.orphan_mismatch == 0 && v.wrong_qp == 0 && v.late_calls == 0 &&
                   g_orphans.of_live_qp == 0 && g_orphans.unknown == 0 && ack_ok && !stuck &&
                   soak.inject_failures.load() == 0 && soak.control_errors.load() == 0 &&

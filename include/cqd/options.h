@@ -134,7 +134,8 @@ struct TeardownOptions {
   // fence of the runtime's own, sent behind the QP's completions, stands in for it.
   std::chrono::milliseconds last_wqe_grace{200};
   // Optional: called once with the result, on the runtime's teardown thread, after the QP was
-  // unregistered. It may call the runtime (except Shutdown) and must not block for long.
+  // unregistered. It may call the runtime (Shutdown and Teardown::Wait are refused there with
+  // kFailedPrecondition) and must not block for long: other teardowns' results wait for it.
   std::function<void(const Status&)> on_done;
 };
 

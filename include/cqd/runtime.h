@@ -25,6 +25,13 @@
 // must not unregister or tear down, or hold a lock while another thread does, a QP whose handler
 // waits for it.
 //
+// Waiting. No wait in the runtime depends on a thread that is itself waiting for it:
+//   - control calls wait only for pollers and the event thread, which never wait for anyone;
+//   - a teardown ends (deadline, DEVICE_FATAL, Shutdown) without the teardown thread waiting for
+//     any consumer, so teardowns never wait on each other;
+//   - Teardown::Wait and Shutdown are refused (kFailedPrecondition, at once) on the threads they
+//     could wait for: see each.
+//
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
 // An async event of a QP reaches its handler after every completion of that QP that was in the
 // QP's CQs when the runtime read the event (the pollers poll those CQs up to the event first),
@@ -118,18 +125,23 @@ class Registration {
 };
 
 // A QP teardown in progress (Runtime::TeardownQp). Cheap to copy; may outlive the runtime.
-// Any thread may call it.
+// done() may be called from any thread; Wait() from the threads it names.
 class Teardown {
  public:
   Teardown() = default;
-  // Returns true once the teardown has finished (the QP is unregistered).
+  // Returns true once the teardown has finished (the QP is unregistered). Never blocks.
   bool done() const;
-  // Blocks until the teardown has finished; returns its result: OK when every flushed completion
-  // reached the handler, kDeadlineExceeded when the timeout ran out first, kCancelled when the
-  // runtime shut down first. Returns kFailedPrecondition on a default-constructed Teardown.
-  // Must not be called from the QP's own handler, nor from the thread that drains an
-  // engine-driven consumer of the QP, nor from a run-to-completion handler on the poller of the
-  // QP's CQs (the markers would never be polled or dispatched: the deadline ends it).
+  // Returns the result of a finished teardown at once, from any thread: OK when every flushed
+  // completion reached the handler, kDeadlineExceeded when the timeout ran out first,
+  // kUnavailable when the device failed, kCancelled when the runtime shut down first.
+  // Otherwise blocks until it finishes, which it does by its deadline (once any handler call of
+  // the QP in progress has returned), a DEVICE_FATAL, or Shutdown, whichever comes first.
+  // Blocking is allowed only on engine threads that run no cqd code; kFailedPrecondition at once
+  // (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
+  // Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
+  // and the thread that last called Drain on the QP's engine-driven consumer (nothing else
+  // would deliver its markers). Those use on_done or done(). kFailedPrecondition also on a
+  // default-constructed Teardown.
   Status Wait() const;
 
  private:
@@ -219,8 +231,10 @@ class Runtime {
   // TeardownOptions::last_wqe_grace, a fence the runtime sends behind the QP's completions stands
   // in for it), then unregisters. The markers are the runtime's: the handler never sees them.
   // On success `registration` is handed over (registered() becomes false) and the Teardown says
-  // when it is over; once it is, no completion of the QP is left in its CQs, so the engine may
-  // destroy the QP and a new QP that gets the same qp_num receives nothing of the old one.
+  // when it is over; once it is, the engine may destroy the QP, and a new QP that gets the same
+  // qp_num receives nothing of the old one: after OK nothing of the QP is left in its CQs; after
+  // any other result, what is left there (up to each marker) goes to the orphan handler when
+  // polled, and keeps counting against its CQ's capacity until then.
   // Errors: kInvalidArgument (not registered, another runtime's, a UD QP), kFailedPrecondition
   // (shut down, already tearing down), or the device's error when it refused the error
   // transition or the send marker (kInternal with errno on verbs; kResourceExhausted when the
@@ -239,10 +253,12 @@ class Runtime {
 
   Stats GetStats() const;
 
-  // Stops pollers (everything already polled is still delivered), drains and stops owned
-  // consumers, and stops the event thread. Engine-driven consumers may Drain() what is left until
-  // the runtime is destroyed; the destructor hands anything still queued to the orphan handler.
-  // Idempotent; must not be called from a handler.
+  // Ends every pending teardown (OK if drained, else kCancelled), then stops the event thread and
+  // the pollers (everything already polled is still delivered), and drains and stops owned
+  // consumers. Engine-driven consumers may Drain() what is left until the runtime is destroyed;
+  // the destructor hands anything still queued to the orphan handler. Idempotent. Blocks until
+  // the runtime's threads are joined; kFailedPrecondition at once from a handler, from
+  // TeardownOptions::on_done, or from a poller or the event thread.
   Status Shutdown();
 
  private:
