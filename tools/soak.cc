@@ -19,9 +19,9 @@
 // QP while traffic flows: --teardown_permille of the time by a drained teardown, TeardownQp and
 // Wait, which must return OK with every completion injected for the QP delivered to its handler
 // and none orphaned, then DestroyQp, which frees the qp_num for the next QP, or
-// DEADLINE_EXCEEDED (--teardown_timeout_ms) with what it did not deliver orphaned, the QP then
-// kept like an unregistered one; otherwise by Unregister, keeping the QP until its books
-// balance; then a new QP, registered on a random consumer; handlers now and then call Wait on
+// DEADLINE_EXCEEDED (--teardown_timeout_ms) with what it did not deliver orphaned, never
+// delivered to the next QP with that qp_num; otherwise by Unregister, keeping the QP until its
+// books balance; then a new QP, registered on a random consumer; handlers now and then call Wait on
 // the latest teardown, which must return at once, refused or over), a chaos
 // thread (every --fault_ms: a spurious CQ event, EINTR/EAGAIN storms on a completion channel and
 // on the async fd, a QP async event, a port event), the two engine threads, and the main thread
@@ -29,7 +29,7 @@
 //
 // Checking, with O(1) memory per QP incarnation (no per-completion state, so
 // --completions=1000000000 runs in bounded memory): completion k of a QP's stream (one QP on one
-// CQ) carries wr_id k (bit 63 marks the send-CQ stream). The handler expects k == next; anything
+// CQ) carries wr_id k (bit 63 marks the send-CQ stream, bits 48..62 the incarnation). The handler expects k == next; anything
 // else counts as out of order. Orphans (the OrphanHandler) are counted per stream with the sum and
 // sum of squares of their wr_ids: after a QP is unregistered, what it did not get must be exactly
 // the orphaned range [delivered, injected). A retired QP's books are closed as soon as they
@@ -71,6 +71,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kSendStream = uint64_t{1} << 63;
+// Bits 48..62 of a wr_id: the QP incarnation's tag, so that completions and orphans of two QPs
+// that had the same qp_num are told apart (a device reuses numbers at once).
+constexpr int kTagShift = 48;
+constexpr uint64_t kTagMask = 0x7fff;
+constexpr uint64_t kIndexMask = (uint64_t{1} << kTagShift) - 1;
+uint64_t BooksKey(uint32_t qp_num, uint64_t tag) { return uint64_t{qp_num} << 16 | tag; }
 constexpr int kConsumers = 3;      // 0 owned, 1 engine (LT, pauses), 2 engine (ET)
 constexpr int kPausingConsumer = 1;
 constexpr int kMaxBurst = 32;
@@ -261,6 +267,7 @@ class SoakHandler final : public cqd::QpHandler {
 // One QP incarnation: a SimQp and its registration, from RegisterQp to the close of its books.
 struct Track {
   uint32_t qp_num = 0;
+  uint64_t tag = 0;  // wr_id bits 48..62
   int streams_used = 1;
   Stream streams[2];
   SoakHandler handler{this};
@@ -312,13 +319,13 @@ void SoakHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   uint64_t got[2] = {0, 0};
   uint64_t errors = 0;
   for (const ibv_wc& wc : wcs) {
-    if (wc.qp_num != t.qp_num) {
-      t.wrong_qp.fetch_add(1, std::memory_order_relaxed);
+    if (wc.qp_num != t.qp_num || ((wc.wr_id >> kTagShift) & kTagMask) != t.tag) {
+      t.wrong_qp.fetch_add(1, std::memory_order_relaxed);  // another QP's, or an earlier one's
       continue;
     }
     if (wc.status != IBV_WC_SUCCESS) ++errors;
     const int s = (wc.wr_id & kSendStream) ? 1 : 0;
-    const uint64_t k = wc.wr_id & ~kSendStream;
+    const uint64_t k = wc.wr_id & kIndexMask;
     Stream& st = t.streams[s];
     const uint64_t next = st.next.load(std::memory_order_relaxed);
     if (k != next) {
@@ -341,10 +348,10 @@ void SoakHandler::OnAsyncEvent(const cqd::AsyncEvent& event) noexcept {
   t.async_events.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Every QP incarnation whose books are open, by qp_num, for the orphan handler.
+// Every QP incarnation whose books are open, by BooksKey, for the orphan handler.
 struct OrphanBooks final : public cqd::OrphanHandler {
   std::mutex mu;
-  std::unordered_map<uint32_t, Track*> open;
+  std::unordered_map<uint64_t, Track*> open;
   uint64_t unknown = 0;      // orphans of a qp_num with no open books (closed or never made)
   uint64_t of_live_qp = 0;   // orphans of a QP nobody started to unregister
   std::atomic<uint64_t> total{0};
@@ -353,14 +360,14 @@ struct OrphanBooks final : public cqd::OrphanHandler {
     total.fetch_add(wcs.size(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu);
     for (const ibv_wc& wc : wcs) {
-      auto it = open.find(wc.qp_num);
+      auto it = open.find(BooksKey(wc.qp_num, (wc.wr_id >> kTagShift) & kTagMask));
       if (it == open.end()) {
         ++unknown;
         continue;
       }
       Track& t = *it->second;
       if (!t.unregistering.load(std::memory_order_acquire)) ++of_live_qp;
-      const uint64_t k = wc.wr_id & ~kSendStream;
+      const uint64_t k = wc.wr_id & kIndexMask;
       Stream& st = t.streams[(wc.wr_id & kSendStream) ? 1 : 0];
       ++st.orphans;
       st.orphan_sum += k;
@@ -448,6 +455,7 @@ struct Soak {
   std::atomic<uint64_t> wr_waits{0};  // bursts skipped: all of a QP's work requests outstanding
   std::atomic<uint64_t> inject_failures{0};  // Inject returned -1: must never happen
   std::atomic<uint64_t> churns{0};
+  std::atomic<uint64_t> next_tag{0};
   std::atomic<uint64_t> teardowns{0};          // drained teardowns that returned OK
   std::atomic<uint64_t> teardowns_undrained{0};  // ended at the deadline (DEADLINE_EXCEEDED)
   std::atomic<uint64_t> teardown_failures{0};  // refused, or Wait() neither OK nor the deadline
@@ -477,10 +485,11 @@ struct Soak {
     }
     auto t = std::make_unique<Track>();
     t->qp_num = (*qp)->qp_num();
+    t->tag = next_tag.fetch_add(1, std::memory_order_relaxed) & kTagMask;
     t->streams_used = slot.send_cq == slot.recv_cq ? 1 : 2;
     {
       std::lock_guard<std::mutex> lock(g_orphans.mu);
-      g_orphans.open[t->qp_num] = t.get();
+      g_orphans.open[BooksKey(t->qp_num, t->tag)] = t.get();
     }
     auto reg = rt->RegisterQp(**qp, t->handler, consumer);
     if (!reg.ok()) {
@@ -560,10 +569,10 @@ struct Soak {
     while (waited > max && !teardown_wait_max_ns.compare_exchange_weak(max, waited)) {
     }
     t->unregistered.store(true, std::memory_order_release);  // it ended: unregistered
-    const bool undrained = r.code() == cqd::StatusCode::kDeadlineExceeded;
-    if (undrained) {
-      // The runtime keeps what the QP left in its CQs from every later QP (they become orphans);
-      // the books here are by qp_num, so the QP stays alive until they balance (CloseBooks).
+    if (r.code() == cqd::StatusCode::kDeadlineExceeded) {
+      // What the QP left in its CQs must reach no later QP, also one that gets its qp_num at
+      // once (destroyed below, as the README allows): it comes to the orphan handler, where its
+      // tag closes these books.
       teardowns_undrained.fetch_add(1, std::memory_order_relaxed);
     } else if (!r.ok()) {
       teardown_failures.fetch_add(1);
@@ -579,11 +588,7 @@ struct Soak {
       }
     }
     std::lock_guard<std::mutex> lock(slot.mu);
-    if (undrained) {
-      t->qp_alive = slot.qp;
-    } else if (cqd::Status s = sim->DestroyQp(slot.qp); !s.ok()) {
-      ControlError("DestroyQp", s);
-    }
+    if (cqd::Status s = sim->DestroyQp(slot.qp); !s.ok()) ControlError("DestroyQp", s);
     slot.qp = nullptr;
     slot.draining = false;
     std::lock_guard<std::mutex> retired_lock(retired_mu);
@@ -602,7 +607,7 @@ struct Soak {
       for (auto it = retired.begin(); it != retired.end();) {
         if (all || closed.Balanced(**it)) {
           closed.Add(**it);
-          auto open = g_orphans.open.find((*it)->qp_num);
+          auto open = g_orphans.open.find(BooksKey((*it)->qp_num, (*it)->tag));
           if (open != g_orphans.open.end() && open->second == it->get()) {
             g_orphans.open.erase(open);
           }
@@ -745,7 +750,7 @@ struct Soak {
         for (int i = 0; i < burst; ++i) {
           ibv_wc& wc = wcs[i];
           wc = ibv_wc{};
-          wc.wr_id = (st.injected + i) | (s == 1 ? kSendStream : 0);
+          wc.wr_id = (st.injected + i) | t.tag << kTagShift | (s == 1 ? kSendStream : 0);
           wc.qp_num = t.qp_num;
           wc.opcode = s == 1 ? IBV_WC_SEND : IBV_WC_RECV;
           wc.byte_len = s == 1 ? 0 : 64;
