@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,12 @@ namespace internal {
 namespace {
 
 std::string Str(long long v) { return std::to_string(v); }
+
+std::string Octal(uint32_t v) {
+  char text[16];
+  snprintf(text, sizeof(text), "0%o", v);
+  return text;
+}
 
 // Control calls wait for pollers and the event thread while holding the runtime mutex, so they
 // cannot be made from those threads (an OrphanHandler or a DeviceEventHandler).
@@ -76,6 +83,11 @@ Status RuntimeImpl::Validate(const RuntimeOptions& o) {
   if (Status s = CheckWait("idle_budget", o.idle_budget); !s.ok()) return s;
   if (Status s = CheckWait("cq_park_after", o.cq_park_after); !s.ok()) return s;
   if (o.ack_threshold < 1) return InvalidArgument("ack_threshold must be at least 1");
+  if (o.stats_socket_mode > 0777 || (o.stats_socket_mode & 0200) == 0) {
+    return InvalidArgument("stats_socket_mode is " + Octal(o.stats_socket_mode) +
+                           ", must be permission bits (at most 0777) that let the owner connect "
+                           "(0200)");
+  }
   if (o.max_registrations < 1 || o.max_registrations > (1u << 24)) {
     return InvalidArgument("max_registrations is " + Str(o.max_registrations) +
                            ", must be in 1..16777216");
@@ -162,7 +174,8 @@ Status RuntimeImpl::Start() {
   for (auto& poller : pollers_) poller->Start();
   teardowns_->Start();
   if (!options_.stats_socket.empty()) {
-    auto server = StatsServer::Start(options_.stats_socket, [this] { return GetStats(); }, log_);
+    auto server = StatsServer::Start(options_.stats_socket, options_.stats_socket_mode,
+                                     [this] { return GetStats(); }, log_);
     if (!server.ok()) return server.status();
     stats_server_ = std::move(server).value();
   }

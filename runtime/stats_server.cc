@@ -71,7 +71,7 @@ Status StatsServer::CheckPath(const std::string& path) {
 StatsServer::StatsServer(std::string path, std::function<Stats()> snapshot, const Logger& log)
     : path_(std::move(path)), snapshot_(std::move(snapshot)), log_(log) {}
 
-Result<std::unique_ptr<StatsServer>> StatsServer::Start(const std::string& path,
+Result<std::unique_ptr<StatsServer>> StatsServer::Start(const std::string& path, uint32_t mode,
                                                         std::function<Stats()> snapshot,
                                                         const Logger& log) {
   if (Status s = CheckPath(path); !s.ok()) return s;
@@ -84,6 +84,9 @@ Result<std::unique_ptr<StatsServer>> StatsServer::Start(const std::string& path,
   if (server->listen_fd_ < 0) return ErrnoStatus(what + ": socket", errno);
   const sockaddr_un addr = Address(path);
   const auto* sa = reinterpret_cast<const sockaddr*>(&addr);
+  // The file bind creates takes the socket's mode (less the umask): set it first, so that no
+  // other user can connect in between; chmod after bind then sets exactly `mode`.
+  if (fchmod(server->listen_fd_, mode) != 0) return ErrnoStatus(what + ": fchmod", errno);
   if (bind(server->listen_fd_, sa, sizeof(addr)) != 0) {
     const int err = errno;
     if (err != EADDRINUSE) return ErrnoStatus(what + ": bind", err);
@@ -105,6 +108,11 @@ Result<std::unique_ptr<StatsServer>> StatsServer::Start(const std::string& path,
     if (unlink(path.c_str()) != 0) return ErrnoStatus(what + ": unlink (stale socket)", errno);
     if (bind(server->listen_fd_, sa, sizeof(addr)) != 0) return ErrnoStatus(what + ": bind", errno);
     log.Info(what + ": replaced a stale socket file");
+  }
+  if (chmod(path.c_str(), mode) != 0) {
+    Status s = ErrnoStatus(what + ": chmod", errno);
+    server->Stop();  // removes the file
+    return s;
   }
   struct stat st;
   if (stat(path.c_str(), &st) == 0) {

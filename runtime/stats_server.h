@@ -43,8 +43,9 @@ class StatsServer {
   // Returns kInvalidArgument when `path` cannot be a Unix socket path (too long, a NUL in it),
   // kAlreadyExists when a file that is not a stale socket is there or another process serves
   // it, and an errno status (kInternal, naming the call and the path) when the socket cannot be
-  // made (a missing or unwritable directory). `snapshot` runs on the server thread.
-  static Result<std::unique_ptr<StatsServer>> Start(const std::string& path,
+  // made (a missing or unwritable directory). The socket file gets exactly `mode` (no other user
+  // can connect before it has it). `snapshot` runs on the server thread.
+  static Result<std::unique_ptr<StatsServer>> Start(const std::string& path, uint32_t mode,
                                                     std::function<Stats()> snapshot,
                                                     const Logger& log);
   // Checks only what can be checked without touching the file system (for Validate).

@@ -749,6 +749,31 @@ TEST(StatsEndpoint, BadPathsFailCreate) {
   unlink(file.c_str());
 }
 
+// The socket file is owner-only by default, whatever the umask (under umask 0 any local user
+// could read the stats), and gets exactly the mode the engine asks for.
+TEST(StatsEndpoint, SocketFileModeIsOwnerOnlyUnlessAsked) {
+  const mode_t old_umask = umask(0);
+  for (uint32_t mode : {0600u, 0660u, 0700u}) {
+    RuntimeOptions options;
+    options.stats_socket = SocketPath("mode.sock");
+    if (mode != 0600) options.stats_socket_mode = mode;
+    auto rt = Runtime::Create(options);
+    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+    struct stat st;
+    ASSERT_EQ(stat(options.stats_socket.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, mode);
+  }
+  umask(old_umask);
+  for (uint32_t bad : {01000u, 0444u, 0u}) {
+    RuntimeOptions options;
+    options.stats_socket = SocketPath("mode.sock");
+    options.stats_socket_mode = bad;
+    auto rt = Runtime::Create(options);
+    EXPECT_EQ(rt.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(rt.status().message().find("stats_socket_mode"), std::string::npos);
+  }
+}
+
 TEST(StatsEndpoint, StaleSocketIsReplacedLiveOneIsNot) {
   const std::string path = SocketPath("stale.sock");
   {  // A socket file nobody listens on, as a crashed process leaves it.

@@ -100,6 +100,10 @@ struct RuntimeOptions {
   // any other file, or a socket someone serves, fails Runtime::Create. The file is removed at
   // Shutdown.
   std::string stats_socket;
+  // The socket file's permission bits, set exactly (the umask does not apply): connecting needs
+  // write permission, so the default 0600 lets only the runtime's user read the stats. 0660
+  // adds the group. kInvalidArgument unless at most 0777 with the owner's write bit.
+  uint32_t stats_socket_mode = 0600;
 };
 
 // Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.
