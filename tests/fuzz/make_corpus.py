@@ -54,9 +54,10 @@ WAITS = {"drain": 0, "no_drain": 1, "pending": 2}
 
 
 def teardown(q=0, timeout=2000, grace=5, wait="drain", replace=False, on_done=False,
-             unregistered_too=False):
+             unregistered_too=False, wait_in_on_done=False):
     a = q | (unregistered_too << 4) | (replace << 5) | (on_done << 6)
-    b = TIMEOUTS.index(timeout) | (GRACES.index(grace) << 2) | (WAITS[wait] << 4)
+    b = (TIMEOUTS.index(timeout) | (GRACES.index(grace) << 2) | (WAITS[wait] << 4) |
+         (wait_in_on_done << 6))
     return op("TeardownQp", a, b)
 
 
@@ -173,6 +174,26 @@ SEEDS = {
         op("EpollDrain", 0, 64) + op("Quiesce") + op("DestroyQp", 0) + op("DestroyQp", 1) +
         qp(0, 1, send_wr=8, recv_wr=8) + reg(2, 1) + qp(1, 0) + reg(3, 0) + inject(2, 7) +
         inject(3, 7) + op("Quiesce"),
+    # A deadline passes while a stalled consumer holds the CQ back; the QP is replaced at once
+    # (the new one gets its qp_num on the same CQ) and must get none of what the old one left.
+    "teardown_held_back_reuse": config(owned=True, cap=1, spill=1) + cq(0) +
+        qp(send_wr=8, recv_wr=8) + qp(send_wr=8, recv_wr=8) + reg(0, 1) + reg(1, 1) +
+        inject(1, 7) + inject(0, 5) + inject(0, 3, send=True) +
+        teardown(0, timeout=20, wait="no_drain", replace=True) + inject(2, 5) +
+        op("Unregister", 1) + op("Quiesce"),
+    # DEVICE_FATAL while a teardown waits for a consumer that is not drained.
+    "teardown_fatal_midway": config(owned=True) + cq(0) + qp() + reg(0, 1) + inject(0, 7) +
+        teardown(0, wait="pending", on_done=True) + op("RaiseDeviceEvent", 0xfd, 0xfd) +
+        op("Quiesce"),
+    # Handlers of each kind (and on_done) try Teardown::Wait while teardowns run.
+    "teardown_handler_waits": config(pollers=2, owned=True) + cq(0) + cq(1) + qp(0) + qp(1) +
+        qp(0) + reg(0, 0) + reg(1, 1) + reg(2, 0) + teardown(2, wait="pending") +
+        inject(0, 15) * 3 + inject(1, 15) * 3 +
+        teardown(1, wait="pending", on_done=True, wait_in_on_done=True) +
+        op("EpollDrain", 0, 64) + op("Quiesce"),
+    # Shutdown while another thread waits for a teardown nobody drains.
+    "teardown_shutdown_waiting": config(owned=True) + cq(0) + qp() + reg(0, 1) + inject(0, 7) +
+        teardown(0, wait="pending") + op("Shutdown") + op("Quiesce"),
     # Found by the fuzzer (a teardown replaced before the harness settled it), kept as it was.
     "teardown_replaced_before_settled": bytes.fromhex(
         "c3370300000f00010f40120000000000000003104204003e006400077000146061380300000fffff"

@@ -29,14 +29,17 @@
 //     registration's run comes after the previous one's;
 //   - no handler call (completions or async event) after Unregister returned or after a teardown
 //     ended; no completion or event delivered to another QP's handler; no marker reaches a
-//     handler; a QP that reuses a qp_num gets no completion of its predecessor when that one was
-//     drained by a teardown that returned OK (it may get them after a plain Unregister: the
-//     runtime cannot tell them apart then, as on verbs);
+//     handler; a QP that reuses a qp_num gets no completion of its predecessor when that one
+//     ended with a teardown (OK, or past its deadline or Shutdown, for each stream with a marker
+//     behind it; it may get them after a plain Unregister: the runtime cannot tell them apart
+//     then, as on verbs);
 //   - TeardownQp: a teardown that returns OK delivered every completion injected for the QP
 //     before TeardownQp was called to the handler (not to the orphan handler); one whose
 //     consumer was not drained meanwhile cannot return OK; kCancelled only after Shutdown,
 //     kUnavailable only after DEVICE_FATAL; on_done reports the result Wait() returns; every
-//     control call and every Wait returns promptly after DEVICE_FATAL;
+//     control call and every Wait returns promptly after DEVICE_FATAL; Teardown::Wait from a
+//     handler of any consumer kind (every 32nd completion) or from on_done never blocks (refused,
+//     or the teardown had ended); a Wait on another thread across Shutdown returns;
 //   - async events of a QP reach its handler after every completion injected for it before the
 //     event was raised (RaiseQpEvent, a teardown's LAST_WQE_REACHED, CQ overflow, DEVICE_FATAL);
 //   - control calls succeed or fail as documented (RegisterQp twice is kAlreadyExists, a CQ
@@ -177,6 +180,7 @@ class FuzzHandler final : public cqd::QpHandler {
 
  private:
   void SelfUnregister() noexcept;
+  void TryWaitFromHandler() noexcept;
   State* st_;
   QpEnt* q_;
   int64_t last_[2] = {-1, -1};     // this registration's last wr_id per stream (its consumer only)
@@ -217,9 +221,11 @@ struct QpEnt {
   FuzzHandler* td_handler = nullptr;
   uint32_t td_injected[2] = {0, 0};  // injected before TeardownQp was called
   bool td_strict[2] = {false, false};  // OK must mean all of them reached the handler
+  bool td_covered[2] = {false, false};  // a marker stands behind the stream in its CQ
   bool td_engine_idle = false;       // Wait() without draining the engine consumer
   std::vector<std::shared_ptr<TdRecord>> all_td_recs;
-  // Set once a teardown returned OK: completions of the stream may not reach a successor.
+  // Set once a teardown ended (OK, or past its deadline or Shutdown with a marker behind the
+  // stream): completions of the stream may not reach a successor.
   std::atomic<bool> clean[2] = {false, false};
 
   std::mutex ev_mu;
@@ -240,6 +246,9 @@ struct CqEnt {
   cqd::SimCq* sim = nullptr;
   int64_t stranded = -1;       // what it held when it was destroyed on the device
   int markers = 0;             // teardown markers that may have gone into it
+  // Teardowns of QPs on it that ended without draining: their leftovers keep a commitment on it
+  // (poller.h) until polled, so RegisterQp's guard may refuse what our books would admit.
+  int undrained_ends = 0;
   std::atomic<int64_t> committed{0};  // work requests of registrations on it (RegisterQp's guard)
 };
 
@@ -289,6 +298,9 @@ struct State {
   int qp_num_reuses = 0;           // new QPs registered with a torn-down QP's qp_num
   std::atomic<uint64_t> stale_deliveries{0};  // completions of a predecessor (plain Unregister)
   std::atomic<uint64_t> events_matched{0};    // events checked against a recorded floor
+  std::atomic<uint64_t> handler_waits{0};     // Teardown::Wait calls from handlers and on_done
+  std::mutex latest_mu;
+  cqd::Teardown latest_td;  // guarded by latest_mu: the teardown started last
 
   std::array<CqEnt, kMaxCqs> cqs;
   std::array<QpEnt, kMaxQps> qps;
@@ -339,8 +351,9 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
             static_cast<unsigned long long>(wc.wr_id), tag);
       QpEnt& old = st_->qps[tag];
       CHECK(!old.clean[s].load(),
-            "qp 0x%x (incarnation %d) got wr_id %lld (stream %d) of incarnation %d, which a "
-            "teardown had drained (OK) before the qp_num was reused",
+            "qp 0x%x (incarnation %d) got wr_id %lld (stream %d) of incarnation %d, whose "
+            "teardown had ended (drained, or with its leftovers fenced) before the qp_num was "
+            "reused",
             wc.qp_num, q_->idx, static_cast<long long>(seq), s, tag);
       Stream& ost = old.streams[s];
       CHECK(seq < ost.injected.load(), "qp 0x%x: old wr_id %lld was never injected", wc.qp_num,
@@ -376,7 +389,24 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     st.last_delivered.store(seq);
     st.delivered.fetch_add(1);
     if (wc.wr_id & kSelfUnregisterBit) SelfUnregister();
+    if ((seq & 31) == 31) TryWaitFromHandler();
   }
+}
+
+// Teardown::Wait from a handler (of any consumer kind) never blocks: it is refused, or the
+// teardown had ended. A block shows as the watchdog's HANG.
+void FuzzHandler::TryWaitFromHandler() noexcept {
+  cqd::Teardown td;
+  {
+    std::unique_lock<std::mutex> lock(st_->latest_mu, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    td = st_->latest_td;
+  }
+  const cqd::Status r = td.Wait();
+  CHECK(r.code() == cqd::StatusCode::kFailedPrecondition || td.done(),
+        "Teardown::Wait from a handler returned %s for a teardown still running",
+        r.ToString().c_str());
+  st_->handler_waits.fetch_add(1);
 }
 
 void FuzzHandler::OnAsyncEvent(const cqd::AsyncEvent& event) noexcept {
@@ -653,6 +683,14 @@ void SettleTeardown(State& st, QpEnt& q) {
       }
       q.clean[s].store(true);
     }
+  }
+  if (!r.ok() && r.code() != C::kUnavailable) {
+    // Ended without draining: what the QP left in its CQs, up to each marker, is nobody's.
+    for (int s = 0; s < 2; ++s) {
+      if (q.td_covered[s]) q.clean[s].store(true);
+    }
+    ++st.cqs[q.send_cq].undrained_ends;
+    ++st.cqs[q.recv_cq].undrained_ends;
   }
   h->ReleaseCommit();
   st.registered.fetch_sub(1);
@@ -949,6 +987,10 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (!fits && !reg.ok()) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past the CQ's capacity");
   if (live >= static_cast<int>(st.max_registrations) && !reg.ok()) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past max_registrations");
   if (st.fatal && !reg.ok() && reg.status().code() == C::kResourceExhausted) return;  // no resize
+  if (!reg.ok() && reg.status().code() == C::kResourceExhausted &&
+      (scq.undrained_ends > 0 || rcq.undrained_ends > 0)) {
+    return;  // leftovers of an undrained teardown still count against the CQ
+  }
   CHECK(reg.ok(), "RegisterQp: %s", reg.status().ToString().c_str());
   CHECK(reg->qp_num() == q->qp_num.load(), "Registration::qp_num");
   // The CQs hold what the QPs registered on them may have outstanding.
@@ -1143,7 +1185,8 @@ void DoRaiseDeviceEvent(State& st, uint8_t a, uint8_t b) {
 // TeardownQp of q. a: bit4 call it on an unregistered QP too (kInvalidArgument), bit5 then destroy
 // the QP and make a new one (it gets the same qp_num) on the same CQs and consumer, bit6 on_done.
 // b: bits0-1 timeout {1, 20, 2000, 2000} ms, bits2-3 last_wqe_grace {0, 1, 5, 200} ms, bits4-5
-// how to wait {drain the engine until done, Wait() without draining, leave it running, drain}.
+// how to wait {drain the engine until done, Wait() without draining, leave it running, drain},
+// bit6 on_done tries Teardown::Wait of the latest teardown.
 void DoTeardown(State& st, uint8_t a, uint8_t b) {
   static const int kTimeoutMs[] = {1, 20, 2000, 2000};
   static const int kGraceMs[] = {0, 1, 5, 200};
@@ -1166,8 +1209,23 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   auto rec = std::make_shared<TdRecord>();
   rec->handler = q->handlers.back().get();
   rec->wants_on_done = (a & 0x40) != 0;
+  const bool wait_in_on_done = (b & 0x40) != 0;
   if (a & 0x40) {
-    options.on_done = [rec](const cqd::Status& s) {
+    options.on_done = [rec, wait_in_on_done](const cqd::Status& s) {
+      if (wait_in_on_done) {
+        // Wait from on_done (the teardown thread) never blocks: refused, or already over.
+        State* st = g_state;
+        cqd::Teardown td;
+        {
+          std::lock_guard<std::mutex> lock(st->latest_mu);
+          td = st->latest_td;
+        }
+        const cqd::Status r = td.Wait();
+        CHECK(r.code() == cqd::StatusCode::kFailedPrecondition || td.done(),
+              "Teardown::Wait from on_done returned %s for a teardown still running",
+              r.ToString().c_str());
+        st->handler_waits.fetch_add(1);
+      }
       rec->handler->unregistered.store(true);  // it runs after the QP was unregistered
       rec->code.store(static_cast<int>(s.code()));
       rec->calls.fetch_add(1);
@@ -1218,6 +1276,12 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   // runtime ends after last_wqe_grace, which only bounds how late a receive may come.
   q->td_strict[1] = true;
   q->td_strict[0] = same || (!srq && recv_fits) || (srq && st.last_wqe_device);
+  q->td_covered[1] = true;
+  q->td_covered[0] = same || (!srq && recv_fits);
+  {
+    std::lock_guard<std::mutex> latest(st.latest_mu);
+    st.latest_td = *td;  // for waits from handlers and on_done
+  }
   q->td_engine_idle = mode == 1 && q->consumer == static_cast<cqd::ConsumerId>(st.engine);
   lock.unlock();
   switch (mode) {
@@ -1238,7 +1302,13 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
     }
     case 1: {
       const cqd::Status r = Timed(st, "Teardown::Wait", [&] { return q->td.Wait(); });
-      (void)r;
+      if (r.code() == cqd::StatusCode::kFailedPrecondition && !q->td.done()) {
+        // This thread drains the engine consumer: waiting would wait for itself.
+        CHECK(q->consumer == static_cast<cqd::ConsumerId>(st.engine),
+              "Teardown::Wait refused on the fuzzer thread for a QP of consumer %u: %s",
+              q->consumer, r.ToString().c_str());
+        WaitUntil(st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
+      }
       CHECK(q->td.done(), "Wait() returned before the teardown was done");
       break;
     }
@@ -1334,8 +1404,21 @@ void DoShutdown(State& st) {
     CHECK(s.ok(), "second Shutdown: %s", s.ToString().c_str());
     return;
   }
+  // A thread of the engine's waits for a running teardown meanwhile: Shutdown ends it first.
+  cqd::Teardown waited;
+  for (QpEnt& q : st.qps) {
+    if (q.td_active && !q.td.done()) waited = q.td;
+  }
+  std::atomic<int> waited_code{-1};
+  std::thread waiter([&] { waited_code.store(static_cast<int>(waited.Wait().code())); });
   cqd::Status s = Timed(st, "Shutdown", [&] { return st.rt->Shutdown(); });
   CHECK(s.ok(), "Shutdown: %s", s.ToString().c_str());
+  waiter.join();  // a wait Shutdown did not end shows as the watchdog's HANG
+  using C = cqd::StatusCode;
+  const C code = static_cast<C>(waited_code.load());
+  CHECK(code == C::kFailedPrecondition /* none was running */ || code == C::kOk ||
+            code == C::kCancelled || code == C::kDeadlineExceeded || code == C::kUnavailable,
+        "Teardown::Wait across Shutdown returned code %d", waited_code.load());
   st.shut_down = true;
   // Every teardown ended with Shutdown (drained ones OK, the rest kCancelled).
   for (QpEnt& q : st.qps) {
@@ -1488,7 +1571,8 @@ void TearDown(State& st) {
     }
     fprintf(stderr, "runtime_fuzz: delivered %llu orphans %llu (markers %llu) stale %llu; "
             "teardowns %d: ok %d deadline %d cancelled %d unavailable %d refused %d; reuses %d; "
-            "events matched %llu, device events %llu; queue high water %llu, spill high water "
+            "events matched %llu, device events %llu, waits from handlers %llu; queue high water "
+            "%llu, spill high water "
             "%llu, stalls %llu\n",
             static_cast<unsigned long long>(delivered),
             static_cast<unsigned long long>(s.orphans),
@@ -1500,6 +1584,7 @@ void TearDown(State& st) {
             st.teardown_refused, st.qp_num_reuses,
             static_cast<unsigned long long>(st.events_matched.load()),
             static_cast<unsigned long long>(st.device_events.count.load()),
+            static_cast<unsigned long long>(st.handler_waits.load()),
             static_cast<unsigned long long>(high_water),
             static_cast<unsigned long long>(spill_hw), static_cast<unsigned long long>(stalls));
   }
