@@ -3,8 +3,12 @@
 # fault kind (error completions, registration churn where half the QPs leave by a drained
 # TeardownQp and the rest by Unregister, spurious events, EINTR/EAGAIN storms, QP and port
 # events, an engine-driven consumer that stops draining for 400 ms every second, long enough to
-# fill its queue and its 512-item spills so that the pollers stall on its CQs). Fails on any
-# finding of the tool. SOAK_SEED=N repeats a run's random choices (timing still varies).
+# fill its queue and its 512-item spills so that the pollers stall on its CQs). Then a second,
+# shorter run in the shape that once lost and duplicated completions: tiny queues and spills, every
+# churn a drained teardown with a 20 ms deadline (so that many end undrained while a paused
+# consumer holds their CQs back and their QP is destroyed at once, its qp_num going to the next
+# QP), faults and split CQs. Fails on any finding of the tool. SOAK_SEED=N repeats a run's random
+# choices (timing still varies).
 set -uo pipefail
 soak=$1
 "$soak" --completions=200000 --rate=50000 --qps=48 --cqs=4 --depth=256 --queue_capacity=1024 \
@@ -14,5 +18,14 @@ soak=$1
 rc=$?
 if (( rc != 0 )); then
   echo "soak_short_test: soak exited with $rc" >&2
+  exit 1
+fi
+"$soak" --completions=200000 --rate=50000 --qps=48 --cqs=4 --depth=256 --queue_capacity=4 \
+  --spill_capacity=2 --qp_wrs=64 --churn_ms=2 --teardown_permille=1000 --teardown_timeout_ms=20 \
+  --fault_ms=5 --pause_every=1 --pause_ms=300 --split_every=2 --error_permille=200 \
+  --drain_timeout=60 --seed="${SOAK_SEED:-$RANDOM}"
+rc=$?
+if (( rc != 0 )); then
+  echo "soak_short_test: the undrained-teardown soak exited with $rc" >&2
   exit 1
 fi

@@ -1307,6 +1307,7 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
         CHECK(q->consumer == static_cast<cqd::ConsumerId>(st.engine),
               "Teardown::Wait refused on the fuzzer thread for a QP of consumer %u: %s",
               q->consumer, r.ToString().c_str());
+        q->td_engine_idle = false;  // WaitUntil drains it
         WaitUntil(st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
       }
       CHECK(q->td.done(), "Wait() returned before the teardown was done");
