@@ -499,8 +499,9 @@ void Poller::Route(CqRecord* cq, int n) noexcept {
       if (StateLive(state) && slot->Holds(device, wc.qp_num) && slot->Uses(cq->id)) {
         ItemKind kind = ItemKind::kCompletion;
         if (StateDraining(state)) [[unlikely]] {
-          // Non-null while draining: the teardown nulls it only after it made the leftovers on
-          // this thread (KeepLeftovers), between two passes.
+          // Non-null while the state says draining: a teardown nulls it only after the state
+          // died, and makes its leftovers (KeepLeftovers, on this thread between two passes)
+          // before that, so a marker is either marked `polled` here or found a leftover above.
           TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
           const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
           if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {

@@ -609,11 +609,6 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   uint64_t state = slot.state.load(std::memory_order_relaxed);
   if (!StateLive(state) || StateGeneration(state) != generation) return {};  // not retired
   uint32_t consumer = StateConsumer(state);
-  // Dead, with the next generation: items already routed with this one become orphans.
-  slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
-  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
-  uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
   const uint32_t send_id = slot.send_cq.load(std::memory_order_relaxed);
   const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
   const uint32_t ids[2] = {send_id, recv_id};
@@ -621,15 +616,25 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   CqRecord* cqs[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
     auto it = cqs_.find(ids[k]);
-    if (it == cqs_.end()) continue;
-    CqRecord* cq = cqs[k] = it->second.get();
+    if (it != cqs_.end()) cqs[k] = it->second.get();
+  }
+  // Leftovers before the registration dies: a pass before this saw it live and draining and
+  // marked what it polled; a pass after finds the leftover first. (The other way round, a pass in
+  // between would take a marker for nobody's and orphan it, and its leftover would never go.)
+  const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  if (ending != nullptr) KeepLeftovers(*ending, qp_num, cqs, commits);
+  // Dead, with the next generation: items already routed with this one become orphans.
+  slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
+  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
+  if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
+  for (int k = 0; k < 2; ++k) {
+    CqRecord* cq = cqs[k];
+    if (cq == nullptr) continue;
     --cq->registered_qps;
     cq->committed -= commits[k];
     if (k == 1 && recv_id == send_id) continue;  // one CQ for both: one use
     pollers_[cq->shard]->DropUse(cq, consumer);
   }
-  if (ending != nullptr) KeepLeftovers(*ending, qp_num, cqs, commits);
-  // After the leftovers: a poller that still saw the state draining found the pointer set.
   slot.teardown.store(nullptr, std::memory_order_release);
   // What the pollers still hold for this registration becomes orphans now, so that a consumer
   // that stopped draining does not keep CQs of others held back for QPs that are gone.
