@@ -49,6 +49,15 @@ class BlockingHandler : public QpHandler {
   std::atomic<uint64_t> seen{0};
 };
 
+// Consumer 0 a runtime-owned thread, consumer 1 engine-driven (and, in these tests, not drained
+// unless a test says so).
+RuntimeOptions OwnedAndEngine() {
+  RuntimeOptions options;
+  options.consumers.assign(2, ConsumerOptions{});
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;
+  return options;
+}
+
 struct Sim {
   CountingOrphans orphans;
   std::unique_ptr<Runtime> rt;
@@ -184,11 +193,8 @@ TEST(TeardownWaits, OwnedHandlerWaitIsRefusedAndNothingDeadlocks) {
 // a batch (so its teardown, past its deadline, cannot free the slot yet), and the second QP's
 // teardown on another consumer still ends at its own deadline.
 TEST(TeardownWaits, AStuckTeardownDoesNotStopAnothersDeadline) {
-  RuntimeOptions options;
-  options.consumers.assign(2, ConsumerOptions{});
-  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // never drained
   Sim s;
-  s.Build(options);
+  s.Build(OwnedAndEngine());
   CqHandle cq0 = s.Cq(0);
   SimQp* stuck = s.Qp(cq0);
   SimQp* other = s.Qp(cq0);
@@ -216,11 +222,8 @@ TEST(TeardownWaits, AStuckTeardownDoesNotStopAnothersDeadline) {
 // the teardown the permitted way (its Wait is refused; it watches done()) lets Shutdown finish,
 // and the teardown ends kCancelled.
 TEST(TeardownWaits, ShutdownEndsTeardownsBeforeJoiningAHandlerThatWatchesOne) {
-  RuntimeOptions options;
-  options.consumers.assign(2, ConsumerOptions{});
-  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // never drained
   Sim s;
-  s.Build(options);
+  s.Build(OwnedAndEngine());
   CqHandle cq = s.Cq(0);
   SimQp* victim = s.Qp(cq);
   SimQp* actor = s.Qp(cq);

@@ -393,21 +393,22 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   }
 }
 
-// Teardown::Wait from a handler (of any consumer kind) never blocks: it is refused, or the
-// teardown had ended. A block shows as the watchdog's HANG.
-void FuzzHandler::TryWaitFromHandler() noexcept {
+// Teardown::Wait of the latest teardown from a handler (of any consumer kind) or from on_done
+// never blocks: it is refused, or the teardown had ended. A block shows as the watchdog's HANG.
+void CheckWaitDoesNotBlock(State& st, const char* where) {
   cqd::Teardown td;
   {
-    std::unique_lock<std::mutex> lock(st_->latest_mu, std::try_to_lock);
-    if (!lock.owns_lock()) return;
-    td = st_->latest_td;
+    std::lock_guard<std::mutex> lock(st.latest_mu);  // its holders wait for nobody
+    td = st.latest_td;
   }
   const cqd::Status r = td.Wait();
   CHECK(r.code() == cqd::StatusCode::kFailedPrecondition || td.done(),
-        "Teardown::Wait from a handler returned %s for a teardown still running",
+        "Teardown::Wait from %s returned %s for a teardown still running", where,
         r.ToString().c_str());
-  st_->handler_waits.fetch_add(1);
+  st.handler_waits.fetch_add(1);
 }
+
+void FuzzHandler::TryWaitFromHandler() noexcept { CheckWaitDoesNotBlock(*st_, "a handler"); }
 
 void FuzzHandler::OnAsyncEvent(const cqd::AsyncEvent& event) noexcept {
   CHECK(!unregistered.load(), "OnAsyncEvent (type %d) after Unregister returned or the teardown "
@@ -1212,20 +1213,7 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   const bool wait_in_on_done = (b & 0x40) != 0;
   if (a & 0x40) {
     options.on_done = [rec, wait_in_on_done](const cqd::Status& s) {
-      if (wait_in_on_done) {
-        // Wait from on_done (the teardown thread) never blocks: refused, or already over.
-        State* st = g_state;
-        cqd::Teardown td;
-        {
-          std::lock_guard<std::mutex> lock(st->latest_mu);
-          td = st->latest_td;
-        }
-        const cqd::Status r = td.Wait();
-        CHECK(r.code() == cqd::StatusCode::kFailedPrecondition || td.done(),
-              "Teardown::Wait from on_done returned %s for a teardown still running",
-              r.ToString().c_str());
-        st->handler_waits.fetch_add(1);
-      }
+      if (wait_in_on_done) CheckWaitDoesNotBlock(*g_state, "on_done");
       rec->handler->unregistered.store(true);  // it runs after the QP was unregistered
       rec->code.store(static_cast<int>(s.code()));
       rec->calls.fetch_add(1);
