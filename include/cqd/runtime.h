@@ -134,8 +134,9 @@ class Teardown {
   // Returns the result of a finished teardown at once, from any thread: OK when every flushed
   // completion reached the handler, kDeadlineExceeded when the timeout ran out first,
   // kUnavailable when the device failed, kCancelled when the runtime shut down first.
-  // Otherwise blocks until it finishes, which it does by its deadline (once any handler call of
-  // the QP in progress has returned), a DEVICE_FATAL, or Shutdown, whichever comes first.
+  // Otherwise blocks until it finishes, which it does by its deadline, a DEVICE_FATAL, or
+  // Shutdown, whichever comes first, once the QP's consumer has finished the dispatch batch in
+  // progress that may call its handler (if any).
   // Blocking is allowed only on engine threads that run no cqd code; kFailedPrecondition at once
   // (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
   // Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
