@@ -133,8 +133,12 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       taken += n;
     }
   });
-  RunSync([&] {  // a marker the CQ no longer has will not come: forget it
-    std::erase_if(leftovers_, [&](const Leftover& l) { return l.cq == cq; });
+  RunSync([&] {  // a marker the CQ no longer has will not come: forget it, and its commitment
+    std::erase_if(leftovers_, [&](const Leftover& l) {
+      if (l.cq != cq) return false;
+      cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
+      return true;
+    });
     leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
   });
   return taken;

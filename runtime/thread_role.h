@@ -12,6 +12,7 @@
 #ifndef CQD_RUNTIME_THREAD_ROLE_H_
 #define CQD_RUNTIME_THREAD_ROLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -24,10 +25,12 @@ inline thread_local bool tls_runtime_thread = false;
 inline void MarkRuntimeThread() { tls_runtime_thread = true; }
 inline bool OnRuntimeThread() { return tls_runtime_thread; }
 
-// Names the calling thread: the address of a thread_local, distinct among live threads.
+// Names the calling thread: a number no other thread of the process ever gets (an address of a
+// thread_local would be reused by a later thread).
 inline uintptr_t ThreadToken() {
-  static thread_local char token;
-  return reinterpret_cast<uintptr_t>(&token);
+  static std::atomic<uintptr_t> next{1};
+  static thread_local const uintptr_t token = next.fetch_add(1, std::memory_order_relaxed);
+  return token;
 }
 
 // The wait duty of this thread: `serve(owner)` runs what was posted to `owner`'s mailbox.

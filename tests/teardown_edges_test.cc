@@ -218,10 +218,11 @@ TEST(TeardownWaits, AStuckTeardownDoesNotStopAnothersDeadline) {
   EXPECT_EQ(stuck_td.Wait().code(), StatusCode::kDeadlineExceeded);
 }
 
-// 4. Shutdown ends a pending teardown before it joins the consumers: a handler that waits for
-// the teardown the permitted way (its Wait is refused; it watches done()) lets Shutdown finish,
-// and the teardown ends kCancelled.
-TEST(TeardownWaits, ShutdownEndsTeardownsBeforeJoiningAHandlerThatWatchesOne) {
+// 4. Shutdown ends a pending teardown before it joins the consumers. Here an owned consumer's
+// handler waits for an engine thread (the engine's own business), and that thread waits for a
+// teardown nobody drains: Shutdown used to join the consumer first and hang; now the teardown
+// ends kCancelled, the engine thread lets the handler go, and Shutdown returns.
+TEST(TeardownWaits, ShutdownEndsTeardownsBeforeJoiningAnything) {
   Sim s;
   s.Build(OwnedAndEngine());
   CqHandle cq = s.Cq(0);
@@ -231,26 +232,26 @@ TEST(TeardownWaits, ShutdownEndsTeardownsBeforeJoiningAHandlerThatWatchesOne) {
   ActingHandler actor_handler;
   Registration victim_reg = s.rt->RegisterQp(*victim, victim_handler, 1).value();
   Registration actor_reg = s.rt->RegisterQp(*actor, actor_handler, 0).value();
-  std::atomic<int> wait_code{-1};
-  std::atomic<bool> watching{false};
-  Teardown teardown;
+  TeardownOptions forever;
+  forever.timeout = std::chrono::hours(1);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(victim_reg, forever));
+  std::atomic<bool> engine_done{false};
+  std::atomic<bool> handler_blocked{false};
   actor_handler.on_first = [&] {
-    TeardownOptions td_options;
-    td_options.timeout = std::chrono::hours(1);
-    auto td = s.rt->TeardownQp(victim_reg, td_options);
-    if (!td.ok()) return;
-    teardown = *td;
-    wait_code.store(static_cast<int>(teardown.Wait().code()));
-    watching.store(true);
-    while (!teardown.done()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    handler_blocked.store(true);
+    while (!engine_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
+  auto engine = std::async(std::launch::async, [&] {
+    Status result = teardown.Wait();
+    engine_done.store(true);
+    return result;
+  });
   ASSERT_TRUE(InjectRecvs(actor, 0, 1));
-  ASSERT_TRUE(WaitFor([&] { return watching.load(); }));
+  ASSERT_TRUE(WaitFor([&] { return handler_blocked.load(); }));
   auto shutdown = std::async(std::launch::async, [&] { return s.rt->Shutdown(); });
   ASSERT_EQ(shutdown.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   CQD_ASSERT_OK(shutdown.get());
-  EXPECT_EQ(wait_code.load(), static_cast<int>(StatusCode::kFailedPrecondition));
-  EXPECT_EQ(teardown.Wait().code(), StatusCode::kCancelled);
+  EXPECT_EQ(engine.get().code(), StatusCode::kCancelled);
 }
 
 // The thread that drains an engine-driven consumer cannot wait for a teardown of that
@@ -270,6 +271,25 @@ TEST(TeardownWaits, TheDrainingThreadIsRefused) {
   auto other = std::async(std::launch::async, [&] { return teardown.Wait(); });
   ASSERT_TRUE(testing::DrainUntil(*s.rt, 0, [&] { return teardown.done(); }));
   CQD_ASSERT_OK(other.get());
+}
+
+// Only the thread that drained last is refused: a thread that starts after it exited is not.
+TEST(TeardownWaits, ANewThreadIsNotTakenForAnExitedDrainer) {
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  std::thread([&] { s.rt->Drain(0, 16); }).join();
+  TeardownOptions short_deadline;
+  short_deadline.timeout = std::chrono::milliseconds(50);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, short_deadline));
+  Status result;
+  std::thread([&] { result = teardown.Wait(); }).join();
+  EXPECT_EQ(result.code(), StatusCode::kDeadlineExceeded) << result.ToString();
 }
 
 // on_done runs on the teardown thread: Shutdown from there is refused with a status (it joined
