@@ -30,7 +30,11 @@
 //   - a teardown ends (deadline, DEVICE_FATAL, Shutdown) without the teardown thread waiting for
 //     any consumer, so teardowns never wait on each other;
 //   - Teardown::Wait and Shutdown are refused (kFailedPrecondition, at once) on the threads they
-//     could wait for: see each.
+//     could wait for: see each. A handler must not wait for a teardown in any other way either
+//     (spinning on Teardown::done()): its own batch may be what the teardown waits for.
+// A kRunToCompletion consumer is its poller: while one of its handlers blocks, control calls and
+// teardown ends that need that poller (retiring a QP needs the pollers of its CQs) wait, and
+// they hold the control mutex meanwhile. Its handlers must not block.
 //
 // Ordering. Completions of one QP from one CQ reach its handler in the order they were polled.
 // An async event of a QP reaches its handler after every completion of that QP that was in the
@@ -141,8 +145,8 @@ class Teardown {
   // (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
   // Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
   // and the thread that last called Drain on the QP's engine-driven consumer (nothing else
-  // would deliver its markers). Those use on_done or done(). kFailedPrecondition also on a
-  // default-constructed Teardown.
+  // would deliver its markers). Those use on_done, or check done() without waiting on it.
+  // kFailedPrecondition also on a default-constructed Teardown.
   Status Wait() const;
 
  private:
