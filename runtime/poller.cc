@@ -139,7 +139,6 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
       return true;
     });
-    leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
   });
   return taken;
 }
@@ -222,7 +221,6 @@ int Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const Mar
       sides[k].cq->leftover_commit.fetch_add(sides[k].commit, std::memory_order_relaxed);
       ++kept;
     }
-    leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
   });
   return kept;
 }
@@ -238,7 +236,6 @@ bool Poller::TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept {
     // The marker: nothing of that QP is left behind it in this CQ.
     cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
     leftovers_.erase(leftovers_.begin() + i);
-    leftover_count_.store(leftovers_.size(), std::memory_order_relaxed);
     return true;
   }
   return false;

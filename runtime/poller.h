@@ -109,8 +109,6 @@ class Poller {
     uint64_t commit;
   };
   int KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides, int n);
-  // Leftovers not yet polled, for stats and tests.
-  uint64_t leftovers() const { return leftover_count_.load(std::memory_order_relaxed); }
 
   // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
   // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
@@ -209,7 +207,6 @@ class Poller {
     uint64_t commit;
   };
   std::vector<Leftover> leftovers_;  // poller thread only; few
-  std::atomic<uint64_t> leftover_count_{0};
   std::vector<CqRecord*> cqs_;     // in the passes, round robin
   std::vector<CqRecord*> parked_;  // armed, out of the passes until their event
   const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)

@@ -72,8 +72,12 @@ class Rxe : public ::testing::Test {
     for (auto& p : pairs_) {
       p->a_reg.Unregister();
       p->b_reg.Unregister();
-      if (p->a) EXPECT_EQ(ibv_destroy_qp(p->a), 0);
-      if (p->b) EXPECT_EQ(ibv_destroy_qp(p->b), 0);
+      if (p->a) {
+        EXPECT_EQ(ibv_destroy_qp(p->a), 0);
+      }
+      if (p->b) {
+        EXPECT_EQ(ibv_destroy_qp(p->b), 0);
+      }
     }
     pairs_.clear();
     for (CqHandle cq : cqs_) {
