@@ -1,5 +1,7 @@
 #include "runtime/log.h"
 
+#include "runtime/thread_role.h"
+
 namespace cqd {
 
 std::string_view LogLevelName(LogLevel level) {
@@ -16,10 +18,13 @@ namespace internal {
 
 void Logger::Log(LogLevel level, std::string_view message) const noexcept {
   if (!sink_) return;
+  const bool outer = tls_in_log_sink;
+  tls_in_log_sink = true;  // thread_role.h: the runtime refuses calls from the sink
   try {
     sink_(level, message);
   } catch (...) {  // the engine's sink must not take a runtime thread down
   }
+  tls_in_log_sink = outer;
 }
 
 }  // namespace internal

@@ -209,9 +209,8 @@ void Poller::PurgeDead(uint32_t consumer) {
   });
 }
 
-int Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides,
-                          int n) {
-  int kept = 0;
+void Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides,
+                           int n) {
   RunSync([&] {
     // On this thread, between passes: `polled` holds every marker a pass has taken so far.
     const uint32_t polled = state.polled.load(std::memory_order_relaxed);
@@ -219,10 +218,8 @@ int Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const Mar
       if (polled & sides[k].bit) continue;
       leftovers_.push_back({sides[k].cq, sides[k].marker, qp_num, sides[k].commit});
       sides[k].cq->leftover_commit.fetch_add(sides[k].commit, std::memory_order_relaxed);
-      ++kept;
     }
   });
-  return kept;
 }
 
 bool Poller::TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept {

@@ -101,14 +101,14 @@ class Poller {
   void PurgeDead(uint32_t consumer);
   // The teardown `state` of `qp_num` ended (its registration is already dead). Each of its
   // markers (TeardownState::k*Marker `bit`) on a CQ of this shard that no pass has polled yet
-  // becomes a leftover (see above) holding `commit` of that CQ. Returns how many did.
+  // becomes a leftover (see above) holding `commit` of that CQ.
   struct MarkerSide {
     CqRecord* cq;
     uint64_t marker;  // the wr_id
     uint32_t bit;
     uint64_t commit;
   };
-  int KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides, int n);
+  void KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides, int n);
 
   // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
   // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).

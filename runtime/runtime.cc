@@ -38,6 +38,11 @@ std::string Octal(uint32_t v) {
                                 "OrphanHandler or DeviceEventHandler), which must not "   \
                                 "call the runtime");                                      \
     }                                                                                     \
+    if (InLogSink()) {                                                                    \
+      return FailedPrecondition(std::string(op) +                                         \
+                                ": called from the RuntimeOptions::log sink, which may "  \
+                                "run under the runtime mutex");                           \
+    }                                                                                     \
   } while (0)
 
 Status CheckCpu(const char* what, int cpu) {
@@ -663,7 +668,7 @@ void RuntimeImpl::KeepLeftovers(const TeardownState& ending, uint32_t qp_num, Cq
 }
 
 bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
-  if (OnRuntimeThread()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
+  if (OnRuntimeThread() || InLogSink()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
   std::unique_lock<ControlMutex> lock(mu_);
   const BatchTicket batch = Retire(index, generation, nullptr);
   if (!batch.retired) return true;  // already gone
@@ -813,7 +818,7 @@ Stats RuntimeImpl::GetStats() const {
     stats.consumers.push_back(std::move(c));
   }
   placement_.FillStats(stats);
-  if (OnRuntimeThread()) return stats;  // the CQ part needs the mutex: see thread_role.h
+  if (OnRuntimeThread() || InLogSink()) return stats;  // the CQ part needs the mutex
   std::lock_guard<ControlMutex> lock(mu_);
   for (const auto& [id, cq] : cqs_) {
     CqStats c;
@@ -1041,6 +1046,8 @@ Status Teardown::Wait() const {
     refused = "called from a cqd poller or event thread (an OrphanHandler or DeviceEventHandler)";
   } else if (internal::TeardownWorker::OnWorkerThread()) {
     refused = "called from a teardown's on_done (the thread that ends teardowns)";
+  } else if (internal::InLogSink()) {
+    refused = "called from the RuntimeOptions::log sink (it may run under the runtime mutex)";
   } else if (state_->drainer != nullptr &&
              state_->drainer->load(std::memory_order_relaxed) == internal::ThreadToken()) {
     refused = "called from the thread that drains the QP's engine-driven consumer (nothing "

@@ -25,6 +25,11 @@ inline thread_local bool tls_runtime_thread = false;
 inline void MarkRuntimeThread() { tls_runtime_thread = true; }
 inline bool OnRuntimeThread() { return tls_runtime_thread; }
 
+// Set while the engine's RuntimeOptions::log sink runs (log.cc): it may run under the runtime
+// mutex, so control calls and waits from it are refused.
+inline thread_local bool tls_in_log_sink = false;
+inline bool InLogSink() { return tls_in_log_sink; }
+
 // Names the calling thread: a number no other thread of the process ever gets (an address of a
 // thread_local would be reused by a later thread).
 inline uintptr_t ThreadToken() {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <string_view>
 #include <thread>
 
 #include "cqd/runtime.h"
@@ -321,6 +322,47 @@ TEST(TeardownWaits, ShutdownAndWaitFromOnDoneAreRefused) {
   EXPECT_EQ(shutdown.code(), StatusCode::kFailedPrecondition) << shutdown.ToString();
   if (!wait.ok()) EXPECT_EQ(wait.code(), StatusCode::kFailedPrecondition) << wait.ToString();
   CQD_ASSERT_OK(s.rt->Shutdown());
+}
+
+// The log sink may run under the runtime mutex (here: AddSimDevice logs the device it added):
+// Teardown::Wait, Shutdown and Unregister from it are refused rather than left to hang, and
+// GetStats returns.
+TEST(TeardownWaits, CallsFromTheLogSinkAreRefused) {
+  std::atomic<Runtime*> runtime{nullptr};  // set once `pending` is
+  Teardown pending;
+  std::atomic<int> sink_checks{0};
+  Status wait, shutdown;
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;  // never drained
+  options.log = [&](LogLevel, std::string_view message) {
+    Runtime* rt = runtime.load();
+    if (rt == nullptr || message.find("added as device") == std::string_view::npos) return;
+    wait = pending.Wait();
+    shutdown = rt->Shutdown();
+    (void)rt->GetStats();
+    sink_checks.fetch_add(1);
+  };
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  TeardownOptions forever;
+  forever.timeout = std::chrono::hours(1);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, forever));
+  pending = teardown;
+  runtime.store(s.rt.get());
+  auto added = std::async(std::launch::async, [&] { return s.rt->AddSimDevice(SimDevice::Create()); });
+  ASSERT_EQ(added.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_TRUE(added.get().ok());
+  ASSERT_EQ(sink_checks.load(), 1);
+  EXPECT_EQ(wait.code(), StatusCode::kFailedPrecondition) << wait.ToString();
+  EXPECT_EQ(shutdown.code(), StatusCode::kFailedPrecondition) << shutdown.ToString();
+  EXPECT_FALSE(teardown.done());
+  runtime.store(nullptr);
+  CQD_ASSERT_OK(s.rt->Shutdown());
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kCancelled);
 }
 
 // A CQ held back by a stalled consumer, and a teardown that ends at its deadline while its QP's

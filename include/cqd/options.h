@@ -92,7 +92,9 @@ struct RuntimeOptions {
   // paths only, never by a poller or a consumer: from the thread making a control call, the
   // event thread, the teardown thread and the stats thread, possibly concurrently, so it must be
   // thread-safe. It must not block for long (it delays the event thread) and must not call the
-  // runtime. Messages have no trailing newline. Exceptions it throws are swallowed.
+  // runtime: it may run under the runtime's mutex, so control calls, Registration::Unregister
+  // (a no-op) and Teardown::Wait from it are refused with kFailedPrecondition, and GetStats
+  // leaves out the CQs. Messages have no trailing newline. Exceptions it throws are swallowed.
   std::function<void(LogLevel level, std::string_view message)> log;
   // Optional: a Unix socket path (at most 107 bytes) on which a thread of the runtime serves
   // GetStats() to whoever connects: JSON by default, Prometheus text on request (see
