@@ -144,9 +144,8 @@ class Teardown {
   // Blocking is allowed only on engine threads that run no cqd code; kFailedPrecondition at once
   // (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
   // Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
-  // the RuntimeOptions::log sink,
-  // and the thread that last called Drain on the QP's engine-driven consumer (nothing else
-  // would deliver its markers). Those use on_done, or check done() without waiting on it.
+  // the RuntimeOptions::log sink, and the thread that last called Drain on the QP's
+  // engine-driven consumer (nothing else would deliver its markers). Those use on_done, or check done() without waiting on it.
   // kFailedPrecondition also on a default-constructed Teardown.
   Status Wait() const;
 
