@@ -33,6 +33,8 @@ using std::chrono::milliseconds;
 constexpr int kQueueDepth = 64;
 constexpr ConsumerId kOwned = 0;
 constexpr ConsumerId kEngine = 1;
+constexpr ConsumerId kEngine2 = 2;
+constexpr int kPairs = 4;
 
 const char* Address() {
   const char* addr = getenv("CQD_RDMA_ADDR");
@@ -101,10 +103,19 @@ class Channel : public CmHandler {
   std::vector<Seen> seen_;
 };
 
+// One connection: the client's QP is on kOwned, the server's on `server_consumer`; the server
+// tells them apart by the pair's index in the connect private data.
+struct Pair {
+  rdma_cm_id* client = nullptr;
+  std::atomic<rdma_cm_id*> server{nullptr};
+  Conn client_conn, server_conn;
+  ConsumerId server_consumer = kEngine;
+};
+
 class RxeCmAttack : public ::testing::Test {
  protected:
-  // `engine` configures consumer 1 (engine-driven).
-  void Start(ConsumerOptions engine = {}) {
+  // `engine` configures consumers 1 and 2 (engine-driven), `owned` consumer 0.
+  void Start(ConsumerOptions engine = {}, ConsumerOptions owned = {}) {
     server_channel_ = rdma_create_event_channel();
     client_channel_ = rdma_create_event_channel();
     ASSERT_NE(server_channel_, nullptr) << "rdma_create_event_channel: " << strerror(errno);
@@ -121,9 +132,11 @@ class RxeCmAttack : public ::testing::Test {
 
     RuntimeOptions options;
     options.pollers = 2;
-    options.consumers.resize(2);
+    options.consumers.resize(3);
     engine.kind = ConsumerKind::kEngineDriven;
+    options.consumers[kOwned] = owned;
     options.consumers[kEngine] = engine;
+    options.consumers[kEngine2] = engine;
     auto rt = Runtime::Create(options);
     ASSERT_TRUE(rt.ok()) << rt.status().ToString();
     rt_ = std::move(rt).value();
@@ -141,11 +154,13 @@ class RxeCmAttack : public ::testing::Test {
   }
 
   void TearDown() override {
-    for (Conn* conn : {&server_conn_, &client_conn_}) conn->registration.Unregister();
-    for (rdma_cm_id* id : {server_id_.load(), client_id_}) {
-      if (id == nullptr) continue;
-      if (id->qp != nullptr) rdma_destroy_qp(id);
-      rdma_destroy_id(id);
+    for (Pair& pair : pairs_) {
+      for (Conn* conn : {&pair.server_conn, &pair.client_conn}) conn->registration.Unregister();
+      for (rdma_cm_id* id : {pair.server.load(), pair.client}) {
+        if (id == nullptr) continue;
+        if (id->qp != nullptr) rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+      }
     }
     for (rdma_cm_id* id : extra_ids_) rdma_destroy_id(id);
     if (listen_id_ != nullptr) rdma_destroy_id(listen_id_);
@@ -185,57 +200,92 @@ class RxeCmAttack : public ::testing::Test {
     return true;
   }
 
-  // Server QP on the engine-driven consumer, client QP on the owned one; both CmHandlers on the
-  // owned one. Returns once the client saw ESTABLISHED.
-  void Connect() {
-    CQD_ASSERT_OK(rt_->WatchCmChannel(server_channel_, server_cm_, kOwned));
-    CQD_ASSERT_OK(rt_->WatchCmChannel(client_channel_, client_cm_, kOwned));
+  // Watches both channels (their CmHandlers on `cm_consumer`) and listens; connections then
+  // made with ConnectPair are accepted by the server's CmHandler.
+  void Listen(ConsumerId cm_consumer = kOwned) {
+    CQD_ASSERT_OK(rt_->WatchCmChannel(server_channel_, server_cm_, cm_consumer));
+    CQD_ASSERT_OK(rt_->WatchCmChannel(client_channel_, client_cm_, cm_consumer));
     ASSERT_EQ(rdma_listen(listen_id_, 8), 0) << strerror(errno);
     server_cm_.react = [this](const CmEvent& event) {
-      if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST) return;
-      server_id_ = event.id;
-      if (!MakeQp(event.id, server_conn_, kEngine, 8)) return;
+      if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST || event.private_data_len < 1 ||
+          event.private_data[0] >= kPairs) {
+        return;
+      }
+      Pair& pair = pairs_[event.private_data[0]];
+      pair.server = event.id;
+      if (!MakeQp(event.id, pair.server_conn, pair.server_consumer, 8)) return;
       rdma_conn_param param{};
       param.responder_resources = param.initiator_depth = 1;
       EXPECT_EQ(rdma_accept(event.id, &param), 0) << strerror(errno);
     };
     client_cm_.react = [this](const CmEvent& event) {
+      auto* pair = static_cast<Pair*>(event.context);
+      if (pair == nullptr) return;
       if (event.type == RDMA_CM_EVENT_ADDR_RESOLVED) {
         EXPECT_EQ(rdma_resolve_route(event.id, 5000), 0) << strerror(errno);
       } else if (event.type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
-        if (!MakeQp(event.id, client_conn_, kOwned, 0)) return;
+        if (!MakeQp(event.id, pair->client_conn, kOwned, 0)) return;
+        const uint8_t tag = static_cast<uint8_t>(pair - pairs_);
         rdma_conn_param param{};
         param.responder_resources = param.initiator_depth = 1;
         param.retry_count = 6;
         param.rnr_retry_count = 7;
+        param.private_data = &tag;
+        param.private_data_len = 1;
         EXPECT_EQ(rdma_connect(event.id, &param), 0) << strerror(errno);
       }
     };
-    ASSERT_EQ(rdma_create_id(client_channel_, &client_id_, nullptr, RDMA_PS_TCP), 0);
-    ASSERT_EQ(rdma_resolve_addr(client_id_, nullptr, reinterpret_cast<sockaddr*>(&server_addr_),
-                                5000),
+  }
+
+  // Connects pairs_[index], its server QP on `server_consumer`; returns once the client saw
+  // ESTABLISHED.
+  void ConnectPair(int index, ConsumerId server_consumer) {
+    Pair& pair = pairs_[index];
+    pair.server_consumer = server_consumer;
+    ASSERT_EQ(rdma_create_id(client_channel_, &pair.client, &pair, RDMA_PS_TCP), 0);
+    ASSERT_EQ(rdma_resolve_addr(pair.client, nullptr,
+                                reinterpret_cast<sockaddr*>(&server_addr_), 5000),
               0)
         << strerror(errno);
-    ASSERT_TRUE(WaitFor([&] { return client_conn_.Saw(RDMA_CM_EVENT_ESTABLISHED); }))
+    ASSERT_TRUE(WaitFor([&] { return pair.client_conn.Saw(RDMA_CM_EVENT_ESTABLISHED); }))
         << "no connection; client channel saw " << client_cm_.Names();
   }
 
+  // Pair 0: server QP on the engine-driven consumer 1, client QP on the owned one; both
+  // CmHandlers on the owned one. Returns once the client saw ESTABLISHED.
+  void Connect() {
+    ASSERT_NO_FATAL_FAILURE(Listen());
+    ASSERT_NO_FATAL_FAILURE(ConnectPair(0, kEngine));
+  }
+
   uint64_t EngineDepth() const { return rt_->GetStats().consumers[kEngine].queue_depth; }
+  // The position of `id`'s first `type` event in what `channel` saw, or -1.
+  static int IndexOf(const Channel& channel, rdma_cm_id* id, rdma_cm_event_type type) {
+    int i = 0;
+    for (const Channel::Seen& s : channel.seen()) {
+      if (s.id == id && s.type == type) return i;
+      ++i;
+    }
+    return -1;
+  }
 
   std::unique_ptr<Runtime> rt_;
   DeviceId dev_ = 0;
   rdma_event_channel* server_channel_ = nullptr;
   rdma_event_channel* client_channel_ = nullptr;
   rdma_cm_id* listen_id_ = nullptr;
-  std::atomic<rdma_cm_id*> server_id_{nullptr};
-  rdma_cm_id* client_id_ = nullptr;
+  Pair pairs_[kPairs];
+  // Pair 0, under the names the single-connection tests use.
+  std::atomic<rdma_cm_id*>& server_id_ = pairs_[0].server;
+  rdma_cm_id*& client_id_ = pairs_[0].client;
   std::vector<rdma_cm_id*> extra_ids_;
   sockaddr_in server_addr_{};
   ibv_pd* pd_ = nullptr;
   rxe::Buffers buffers_;
   std::vector<CqHandle> cqs_;
   Channel server_cm_, client_cm_;
-  Conn server_conn_, client_conn_;
+  Conn& server_conn_ = pairs_[0].server_conn;
+  Conn& client_conn_ = pairs_[0].client_conn;
 };
 
 // Control: the server's ESTABLISHED waits on the engine-driven consumer; the QP is unregistered
@@ -283,8 +333,8 @@ TEST_F(RxeCmAttack, EventHandedOnAfterShutdownStillReachesTheCmHandler) {
 
 // FINDING: one id's events reached the CmHandler out of read order when its QP was unregistered
 // while an event of it was queued: the queued DISCONNECTED was handed on only when the consumer
-// reached it, while the id's later TIMEWAIT_EXIT went straight to the CmHandler. Now an event
-// follows the id's earlier ones while any is on its way.
+// reached it, while the id's later TIMEWAIT_EXIT went straight to the CmHandler. Now the end of
+// the registration hands on what is queued at once, and later events follow it.
 TEST_F(RxeCmAttack, CmHandlerSeesOneIdsEventsInReadOrder) {
   ASSERT_NO_FATAL_FAILURE(Start());
   ASSERT_NO_FATAL_FAILURE(Connect());
@@ -304,8 +354,10 @@ TEST_F(RxeCmAttack, CmHandlerSeesOneIdsEventsInReadOrder) {
                       milliseconds(60000)))
       << "no TIMEWAIT_EXIT read; server channel saw " << server_cm_.Names();
   std::this_thread::sleep_for(milliseconds(200));  // room for a wrong route to show itself
-  EXPECT_FALSE(server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT))
-      << "TIMEWAIT_EXIT overtook the id's DISCONNECTED still queued on consumer 1";
+  if (server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT)) {
+    EXPECT_TRUE(server_cm_.Saw(RDMA_CM_EVENT_DISCONNECTED))
+        << "TIMEWAIT_EXIT overtook the id's DISCONNECTED: " << server_cm_.Names();
+  }
   ASSERT_TRUE(WaitFor([&] {
     rt_->Drain(kEngine, 64);
     return server_cm_.Saw(RDMA_CM_EVENT_DISCONNECTED) &&
@@ -356,6 +408,142 @@ TEST_F(RxeCmAttack, StalledCmHandlerBoundsTheChannelReadAhead) {
     return delivered >= kIds;
   }, milliseconds(30000))) << delivered << " of " << kIds << " delivered";
   EXPECT_EQ(rt_->GetStats().cm_events, static_cast<uint64_t>(kIds));
+}
+
+// FINDING (issue 15.1): Unregister's purge of a poller's spill handed the id's DISCONNECTED,
+// waiting there behind a full consumer, to the CmHandler at once, while the id's earlier
+// ESTABLISHED still waited in the consumer's queue and was handed on only when it was drained.
+TEST_F(RxeCmAttack, PurgedEventFollowsTheIdsEarlierQueuedOne) {
+  ConsumerOptions engine;
+  engine.queue_capacity = 1;  // ESTABLISHED fills the queue; DISCONNECTED waits in the spill
+  ASSERT_NO_FATAL_FAILURE(Start(engine));
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
+  ASSERT_EQ(rdma_disconnect(client_id_), 0) << strerror(errno);
+  ASSERT_TRUE(WaitFor([&] { return rt_->GetStats().consumers[kEngine].spill_depth >= 1; }))
+      << "server DISCONNECTED not held in a spill";
+  server_conn_.registration.Unregister();
+  rdma_cm_id* server = server_id_.load();
+  // Wrongly handed on, DISCONNECTED shows up now; give it the time to.
+  WaitFor([&] { return IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED) >= 0; },
+          milliseconds(1000));
+  ASSERT_TRUE(WaitFor([&] {
+    rt_->Drain(kEngine, 64);
+    return IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED) >= 0 &&
+           IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED) >= 0;
+  })) << "server channel saw " << server_cm_.Names();
+  EXPECT_LT(IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED),
+            IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED))
+      << "the CmHandler got the id's events out of read order: " << server_cm_.Names();
+  EXPECT_FALSE(server_conn_.Saw(RDMA_CM_EVENT_ESTABLISHED));
+}
+
+// FINDING (issue 15.2): the server channel's read-ahead count still held the CM events queued for
+// a consumer that stopped draining after their QP was unregistered, so the channel was no longer
+// read and a new client's CONNECT_REQUEST never reached the listener's healthy consumer.
+TEST_F(RxeCmAttack, StuckConsumerOfUnregisteredQpsDoesNotHoldTheListener) {
+  ConsumerOptions owned;  // runs the CmHandlers: the channels' read-ahead is 1 + 1
+  owned.queue_capacity = 1;
+  owned.spill_capacity = 1;
+  ASSERT_NO_FATAL_FAILURE(Start({}, owned));
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
+  ASSERT_EQ(rdma_disconnect(client_id_), 0) << strerror(errno);
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 2; })) << "server DISCONNECTED not queued";
+  // Consumer 1 never drains again; the engine gives up on its QP.
+  server_conn_.registration.Unregister();
+  // A new client is accepted by the listener (consumer 0) while consumer 1 still holds them.
+  ASSERT_NO_FATAL_FAILURE(ConnectPair(1, kOwned));
+  // What consumer 1 held was handed on, in order, without it draining.
+  rdma_cm_id* server = server_id_.load();
+  EXPECT_TRUE(WaitFor([&] {
+    return IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED) >= 0;
+  })) << server_cm_.Names();
+  EXPECT_LT(IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED),
+            IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED));
+}
+
+// FINDING (issue 15.3): a binding that ended with events still in flight kept its id's address,
+// so a new id that got the destroyed id's address had its ADDR_RESOLVED routed behind the dead
+// connection, into the stuck consumer's queue.
+TEST_F(RxeCmAttack, NewIdAtAnEndedIdsAddressIsNotRoutedBehindIt) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(Connect());
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
+  server_conn_.registration.Unregister();  // consumer 1 never drains
+  rdma_cm_id* old = server_id_.exchange(nullptr);
+  rdma_destroy_qp(old);
+  // Fill the allocator's per-thread cache for this size first, so that the destroyed id's memory
+  // goes back to the arena, where the next id's calloc finds it.
+  std::vector<rdma_cm_id*> spare(7);
+  for (rdma_cm_id*& id : spare) {
+    ASSERT_EQ(rdma_create_id(server_channel_, &id, nullptr, RDMA_PS_TCP), 0);
+  }
+  for (rdma_cm_id* id : spare) rdma_destroy_id(id);
+  ASSERT_EQ(rdma_destroy_id(old), 0) << strerror(errno);
+  rdma_cm_id* reused = nullptr;
+  for (int i = 0; i < 64 && reused == nullptr; ++i) {
+    rdma_cm_id* id = nullptr;
+    ASSERT_EQ(rdma_create_id(server_channel_, &id, nullptr, RDMA_PS_TCP), 0);
+    extra_ids_.push_back(id);
+    if (id == old) reused = id;
+  }
+  ASSERT_NE(reused, nullptr) << "no new id got the destroyed id's address";
+  ASSERT_EQ(rdma_resolve_addr(reused, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000),
+            0)
+      << strerror(errno);
+  EXPECT_TRUE(WaitFor([&] {
+    for (const Channel::Seen& s : server_cm_.seen()) {
+      if (s.id == reused && s.type == RDMA_CM_EVENT_ADDR_RESOLVED) return true;
+    }
+    return false;
+  }, milliseconds(10000))) << "the new id's ADDR_RESOLVED never reached the CmHandler (consumer 1 "
+                              "queue_depth="
+                           << EngineDepth() << "); server channel saw " << server_cm_.Names();
+}
+
+// FINDING (issue 15.5): after Shutdown, two engine threads draining two consumers that each
+// handed on an event to the same CmHandler (whose owned consumer had stopped) ran it on both
+// threads at once.
+TEST_F(RxeCmAttack, CmHandlerNeverRunsOnTwoThreadsAfterShutdown) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  ASSERT_NO_FATAL_FAILURE(ConnectPair(0, kEngine));
+  ASSERT_NO_FATAL_FAILURE(ConnectPair(1, kEngine2));
+  ASSERT_TRUE(WaitFor([&] {
+    const Stats stats = rt_->GetStats();
+    return stats.consumers[kEngine].queue_depth >= 1 && stats.consumers[kEngine2].queue_depth >= 1;
+  })) << "the servers' ESTABLISHED not queued";
+  static std::atomic<int> inside;  // static: a late callback must not dangle
+  static std::atomic<bool> overlapped;
+  static std::atomic<int> handed_on;
+  inside = 0;
+  overlapped = false;
+  handed_on = 0;
+  server_cm_.react = [](const CmEvent& event) {
+    if (event.type != RDMA_CM_EVENT_ESTABLISHED) return;
+    if (inside.fetch_add(1) != 0) overlapped = true;
+    std::this_thread::sleep_for(milliseconds(300));
+    inside.fetch_sub(1);
+    handed_on.fetch_add(1);
+  };
+  CQD_ASSERT_OK(rt_->Shutdown());
+  std::atomic<int> ready{0};
+  auto engine_thread = [&](Pair& pair, ConsumerId consumer) {
+    ready.fetch_add(1);
+    while (ready.load() < 2) std::this_thread::yield();
+    pair.server_conn.registration.Unregister();
+    for (int i = 0; i < 100; ++i) {
+      rt_->Drain(consumer, 64);
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  };
+  std::thread a(engine_thread, std::ref(pairs_[0]), kEngine);
+  std::thread b(engine_thread, std::ref(pairs_[1]), kEngine2);
+  a.join();
+  b.join();
+  EXPECT_EQ(handed_on.load(), 2) << "server channel saw " << server_cm_.Names();
+  EXPECT_FALSE(overlapped.load()) << "the CmHandler ran on two threads at once";
 }
 
 
