@@ -103,12 +103,13 @@ class Channel : public CmHandler {
   std::vector<Seen> seen_;
 };
 
-// One connection: the client's QP is on kOwned, the server's on `server_consumer`; the server
-// tells them apart by the pair's index in the connect private data.
+// One connection, its QPs on `client_consumer` and `server_consumer`; the server tells pairs
+// apart by the pair's index in the connect private data.
 struct Pair {
   rdma_cm_id* client = nullptr;
   std::atomic<rdma_cm_id*> server{nullptr};
   Conn client_conn, server_conn;
+  ConsumerId client_consumer = kOwned;
   ConsumerId server_consumer = kEngine;
 };
 
@@ -224,7 +225,7 @@ class RxeCmAttack : public ::testing::Test {
       if (event.type == RDMA_CM_EVENT_ADDR_RESOLVED) {
         EXPECT_EQ(rdma_resolve_route(event.id, 5000), 0) << strerror(errno);
       } else if (event.type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
-        if (!MakeQp(event.id, pair->client_conn, kOwned, 0)) return;
+        if (!MakeQp(event.id, pair->client_conn, pair->client_consumer, 0)) return;
         const uint8_t tag = static_cast<uint8_t>(pair - pairs_);
         rdma_conn_param param{};
         param.responder_resources = param.initiator_depth = 1;
@@ -237,17 +238,19 @@ class RxeCmAttack : public ::testing::Test {
     };
   }
 
-  // Connects pairs_[index], its server QP on `server_consumer`; returns once the client saw
-  // ESTABLISHED.
-  void ConnectPair(int index, ConsumerId server_consumer) {
+  // Connects pairs_[index], its QPs on the consumers given; returns once the side on kOwned saw
+  // ESTABLISHED (the client, if both are).
+  void ConnectPair(int index, ConsumerId server_consumer, ConsumerId client_consumer = kOwned) {
     Pair& pair = pairs_[index];
     pair.server_consumer = server_consumer;
+    pair.client_consumer = client_consumer;
     ASSERT_EQ(rdma_create_id(client_channel_, &pair.client, &pair, RDMA_PS_TCP), 0);
     ASSERT_EQ(rdma_resolve_addr(pair.client, nullptr,
                                 reinterpret_cast<sockaddr*>(&server_addr_), 5000),
               0)
         << strerror(errno);
-    ASSERT_TRUE(WaitFor([&] { return pair.client_conn.Saw(RDMA_CM_EVENT_ESTABLISHED); }))
+    Conn& watched = client_consumer == kOwned ? pair.client_conn : pair.server_conn;
+    ASSERT_TRUE(WaitFor([&] { return watched.Saw(RDMA_CM_EVENT_ESTABLISHED); }))
         << "no connection; client channel saw " << client_cm_.Names();
   }
 
@@ -259,12 +262,13 @@ class RxeCmAttack : public ::testing::Test {
   }
 
   uint64_t EngineDepth() const { return rt_->GetStats().consumers[kEngine].queue_depth; }
-  // The position of `id`'s first `type` event in what `channel` saw, or -1.
-  static int IndexOf(const Channel& channel, rdma_cm_id* id, rdma_cm_event_type type) {
-    int i = 0;
-    for (const Channel::Seen& s : channel.seen()) {
-      if (s.id == id && s.type == type) return i;
-      ++i;
+  // The position of `id`'s first `type` event in what `channel` saw from position `from` on, or
+  // -1.
+  static int IndexOf(const Channel& channel, rdma_cm_id* id, rdma_cm_event_type type,
+                     size_t from = 0) {
+    const std::vector<Channel::Seen> seen = channel.seen();
+    for (size_t i = from; i < seen.size(); ++i) {
+      if (seen[i].id == id && seen[i].type == type) return static_cast<int>(i);
     }
     return -1;
   }
@@ -468,38 +472,40 @@ TEST_F(RxeCmAttack, StuckConsumerOfUnregisteredQpsDoesNotHoldTheListener) {
 // connection, into the stuck consumer's queue.
 TEST_F(RxeCmAttack, NewIdAtAnEndedIdsAddressIsNotRoutedBehindIt) {
   ASSERT_NO_FATAL_FAILURE(Start());
-  ASSERT_NO_FATAL_FAILURE(Connect());
-  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
-  server_conn_.registration.Unregister();  // consumer 1 never drains
-  rdma_cm_id* old = server_id_.exchange(nullptr);
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  // The client's id (made on this thread, so that this thread's next ids can get its memory) has
+  // its QP on consumer 1, which never drains.
+  ASSERT_NO_FATAL_FAILURE(ConnectPair(0, kOwned, kEngine));
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "client ESTABLISHED not queued";
+  client_conn_.registration.Unregister();
+  rdma_cm_id* old = client_id_;
+  client_id_ = nullptr;
   rdma_destroy_qp(old);
   // Fill the allocator's per-thread cache for this size first, so that the destroyed id's memory
-  // goes back to the arena, where the next id's calloc finds it.
+  // goes back to the arena, where a new id's calloc finds it.
   std::vector<rdma_cm_id*> spare(7);
   for (rdma_cm_id*& id : spare) {
-    ASSERT_EQ(rdma_create_id(server_channel_, &id, nullptr, RDMA_PS_TCP), 0);
+    ASSERT_EQ(rdma_create_id(client_channel_, &id, nullptr, RDMA_PS_TCP), 0);
   }
   for (rdma_cm_id* id : spare) rdma_destroy_id(id);
   ASSERT_EQ(rdma_destroy_id(old), 0) << strerror(errno);
   rdma_cm_id* reused = nullptr;
   for (int i = 0; i < 64 && reused == nullptr; ++i) {
     rdma_cm_id* id = nullptr;
-    ASSERT_EQ(rdma_create_id(server_channel_, &id, nullptr, RDMA_PS_TCP), 0);
+    ASSERT_EQ(rdma_create_id(client_channel_, &id, nullptr, RDMA_PS_TCP), 0);
     extra_ids_.push_back(id);
     if (id == old) reused = id;
   }
   ASSERT_NE(reused, nullptr) << "no new id got the destroyed id's address";
+  const size_t seen_before = client_cm_.seen().size();  // the old id's, at the same address
   ASSERT_EQ(rdma_resolve_addr(reused, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000),
             0)
       << strerror(errno);
-  EXPECT_TRUE(WaitFor([&] {
-    for (const Channel::Seen& s : server_cm_.seen()) {
-      if (s.id == reused && s.type == RDMA_CM_EVENT_ADDR_RESOLVED) return true;
-    }
-    return false;
-  }, milliseconds(10000))) << "the new id's ADDR_RESOLVED never reached the CmHandler (consumer 1 "
-                              "queue_depth="
-                           << EngineDepth() << "); server channel saw " << server_cm_.Names();
+  EXPECT_TRUE(WaitFor(
+      [&] { return IndexOf(client_cm_, reused, RDMA_CM_EVENT_ADDR_RESOLVED, seen_before) >= 0; },
+      milliseconds(10000)))
+      << "the new id's ADDR_RESOLVED never reached the CmHandler (consumer 1 queue_depth="
+      << EngineDepth() << "); client channel saw " << client_cm_.Names();
 }
 
 // FINDING (issue 15.5): after Shutdown, two engine threads draining two consumers that each
