@@ -10,26 +10,6 @@
 namespace cqd::internal {
 namespace {
 
-// Delivers a listener join on this thread: its consumer has closed (Shutdown), so no other
-// thread can be running that consumer's handlers.
-void DeliverHere(EventJoin* join) noexcept {
-  join->watch->handler->OnCmEvent(join->cm);
-  delete join;
-}
-
-// Sends a join through its channel's poller to the CmHandler's consumer.
-void PostToListener(EventJoin* join) noexcept {
-  join->kind = EventJoin::Kind::kListener;
-  join->cm.qp_num = 0;
-  join->binding.reset();
-  join->parts.store(1, std::memory_order_relaxed);
-  Item item;
-  item.join = join;
-  item.slot = kNoSlot;
-  item.kind = ItemKind::kListenerEvent;
-  if (!join->watch->poller->PostEvent(join->watch->consumer, item, 0, 0)) DeliverHere(join);
-}
-
 void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
   out->type = raw.event;
   out->status = raw.status;
@@ -55,21 +35,150 @@ void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
 
 }  // namespace
 
-EventJoin::~EventJoin() {
-  if (watch != nullptr) watch->unfinished.fetch_sub(1, std::memory_order_release);
+void EventJoin::Finish() noexcept {
+  if (finished_ || watch == nullptr) return;
+  finished_ = true;
+  watch->unfinished.fetch_sub(1, std::memory_order_release);
 }
 
-void HandOnOrDelete(EventJoin* join) noexcept {
-  if (join->kind != EventJoin::Kind::kCm || join->watch == nullptr) {
-    delete join;
+void PostToListener(EventJoin* join) noexcept {
+  join->holds.fetch_add(1, std::memory_order_relaxed);
+  join->cm.qp_num = 0;
+  Item item;
+  item.join = join;
+  item.slot = kNoSlot;
+  item.kind = ItemKind::kListenerEvent;
+  CmWatch* watch = join->watch;
+  if (!watch->poller->PostEvent(watch->consumer, item, 0, 0)) watch->held->Push(join);
+}
+
+// ---- HeldEvents ----
+
+void HeldEvents::Push(EventJoin* join) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  join->next_held = nullptr;
+  (last_ != nullptr ? last_->next_held : first_) = join;
+  last_ = join;
+  any_.store(true, std::memory_order_release);
+}
+
+void HeldEvents::DeliverAll() noexcept {
+  if (!any_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (delivering_) return;  // that thread runs ours too, before it stops
+  delivering_ = true;
+  while (first_ != nullptr) {
+    EventJoin* join = first_;
+    first_ = join->next_held;
+    if (first_ == nullptr) last_ = nullptr;
+    lock.unlock();
+    join->watch->handler->OnCmEvent(join->cm);
+    join->Finish();
+    EventJoin::ReleaseHold(join);
+    lock.lock();
+  }
+  any_.store(false, std::memory_order_relaxed);
+  delivering_ = false;
+}
+
+void HeldEvents::DropAll() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (first_ != nullptr) {
+    EventJoin* join = first_;
+    first_ = join->next_held;
+    EventJoin::ReleaseHold(join);
+  }
+  last_ = nullptr;
+  any_.store(false, std::memory_order_relaxed);
+}
+
+// ---- CmBinding ----
+
+bool CmBinding::LiveIn(const Slot& slot) const noexcept {
+  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  return StateLive(state) && StateGeneration(state) == route_.generation;
+}
+
+void CmBinding::Unlink(EventJoin* join) noexcept {
+  EventJoin* before = nullptr;
+  for (EventJoin* j = first_; j != nullptr; before = j, j = j->next) {
+    if (j != join) continue;
+    (before != nullptr ? before->next : first_) = j->next;
+    if (last_ == j) last_ = before;
+    j->next = nullptr;
+    j->left = true;
     return;
   }
-  std::shared_ptr<CmBinding> binding = std::move(join->binding);
-  PostToListener(join);
-  // Only now: the event thread sends the id's next events straight to the CmHandler once
-  // nothing is in flight, and they must come after this one.
-  if (binding != nullptr) binding->in_flight.fetch_sub(1, std::memory_order_release);
 }
+
+void CmBinding::EndLocked() noexcept {
+  ended_ = true;
+  if (delivering_) {
+    end_pending_ = true;  // Delivered() hands on the rest once the QP's handler returned
+    return;
+  }
+  end_pending_ = false;
+  while (first_ != nullptr) {  // in read order, under the lock: nothing can slip in between
+    EventJoin* join = first_;
+    first_ = join->next;
+    join->next = nullptr;
+    join->left = true;
+    PostToListener(join);
+  }
+  last_ = nullptr;
+}
+
+CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmBinding>& self,
+                                      const SlotPool& slots) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool live = !ended_ && LiveIn(slots.slot(route_.slot));
+  if (!live && !ended_) EndLocked();
+  if (!live && first_ == nullptr) return Admission::kEnded;
+  join->kind = EventJoin::Kind::kCm;
+  join->cm.qp_num = qp_num_;
+  join->binding = self;
+  join->holds.store(live ? 1 : 0, std::memory_order_relaxed);  // the route's, if it travels
+  join->next = nullptr;
+  (last_ != nullptr ? last_->next : first_) = join;
+  last_ = join;
+  return live ? Admission::kRouted : Admission::kWaiting;
+}
+
+CmBinding::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (join->left) return Arrival::kDone;  // handed on already: this was a stale part
+  if (!ended_ && slot != nullptr && LiveIn(*slot)) {
+    // Every event listed before it arrived before it (same route, FIFO per poller) and left.
+    Unlink(join);
+    delivering_ = true;
+    return Arrival::kDeliver;
+  }
+  EndLocked();  // the registration is gone (or nobody can deliver): hand on what is listed
+  return Arrival::kDone;
+}
+
+void CmBinding::Delivered() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  delivering_ = false;
+  if (end_pending_) EndLocked();
+}
+
+void CmBinding::Drop(EventJoin* join) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!join->left) Unlink(join);
+}
+
+void CmBinding::End() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  EndLocked();
+}
+
+bool CmBinding::ended() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ended_;
+}
+
+// ---- CmRouter ----
 
 CmWatch* CmRouter::AddWatch(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
                             int64_t limit) {
@@ -78,35 +187,57 @@ CmWatch* CmRouter::AddWatch(rdma_event_channel* channel, CmHandler* handler, uin
   watch->handler = handler;
   watch->consumer = consumer;
   watch->poller = pollers_[0];
+  watch->held = &held_;
   watch->limit = std::max<int64_t>(1, limit);
   watches_.push_back(std::move(watch));
   return watches_.back().get();
-}
-
-bool CmRouter::Live(const CmBinding& binding) const {
-  const uint64_t state = slots_.slot(binding.route.slot).state.load(std::memory_order_acquire);
-  return StateLive(state) && StateGeneration(state) == binding.route.generation;
 }
 
 bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept {
   try {
     if (bindings_.size() >= sweep_at_) {
       std::erase_if(bindings_, [&](const auto& entry) {
-        return !Live(*entry.second) && entry.second->in_flight.load(std::memory_order_acquire) == 0;
+        CmBinding& binding = *entry.second;
+        const uint64_t state =
+            slots_.slot(binding.route().slot).state.load(std::memory_order_acquire);
+        if (StateLive(state) && StateGeneration(state) == binding.route().generation) {
+          return false;
+        }
+        binding.End();
+        return true;
       });
       sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
     }
     const Slot& s = slots_.slot(slot);
     const uint64_t state = s.state.load(std::memory_order_acquire);
     if (!StateLive(state) || StateGeneration(state) != generation) return true;  // gone already
-    auto binding = std::make_shared<CmBinding>();
-    binding->route = RouteOf(s, slot, state);
-    binding->qp_num = s.qp_num.load(std::memory_order_relaxed);
-    bindings_[id] = std::move(binding);
+    auto binding = std::make_shared<CmBinding>(RouteOf(s, slot, state),
+                                               s.qp_num.load(std::memory_order_relaxed));
+    {
+      std::lock_guard<std::mutex> lock(by_slot_mu_);
+      by_slot_[slot] = binding;
+    }
+    auto [it, added] = bindings_.try_emplace(id, binding);
+    if (!added) {
+      it->second->End();  // an id registered again: its old registration's events go first
+      it->second = std::move(binding);
+    }
     return true;
   } catch (const std::bad_alloc&) {
     return false;
   }
+}
+
+void CmRouter::Ended(uint32_t slot, uint32_t generation) noexcept {
+  std::shared_ptr<CmBinding> binding;
+  {
+    std::lock_guard<std::mutex> lock(by_slot_mu_);
+    auto it = by_slot_.find(slot);
+    if (it == by_slot_.end() || it->second->route().generation != generation) return;
+    binding = std::move(it->second);
+    by_slot_.erase(it);
+  }
+  binding->End();
 }
 
 CmRouter::DrainResult CmRouter::Drain(CmWatch& watch) {
@@ -136,19 +267,19 @@ CmRouter::DrainResult CmRouter::Drain(CmWatch& watch) {
 void CmRouter::Route(EventJoin* join) {
   auto it = bindings_.find(join->cm.id);
   if (it != bindings_.end() && join->cm.type != RDMA_CM_EVENT_CONNECT_REQUEST) {
-    const std::shared_ptr<CmBinding>& binding = it->second;
-    // While an earlier event of the id is on its way to the QP's consumer, this one follows it
-    // there (it is handed on behind it if the registration ended), to keep the id's order.
-    if (Live(*binding) || binding->in_flight.load(std::memory_order_acquire) > 0) {
-      join->kind = EventJoin::Kind::kCm;
-      join->cm.qp_num = binding->qp_num;
-      join->binding = binding;
-      binding->in_flight.fetch_add(1, std::memory_order_relaxed);
-      PostAlong(binding->route, join, pollers_);
-      return;
+    const std::shared_ptr<CmBinding> binding = it->second;
+    switch (binding->Admit(join, binding, slots_)) {
+      case CmBinding::Admission::kRouted:
+        PostAlong(binding->route(), join, pollers_);
+        return;
+      case CmBinding::Admission::kWaiting:
+        return;  // handed on behind the id's earlier events
+      case CmBinding::Admission::kEnded:
+        bindings_.erase(it);  // the id (or a new one at its address) is nobody's from here
+        break;
     }
-    bindings_.erase(it);  // the registration ended and nothing of it is in flight
   }
+  join->kind = EventJoin::Kind::kListener;
   PostToListener(join);
 }
 

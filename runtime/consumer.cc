@@ -250,30 +250,20 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
   EventJoin* join = item.join;
   if (!join->ReleasePart()) return;  // the other poller's part is still on its way
   Slot& slot = slots_.slot(item.slot);
-  uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLive(state) || StateGeneration(state) != item.generation) {
-    HandOnOrDelete(join);  // unregistered after it was routed here
+  if (join->kind == EventJoin::Kind::kCm) {
+    DeliverCm(join, slot);
     return;
   }
-  QpHandler* handler = slot.handler.load(std::memory_order_relaxed);
-  switch (join->kind) {
-    case EventJoin::Kind::kAsync:
-      handler->OnAsyncEvent(join->event);
-      CountEvent();
-      break;
-    case EventJoin::Kind::kCm:
-      handler->OnCmEvent(join->cm);
-      CountEvent();
-      // The id's next event may go straight to the CmHandler now (cm_router.h).
-      if (join->binding != nullptr) {
-        join->binding->in_flight.fetch_sub(1, std::memory_order_release);
-      }
-      break;
-    case EventJoin::Kind::kFence:
-    case EventJoin::Kind::kListener:
-      break;
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (!StateLive(state) || StateGeneration(state) != item.generation) {
+    delete join;  // unregistered after it was routed here
+    return;
   }
-  if (StateDraining(state) && join->drain_epoch != 0 && join->kind != EventJoin::Kind::kCm &&
+  if (join->kind == EventJoin::Kind::kAsync) {
+    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
+    CountEvent();
+  }
+  if (StateDraining(state) && join->drain_epoch != 0 &&
       join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED &&
       join->drain_epoch == slot.drain_epoch.load(std::memory_order_relaxed)) {
     // Null once the teardown ends or its start failed; either waits for this batch before the
@@ -284,10 +274,25 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
   delete join;
 }
 
+void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
+  CmBinding& binding = *join->binding;  // lives while the join does
+  HeldEvents* held = join->watch->held;
+  if (binding.Arrived(join, &slot) == CmBinding::Arrival::kDeliver) {
+    slot.handler.load(std::memory_order_relaxed)->OnCmEvent(join->cm);
+    CountEvent();
+    join->Finish();
+    binding.Delivered();
+  }
+  EventJoin::ReleaseHold(join);  // the route's
+  held->DeliverAll();  // what this handed on to a closed consumer's CmHandler (cm_router.h)
+}
+
 void Consumer::DeliverListenerEvent(const ItemMeta& item) noexcept {
-  item.join->watch->handler->OnCmEvent(item.join->cm);
+  EventJoin* join = item.join;
+  join->watch->handler->OnCmEvent(join->cm);
   CountEvent();
-  delete item.join;
+  join->Finish();
+  EventJoin::ReleaseHold(join);
 }
 
 void Consumer::CountEvent() noexcept {
@@ -310,11 +315,16 @@ void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
 
 void Consumer::DropEventPart(EventJoin* join, bool hand_on) noexcept {
   if (!join->ReleasePart()) return;
-  if (hand_on) {
-    HandOnOrDelete(join);
-  } else {
+  if (join->kind != EventJoin::Kind::kCm) {
     delete join;
+    return;
   }
+  if (hand_on) {
+    join->binding->Arrived(join, nullptr);  // never kDeliver without a slot
+  } else {
+    join->binding->Drop(join);
+  }
+  EventJoin::ReleaseHold(join);  // the route's
 }
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
@@ -400,9 +410,10 @@ void Consumer::OrphanRemaining() noexcept {
     for (size_t k = 0; k < n; ++k) {
       if (meta_[k].kind == ItemKind::kCompletion) {
         orphans_.Take({&wcs_[k], 1});
-      } else if (meta_[k].kind == ItemKind::kAsyncEvent ||
-                 meta_[k].kind == ItemKind::kListenerEvent) {
+      } else if (meta_[k].kind == ItemKind::kAsyncEvent) {
         DropEventPart(meta_[k].join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+      } else if (meta_[k].kind == ItemKind::kListenerEvent) {
+        EventJoin::ReleaseHold(meta_[k].join);
       }
     }
   }

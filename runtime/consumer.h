@@ -55,33 +55,52 @@ struct CmBinding;  // cm_router.h
 // when its send and recv CQs are on different shards). Each part follows what its poller took
 // off the CQs before it; the consumer delivers the event when it dequeues the last part, so
 // after everything either poller had taken. Made by the event thread (or a teardown, for a
-// fence); freed by whoever releases the last part (the consumer, or a poller purging a dead
-// registration's items), except that a CM event whose registration is gone is handed on to its
-// channel's CmHandler (cm_router.h).
+// fence).
+//
+// An async event or fence is freed by whoever releases its last part (the consumer, or a poller
+// purging a dead registration's items). A CM event (kCm, kListener) may be held by two queues at
+// once: its route's parts (until the last is released) and, once handed on to its channel's
+// CmHandler (cm_router.h), a listener item; `holds` counts them and the last to let go frees it.
 struct EventJoin {
   enum class Kind : uint8_t {
     kAsync,     // `event` for QpHandler::OnAsyncEvent
     kFence,     // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
-    kCm,        // `cm` for QpHandler::OnCmEvent
+    kCm,        // `cm` for QpHandler::OnCmEvent (or, handed on, for the CmHandler of `watch`)
     kListener,  // `cm` for the CmHandler of `watch`
   };
   EventJoin() = default;
   EventJoin(const EventJoin&) = delete;
   EventJoin& operator=(const EventJoin&) = delete;
-  ~EventJoin();  // a CM event's is its last step: it no longer counts against its channel
+  ~EventJoin() { Finish(); }
   Kind kind = Kind::kAsync;
   AsyncEvent event;
   CmEvent cm;
   CmWatch* watch = nullptr;                // kCm, kListener: the channel the event came from
   std::shared_ptr<CmBinding> binding;      // kCm: the id's registration, as bound
   std::atomic<int> parts{0};
+  std::atomic<int> holds{0};               // kCm, kListener (see above)
+  // kCm, guarded by binding's lock: the binding's next event in read order; and whether this one
+  // has left the binding (delivered to the QP's handler, or handed on).
+  EventJoin* next = nullptr;
+  bool left = false;
+  EventJoin* next_held = nullptr;          // in HeldEvents (cm_router.h)
   // kAsync, kFence: the slot's drain_epoch if it was draining when the event was posted, else 0.
   // Only a LAST_WQE_REACHED posted during the teardown attempt still under way ends its receive
   // side: one posted earlier caught up on the CQs before that attempt's flush (and before any
   // completion added after it), so it proves nothing.
   uint32_t drain_epoch = 0;
-  // Returns true for the caller that released the last part (it must delete the join).
+  // Returns true for the caller that released the last part.
   bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+  // kCm, kListener: drops one hold; the last frees the join.
+  static void ReleaseHold(EventJoin* join) noexcept {
+    if (join->holds.fetch_sub(1, std::memory_order_acq_rel) == 1) delete join;
+  }
+  // A CM event was delivered (or dropped): it no longer counts against its channel's read-ahead.
+  // Called once, by the one thread that delivers it; the destructor calls it for events dropped.
+  void Finish() noexcept;
+
+ private:
+  bool finished_ = false;
 };
 
 // One queued completion or async-event part, tagged with the registration it was routed to.
@@ -190,8 +209,10 @@ class Consumer {
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
   void OrphanRemaining() noexcept;
   // Any thread: releases an event part without delivering it (its registration is gone). The
-  // last part of a CM event goes on to its channel's CmHandler (unless `hand_on` is false: the
-  // runtime is being destroyed).
+  // last part of a CM event is handed on to its channel's CmHandler with the rest of its binding
+  // (cm_router.h), unless `hand_on` is false (the runtime is being destroyed). Hands on to a
+  // closed consumer's CmHandler are held: the caller runs HeldEvents::DeliverAll once it holds
+  // no runtime lock.
   static void DropEventPart(EventJoin* join, bool hand_on = true) noexcept;
 
   // Producers. ReserveUpTo reserves room for at most `n` items and returns how many (0 when the
@@ -238,6 +259,7 @@ class Consumer {
   // Delivers wcs_[first, first + n): one registration's completions.
   void DeliverRun(size_t first, size_t n) noexcept;
   void DeliverEvent(const ItemMeta& item) noexcept;
+  void DeliverCm(EventJoin* join, const Slot& slot) noexcept;
   void DeliverListenerEvent(const ItemMeta& item) noexcept;
   void CountEvent() noexcept;
   void DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept;

@@ -13,18 +13,6 @@
 #include "runtime/thread_role.h"
 
 namespace cqd::internal {
-namespace {
-
-Status SetNonBlocking(int fd) {
-  int flags = fcntl(fd, F_GETFL);
-  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    return ErrnoStatus("fcntl(O_NONBLOCK)", errno);
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers,
                      const SlotPool& slots)
     : ack_threshold_(ack_threshold),
@@ -35,6 +23,9 @@ EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers
 
 EventLoop::~EventLoop() {
   Stop();
+  for (const auto& source : sources_) {
+    if (source->fd >= 0) close(source->fd);
+  }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -57,6 +48,9 @@ void EventLoop::Stop() {
   while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
   }
   thread_.join();
+  for (const auto& source : sources_) {
+    if (source->active && source->kind != SourceKind::kWake) Remove(*source);
+  }
 }
 
 void EventLoop::RunSync(const std::function<void()>& fn) {
@@ -68,13 +62,21 @@ void EventLoop::RunSync(const std::function<void()>& fn) {
 }
 
 Status EventLoop::Watch(int fd, Source source) {
-  if (Status s = SetNonBlocking(fd); !s.ok()) return s;
-  source.fd = fd;
+  source.flags = fcntl(fd, F_GETFL);
+  if (source.flags < 0) return ErrnoStatus("fcntl(F_GETFL)", errno);
+  source.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (source.fd < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", errno);
   auto owned = std::make_unique<Source>(source);
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = owned.get();
-  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) < 0) return ErrnoStatus("epoll_ctl", errno);
+  if (fcntl(source.fd, F_SETFL, source.flags | O_NONBLOCK) < 0 ||
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, source.fd, &ev) < 0) {
+    const int error = errno;
+    fcntl(source.fd, F_SETFL, source.flags);
+    close(source.fd);
+    return ErrnoStatus("watching an fd", error);
+  }
   sources_.push_back(std::move(owned));
   return Status::Ok();
 }
@@ -108,19 +110,28 @@ Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint3
 Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
   for (const auto& source : sources_) {
     if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
-      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, source->fd, nullptr);
-      source->active = false;
-      if (source->paused) --paused_cm_;
-      source->paused = false;
+      Remove(*source);
       return Status::Ok();
     }
   }
   return NotFound("UnwatchCmChannel: the channel is not watched");
 }
 
-void EventLoop::Unwatch(int fd) {
+void EventLoop::Remove(Source& source) {
+  // By our own dup: it names the registered file whatever became of the engine's number.
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, source.fd, nullptr);
+  if (source.kind == SourceKind::kCm) fcntl(source.fd, F_SETFL, source.flags);  // as it came
+  close(source.fd);
+  source.fd = -1;
+  source.active = false;
+  if (source.paused) --paused_cm_;
+  source.paused = false;
+}
+
+void EventLoop::Unwatch(Source& source) {
   const int err = errno;  // of the failed read
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  const int fd = source.fd;
+  Remove(source);
   failed_fds_.fetch_add(1, std::memory_order_relaxed);
   if (log_ != nullptr && log_->enabled()) {
     log_->Warning("event thread: fd " + std::to_string(fd) + " failed (" + strerror(err) +
@@ -156,7 +167,7 @@ void EventLoop::Run() {
           DrainChannel(source);
           break;
         case SourceKind::kAsync:
-          DrainAsync(source.device);
+          DrainAsync(source);
           break;
         case SourceKind::kCm:
           DrainCm(source);
@@ -174,7 +185,7 @@ void EventLoop::Run() {
   mailbox_.Close();
 }
 
-void EventLoop::DrainChannel(const Source& source) {
+void EventLoop::DrainChannel(Source& source) {
   for (;;) {
     void* native = nullptr;
     if (source.channel->GetEvent(&native) != 0) {
@@ -182,7 +193,7 @@ void EventLoop::DrainChannel(const Source& source) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // drained (S4)
       // The channel is broken (the device is gone): stop watching it, and have the poller stop
       // waiting for its events.
-      Unwatch(source.channel->fd());
+      Unwatch(source);
       pollers_[source.shard]->NotificationsBroken();
       return;
     }
@@ -206,12 +217,13 @@ void EventLoop::DrainChannel(const Source& source) {
   }
 }
 
-void EventLoop::DrainAsync(DeviceRecord* device) {
+void EventLoop::DrainAsync(Source& source) {
+  DeviceRecord* device = source.device;
   for (;;) {
     backend::AsyncEventRecord record;
     if (device->backend->GetAsyncEvent(&record) != 0) {
       if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK) Unwatch(device->backend->async_fd());
+      if (errno != EAGAIN && errno != EWOULDBLOCK) Unwatch(source);
       return;
     }
     async_events_.fetch_add(1, std::memory_order_relaxed);
@@ -228,7 +240,7 @@ void EventLoop::DrainAsync(DeviceRecord* device) {
     Route(device, event);
     if (event.type == IBV_EVENT_DEVICE_FATAL) {
       // Stop reading a dead device's async fd; its CQs are no longer armed by the pollers.
-      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, device->backend->async_fd(), nullptr);
+      Remove(source);
       if (log_ != nullptr) log_->Error("device " + device->backend->name() + ": DEVICE_FATAL");
       return;
     }
@@ -249,8 +261,7 @@ void EventLoop::DrainCm(Source& source) {
       return;
     }
     case CmRouter::DrainResult::kBroken:
-      Unwatch(source.fd);  // the channel is broken: do not spin on it
-      source.active = false;
+      Unwatch(source);  // the channel is broken: do not spin on it
       return;
   }
 }

@@ -10,9 +10,14 @@
 // pollers of the QP's CQs (Poller::PostEvent, EventJoin), so it reaches the handler after every
 // completion those pollers took off the QP's CQs before the event was read.
 //
-// An fd that fails with anything but EAGAIN or EINTR (a device gone) is taken out of the epoll
-// set, so that the level-triggered loop cannot spin on it; for a completion channel the shard's
-// poller is told to stop relying on events (it then sleeps in bounded steps).
+// Each fd is watched through a dup of its own (F_DUPFD_CLOEXEC), registered in the epoll set in
+// its place: an fd that fails with anything but EAGAIN or EINTR (a device gone, a channel closed
+// behind the runtime's back) leaves the epoll set for certain, by that dup, even when the
+// engine closed or reused the original number, so that the level-triggered loop cannot spin on
+// it; for a completion channel the shard's poller is told to stop relying on events (it then
+// sleeps in bounded steps). The dups are closed when a source leaves and when the loop stops.
+// A CM channel is read non-blocking while watched and gets its O_NONBLOCK flag back as it came
+// when it leaves (UnwatchCm, failure, Stop).
 //
 // Threading: the native-CQ map and the epoll set belong to the event thread; other threads change
 // them through RunSync (see mailbox.h).
@@ -81,14 +86,15 @@ class EventLoop {
     backend::Channel* channel;
     int shard;
     CmWatch* cm = nullptr;
-    int fd = -1;
+    int fd = -1;          // our dup of the watched fd: what the epoll set holds
+    int flags = 0;        // the watched fd's file status flags before we set O_NONBLOCK
     bool active = true;   // false once unwatched: skipped even if already reported ready
     bool paused = false;  // a CM channel at its limit: in the epoll set without events
   };
   void Run();
   Status Watch(int fd, Source source);
-  void DrainChannel(const Source& source);
-  void DrainAsync(DeviceRecord* device);
+  void DrainChannel(Source& source);
+  void DrainAsync(Source& source);
   void DrainCm(Source& source);
   // Reads again from CM channels that were paused at their limit and are below it now.
   void ResumeCm();
@@ -96,8 +102,10 @@ class EventLoop {
   // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
   // holds a live registration of event.qp_num on `device`.
   bool DeliverToSlot(uint32_t slot, const AsyncEvent& event, DeviceId device);
-  // Takes a failing fd out of the epoll set.
-  void Unwatch(int fd);
+  // Takes `source` out of the epoll set and closes its dup (a CM channel gets its flags back).
+  void Remove(Source& source);
+  // The same for a failing source (counted in failed_fds, logged).
+  void Unwatch(Source& source);
 
   const uint32_t ack_threshold_;
   std::vector<Poller*> pollers_;

@@ -33,7 +33,8 @@ EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state);
 
 // Posts `join` (parts unset) along `route`: one part per shard, each behind what that poller
 // takes off the route's CQs first (see poller.h). The consumer delivers it if the registration
-// is still the routed one, and otherwise releases it (HandOnOrDelete). A part a closed consumer
+// is still the routed one, and otherwise releases it (a CM event's binding hands it on to the
+// CmHandler, cm_router.h). A part a closed consumer
 // refuses (after Shutdown) is released at once. Any thread.
 void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Poller*>& pollers);
 

@@ -647,6 +647,9 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
                          slot.recv_shard.load(std::memory_order_relaxed)}) {
     pollers_[shard]->PurgeDead(consumer);
   }
+  // Its connection events still on their way go to the CmHandler now, in read order, wherever
+  // their parts wait (cm_router.h); they run there, or in HeldEvents after Shutdown.
+  events_->cm().Ended(index, generation);
   return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
 }
 
@@ -678,6 +681,8 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
     lock.lock();
   }
   slots_.Free(index);
+  lock.unlock();
+  events_->cm().held().DeliverAll();  // after Shutdown: CM events it handed on (cm_router.h)
   return true;
 }
 
