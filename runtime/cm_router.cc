@@ -107,6 +107,7 @@ void CmBinding::Unlink(EventJoin* join) noexcept {
     if (last_ == j) last_ = before;
     j->next = nullptr;
     j->left = true;
+    EventJoin::ReleaseHold(j);  // the list's (the caller still holds the route's)
     return;
   }
 }
@@ -124,6 +125,9 @@ void CmBinding::EndLocked() noexcept {
     join->next = nullptr;
     join->left = true;
     PostToListener(join);
+    // The list's hold. The last one may free the join here: its binding outlives this call
+    // (every caller holds it).
+    EventJoin::ReleaseHold(join);
   }
   last_ = nullptr;
 }
@@ -133,11 +137,13 @@ CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmB
   std::lock_guard<std::mutex> lock(mu_);
   const bool live = !ended_ && LiveIn(slots.slot(route_.slot));
   if (!live && !ended_) EndLocked();
-  if (!live && first_ == nullptr) return Admission::kEnded;
+  // Behind a delivery under way the event waits even when nothing else does: the CmHandler must
+  // not get it while the QP's handler still has the id's earlier one.
+  if (!live && first_ == nullptr && !delivering_) return Admission::kEnded;
   join->kind = EventJoin::Kind::kCm;
   join->cm.qp_num = qp_num_;
   join->binding = self;
-  join->holds.store(live ? 1 : 0, std::memory_order_relaxed);  // the route's, if it travels
+  join->holds.store(live ? 2 : 1, std::memory_order_relaxed);  // the list's, and the route's
   join->next = nullptr;
   (last_ != nullptr ? last_->next : first_) = join;
   last_ = join;
@@ -165,17 +171,13 @@ void CmBinding::Delivered() noexcept {
 
 void CmBinding::Drop(EventJoin* join) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!join->left) Unlink(join);
+  if (!join->left) Unlink(join);  // the caller still holds the route's hold
 }
 
-void CmBinding::End() noexcept {
+bool CmBinding::End() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   EndLocked();
-}
-
-bool CmBinding::ended() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  return ended_;
+  return first_ == nullptr && !delivering_;
 }
 
 // ---- CmRouter ----
@@ -203,8 +205,7 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
         if (StateLive(state) && StateGeneration(state) == binding.route().generation) {
           return false;
         }
-        binding.End();
-        return true;
+        return binding.End();  // kept while events wait for a delivery under way
       });
       sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
     }
@@ -219,7 +220,7 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
     }
     auto [it, added] = bindings_.try_emplace(id, binding);
     if (!added) {
-      it->second->End();  // an id registered again: its old registration's events go first
+      it->second->End();  // an id registered again: its old registration's events go on (above)
       it->second = std::move(binding);
     }
     return true;
@@ -253,6 +254,7 @@ CmRouter::DrainResult CmRouter::Drain(CmWatch& watch) {
       const int error = errno;
       delete join;
       if (error == EINTR) continue;
+      errno = error;  // for the caller's log
       return error == EAGAIN || error == EWOULDBLOCK ? DrainResult::kEmpty : DrainResult::kBroken;
     }
     CopyEvent(*raw, &join->cm);

@@ -23,8 +23,9 @@
 //
 // A handler is never entered twice at once: the CmHandler runs on its consumer; once that
 // consumer has closed (an owned consumer after Shutdown), events handed on to it wait in
-// HeldEvents and run on an engine thread that handed one on (in Drain, or at the end of
-// Unregister), one thread at a time, in the order they were handed on.
+// HeldEvents and run on a thread that handed one on, holding no runtime lock and outside any
+// dispatch batch (Consumer::RunBatch once its batch is over, Unregister once it let go of the
+// control mutex), one thread at a time, in the order they were handed on.
 //
 // Bounds: each watch counts its events from read to delivery (EventJoin::Finish); at `limit`
 // (the CmHandler consumer's queue_capacity + spill_capacity) the event loop stops reading the
@@ -104,7 +105,8 @@ class CmBinding {
 
   enum class Admission { kRouted, kWaiting, kEnded };
   // Event thread: `join` was read for this binding's id. kRouted: the registration is live; the
-  // join is listed (kind kCm, one hold) and the caller posts it along route(). kWaiting: the
+  // join is listed (kind kCm; holds: the list's and the route's) and the caller posts it along
+  // route(). kWaiting: the
   // binding has ended but events before it still wait for a delivery under way; it is listed
   // and will be handed on behind them. kEnded: the caller hands it on itself (and may forget the
   // binding).
@@ -113,18 +115,17 @@ class CmBinding {
   // The last part of listed `join` was released, by its consumer (`slot` is the registration's
   // slot) or by a thread dropping it (`slot` null). kDeliver: the registration is live (read
   // under the lock, seq_cst, as consumer.h requires before a handler call); the caller delivers
-  // to the QP's handler and then calls Delivered(). kDone: it had left already, or the binding
-  // ends now and it is handed on with every other event listed. Either way the caller then
-  // drops the route's hold.
+  // to the QP's handler, drops the route's hold and then calls Delivered(). kDone: it had left
+  // already, or the binding ends now and it is handed on with every other event listed (or
+  // stays listed until the delivery under way returns); the caller drops the route's hold.
+  // Callers hold a reference to the binding across these calls: a join may be freed inside.
   Arrival Arrived(EventJoin* join, const Slot* slot) noexcept;
   void Delivered() noexcept;
   // Runtime destruction: `join` (its last part released) leaves without being delivered.
   void Drop(EventJoin* join) noexcept;
   // Any thread: the registration ended. Hands on every event listed, now or once the delivery
-  // under way returns.
-  void End() noexcept;
-  // Event thread: true once End ran (or is pending).
-  bool ended() noexcept;
+  // under way returns. Returns true if nothing waits (the binding may be forgotten).
+  bool End() noexcept;
 
  private:
   bool LiveIn(const Slot& slot) const noexcept;
@@ -151,7 +152,10 @@ class CmRouter {
   CmWatch* AddWatch(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
                     int64_t limit);
   // Event thread. Routes the events of `id` to the registration (slot, generation) from now on;
-  // false if memory ran out (nothing changed).
+  // false if memory ran out. An id bound again ends its old binding first; if that one still
+  // waits for its QP handler's delivery under way (the handler re-registers the id), the events
+  // it lists reach the CmHandler after that handler returns, and may come after events read
+  // later and routed to the new registration.
   bool Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept;
   // Any thread (Retire, with the registration already dead): ends the registration's binding,
   // if it has one. Does not run handlers.

@@ -226,6 +226,13 @@ void Consumer::RunBatch(size_t n) noexcept {
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
   tls_dispatch_frames = frame.outer;
+  if (held_to_run_ != nullptr) [[unlikely]] {
+    // CM events this batch handed on to a closed consumer's CmHandler: after the batch, so that
+    // nobody waiting for it waits for them.
+    HeldEvents* held = held_to_run_;
+    held_to_run_ = nullptr;
+    held->DeliverAll();
+  }
 }
 
 size_t Consumer::DequeueBatch(size_t max) noexcept {
@@ -275,16 +282,19 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
 }
 
 void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
-  CmBinding& binding = *join->binding;  // lives while the join does
-  HeldEvents* held = join->watch->held;
-  if (binding.Arrived(join, &slot) == CmBinding::Arrival::kDeliver) {
+  // Ours: the join (and its reference) may go while the binding is in use.
+  const std::shared_ptr<CmBinding> binding = join->binding;
+  HeldEvents* held = join->watch->held;  // read now: the join may go
+  if (binding->Arrived(join, &slot) == CmBinding::Arrival::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCmEvent(join->cm);
     CountEvent();
     join->Finish();
-    binding.Delivered();
+    EventJoin::ReleaseHold(join);  // the route's
+    binding->Delivered();
+  } else {
+    EventJoin::ReleaseHold(join);  // the route's
   }
-  EventJoin::ReleaseHold(join);  // the route's
-  held->DeliverAll();  // what this handed on to a closed consumer's CmHandler (cm_router.h)
+  held_to_run_ = held;  // RunBatch runs them once the batch is over (cm_router.h)
 }
 
 void Consumer::DeliverListenerEvent(const ItemMeta& item) noexcept {
@@ -319,10 +329,11 @@ void Consumer::DropEventPart(EventJoin* join, bool hand_on) noexcept {
     delete join;
     return;
   }
+  const std::shared_ptr<CmBinding> binding = join->binding;  // the join may go first
   if (hand_on) {
-    join->binding->Arrived(join, nullptr);  // never kDeliver without a slot
+    binding->Arrived(join, nullptr);  // never kDeliver without a slot
   } else {
-    join->binding->Drop(join);
+    binding->Drop(join);
   }
   EventJoin::ReleaseHold(join);  // the route's
 }

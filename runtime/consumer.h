@@ -48,8 +48,9 @@ namespace cqd::internal {
 enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker, kListenerEvent };
 inline constexpr uint32_t kNoSlot = ~uint32_t{0};
 
-struct CmWatch;    // cm_router.h
-struct CmBinding;  // cm_router.h
+struct CmWatch;     // cm_router.h
+class CmBinding;    // cm_router.h
+class HeldEvents;   // cm_router.h
 
 // One event for one registration, travelling as one part per poller of the QP's CQs (one, or two
 // when its send and recv CQs are on different shards). Each part follows what its poller took
@@ -58,9 +59,10 @@ struct CmBinding;  // cm_router.h
 // fence).
 //
 // An async event or fence is freed by whoever releases its last part (the consumer, or a poller
-// purging a dead registration's items). A CM event (kCm, kListener) may be held by two queues at
-// once: its route's parts (until the last is released) and, once handed on to its channel's
-// CmHandler (cm_router.h), a listener item; `holds` counts them and the last to let go frees it.
+// purging a dead registration's items). A CM event (kCm, kListener) has up to three holders at
+// once: its binding's list (until it leaves, cm_router.h), its route's parts (until the last is
+// released) and, once handed on to its channel's CmHandler, a listener item; `holds` counts them
+// and the last to let go frees it.
 struct EventJoin {
   enum class Kind : uint8_t {
     kAsync,     // `event` for QpHandler::OnAsyncEvent
@@ -288,6 +290,7 @@ class Consumer {
   bool wake_owed_ = false;
   bool self_signaled_ = false;
   std::atomic<uintptr_t> last_drainer_{0};  // written by Drain (relaxed), read by Teardown::Wait
+  HeldEvents* held_to_run_ = nullptr;  // consumer thread: see RunBatch
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit

@@ -48,9 +48,6 @@ void EventLoop::Stop() {
   while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
   }
   thread_.join();
-  for (const auto& source : sources_) {
-    if (source->active && source->kind != SourceKind::kWake) Remove(*source);
-  }
 }
 
 void EventLoop::RunSync(const std::function<void()>& fn) {
@@ -64,6 +61,7 @@ void EventLoop::RunSync(const std::function<void()>& fn) {
 Status EventLoop::Watch(int fd, Source source) {
   source.flags = fcntl(fd, F_GETFL);
   if (source.flags < 0) return ErrnoStatus("fcntl(F_GETFL)", errno);
+  source.engine_fd = fd;
   source.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (source.fd < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", errno);
   auto owned = std::make_unique<Source>(source);
@@ -82,13 +80,17 @@ Status EventLoop::Watch(int fd, Source source) {
 }
 
 Status EventLoop::WatchDevice(DeviceRecord* device) {
-  for (size_t shard = 0; shard < device->channels.size(); ++shard) {
+  const size_t before = sources_.size();
+  Status s = Status::Ok();
+  for (size_t shard = 0; shard < device->channels.size() && s.ok(); ++shard) {
     backend::Channel* channel = device->channels[shard];
-    Status s = Watch(channel->fd(), {SourceKind::kChannel, device, channel,
-                                     static_cast<int>(shard)});
-    if (!s.ok()) return s;
+    s = Watch(channel->fd(), {SourceKind::kChannel, device, channel, static_cast<int>(shard)});
   }
-  return Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr, -1});
+  if (s.ok()) s = Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr, -1});
+  if (!s.ok()) {  // the device is not added: none of its fds may stay
+    for (size_t i = before; i < sources_.size(); ++i) Remove(*sources_[i]);
+  }
+  return s;
 }
 
 Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
@@ -130,7 +132,7 @@ void EventLoop::Remove(Source& source) {
 
 void EventLoop::Unwatch(Source& source) {
   const int err = errno;  // of the failed read
-  const int fd = source.fd;
+  const int fd = source.engine_fd;
   Remove(source);
   failed_fds_.fetch_add(1, std::memory_order_relaxed);
   if (log_ != nullptr && log_->enabled()) {
@@ -181,6 +183,11 @@ void EventLoop::Run() {
         pollers_[shard]->CqEvents();
       }
     }
+  }
+  // Still on this thread, before RunSync runs callers' functions inline: the sources go (their
+  // dups closed, CM channels given back as they came).
+  for (const auto& source : sources_) {
+    if (source->active && source->kind != SourceKind::kWake) Remove(*source);
   }
   mailbox_.Close();
 }

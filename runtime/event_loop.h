@@ -15,7 +15,8 @@
 // behind the runtime's back) leaves the epoll set for certain, by that dup, even when the
 // engine closed or reused the original number, so that the level-triggered loop cannot spin on
 // it; for a completion channel the shard's poller is told to stop relying on events (it then
-// sleeps in bounded steps). The dups are closed when a source leaves and when the loop stops.
+// sleeps in bounded steps). The dups are closed when a source leaves and, on the event thread,
+// when the loop stops.
 // A CM channel is read non-blocking while watched and gets its O_NONBLOCK flag back as it came
 // when it leaves (UnwatchCm, failure, Stop).
 //
@@ -87,6 +88,7 @@ class EventLoop {
     int shard;
     CmWatch* cm = nullptr;
     int fd = -1;          // our dup of the watched fd: what the epoll set holds
+    int engine_fd = -1;   // the watched fd's number, for the log
     int flags = 0;        // the watched fd's file status flags before we set O_NONBLOCK
     bool active = true;   // false once unwatched: skipped even if already reported ready
     bool paused = false;  // a CM channel at its limit: in the epoll set without events

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -49,7 +50,7 @@ class QpSide : public QpHandler {
  public:
   void OnCompletions(std::span<const ibv_wc>) noexcept override {}
   void OnCmEvent(const CmEvent& event) noexcept override {
-    std::this_thread::sleep_for(std::chrono::microseconds(20));  // a window for a wrong hand-on
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // a window for a wrong hand-on
     std::lock_guard<std::mutex> lock(mu);
     seen.push_back({event.status, tickets.fetch_add(1)});  // taken as it returns
   }
@@ -109,6 +110,21 @@ void RunRound(uint32_t seed, bool two_shards, bool shut_down) {
     poller_ptrs.push_back(pollers.back().get());
   }
   auto router = std::make_unique<CmRouter>(slots, poller_ptrs);
+  // However the round ends: the pollers hand over and stop, the consumers stop, what is queued
+  // is dropped, and only then do the router's watches go.
+  struct Cleanup {
+    std::vector<std::unique_ptr<Poller>>& pollers;
+    std::vector<std::unique_ptr<Consumer>>& consumers;
+    std::unique_ptr<CmRouter>& router;
+    ~Cleanup() {
+      for (auto& p : pollers) p->Stop();
+      for (auto& c : consumers) c->Stop();
+      for (auto& c : consumers) c->OrphanRemaining();
+      pollers.clear();
+      consumers.clear();
+      router.reset();
+    }
+  } cleanup{pollers, consumers, router};
   for (auto& c : consumers) ASSERT_TRUE(c->Start().ok());
   for (auto& p : pollers) p->Start();
 
@@ -196,6 +212,11 @@ void RunRound(uint32_t seed, bool two_shards, bool shut_down) {
     SCOPED_TRACE(::testing::Message() << "id " << k);
     const std::vector<Seen>& to_qp = qp[k].seen;
     const std::vector<Seen>& to_cm = listener.seen[k];
+    std::string got = "QP handler:";
+    for (const Seen& seen : to_qp) got += " " + std::to_string(seen.seq);
+    got += "; CmHandler:";
+    for (const Seen& seen : to_cm) got += " " + std::to_string(seen.seq);
+    SCOPED_TRACE(got);
     ASSERT_EQ(to_qp.size() + to_cm.size(), static_cast<size_t>(kEvents)) << "lost or doubled";
     for (size_t i = 0; i < to_qp.size(); ++i) {
       EXPECT_EQ(to_qp[i].seq, static_cast<int>(i + 1)) << "the QP handler's events";
@@ -209,12 +230,6 @@ void RunRound(uint32_t seed, bool two_shards, bool shut_down) {
     }
   }
 
-  for (auto& p : pollers) p->Stop();
-  for (auto& c : consumers) c->Stop();
-  for (auto& c : consumers) c->OrphanRemaining();
-  pollers.clear();
-  consumers.clear();
-  router.reset();
 }
 
 TEST(CmHandOn, EventsLeaveInReadOrderWhateverEndsTheRegistration) {

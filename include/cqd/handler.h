@@ -63,9 +63,10 @@ class QpHandler {
   // Runs on the QP's consumer, for a QP registered with RegisterQp(rdma_cm_id*, ...): the events
   // of that id (ESTABLISHED, DISCONNECTED, errors) in the order they were read, each after every
   // completion of the QP that was in its CQs when the runtime read it (so DISCONNECTED means
-  // "every completion polled before it has arrived"). An event the runtime read while the QP was
-  // registered but that found it unregistered goes to the channel's CmHandler instead: no
-  // connection event is dropped.
+  // "every completion polled before it has arrived"). Once the registration ends (Unregister, a
+  // teardown's end), the id's events not yet delivered here, and its later ones, go to the
+  // channel's CmHandler instead, in read order, after this handler has returned from the id's
+  // last event it got: no connection event is dropped or reordered.
   virtual void OnCmEvent(const CmEvent& event) noexcept { (void)event; }
 };
 
@@ -73,11 +74,22 @@ class QpHandler {
 // CONNECT_REQUEST on a listener, ADDR_RESOLVED and ROUTE_RESOLVED, errors before a QP is
 // registered, and events of an id whose registration has ended (TIMEWAIT_EXIT after a teardown).
 // Runs on the consumer given to Runtime::WatchCmChannel, so, like a QpHandler, it may call the
-// runtime (create, register and accept a QP for a CONNECT_REQUEST). Events of one id arrive in
-// the order they were read (those of different ids may not, when one id's events first went to
-// its QP's consumer). None is dropped before the runtime is destroyed; an event for the
-// CmHandler of an owned consumer that Shutdown has stopped runs on the thread that hands it on
-// (the one delivering the QP's events, or calling Drain).
+// runtime (create, register and accept a QP for a CONNECT_REQUEST).
+//
+// Events of one id arrive in the order they were read, whatever ended the id's registration:
+// when it ends, the id's events still on their way to the QP's consumer (queued there, even on a
+// consumer that never drains again, or held in a poller's spill) are handed on here at once, in
+// order, after the QP's handler returned from the id's event it was delivering, if any; later
+// ones follow. Events of different ids may interleave differently from their read order. An
+// ended registration never routes a new id that got the destroyed id's address.
+//
+// Never runs on two threads at once. None is dropped before the runtime is destroyed: once
+// Shutdown has stopped an owned consumer, events handed on to its CmHandler run on a thread that
+// handed one on (an engine thread in Drain, after the batch, or at the end of
+// Registration::Unregister; during Shutdown, a consumer or run-to-completion poller dispatching
+// its last items), one thread at a time, in the order they were handed on. "Read order" is per
+// channel: an id moved to another channel (rdma_migrate_id) has its events handed on to each
+// channel's CmHandler as read from it.
 class CmHandler {
  public:
   virtual ~CmHandler() = default;

@@ -114,7 +114,10 @@ class Registration {
   // queued for the QP go to the orphan handler. Idempotent. It waits while the QP's consumer is in
   // a dispatch batch that includes this QP, unless called from one of that consumer's handlers.
   // On a poller or the event thread (OrphanHandler, DeviceEventHandler) it does nothing and
-  // registered() stays true.
+  // registered() stays true. For an rdma_cm id's QP, its events not yet delivered go to the
+  // channel's CmHandler; after Shutdown has stopped that CmHandler's owned consumer, they run
+  // here, on this thread, before it returns (unless another thread is running such events: then
+  // that one runs them).
   void Unregister() noexcept;
   bool registered() const { return impl_ != nullptr; }
   uint32_t qp_num() const { return qp_num_; }
@@ -217,14 +220,17 @@ class Runtime {
   // `handler` must outlive the runtime. kAlreadyExists if watched, kInvalidArgument for a null
   // channel or a bad consumer.
   Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
-  // Stops reading `channel`; events already read are still delivered. Afterwards the engine may
-  // destroy the channel. kNotFound if not watched.
+  // Stops reading `channel` and gives it back as it came (its fd's O_NONBLOCK flag as it was
+  // before WatchCmChannel); events already read are still delivered. Afterwards the engine may
+  // read or destroy the channel. kNotFound if not watched (or given up after its fd failed:
+  // Stats::failed_fds).
   Status UnwatchCmChannel(rdma_event_channel* channel);
   // RegisterQp(id->qp, ...) for a QP made with rdma_create_qp, and from now on the id's events
   // on a watched channel go to `handler`. Register before rdma_connect or rdma_accept, so that
   // ESTABLISHED finds the registration. The device of id->verbs must have been added
-  // (AddVerbsDevice(id->verbs): librdmacm's context, not one OpenVerbsDevice opened).
-  // kInvalidArgument if the id or its QP is null.
+  // (AddVerbsDevice(id->verbs): librdmacm's context, not one OpenVerbsDevice opened). When the
+  // registration ends, the id's events not yet delivered go to the channel's CmHandler, in read
+  // order (handler.h). kInvalidArgument if the id or its QP is null.
   Result<Registration> RegisterQp(rdma_cm_id* id, QpHandler& handler, ConsumerId consumer,
                                   const QpOptions& options = {});
 
