@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The full test pass (README's test command, what CI runs): installs what is missing, runs every
 # test, then every test but the rxe ones again under ThreadSanitizer and under AddressSanitizer
-# (with UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS), and prints one
-# summary line counting GoogleTest cases: "cqd tests: N passed, M failed, K skipped" (a case is
-# skipped only where a sanitizer cannot run it, e.g. under an address-space limit). The exit
-# status is non-zero if anything failed.
+# (with UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on
+# rule for half that, and prints one summary line counting GoogleTest cases: "cqd tests: N
+# passed, M failed, K skipped" (a case is skipped only where a sanitizer cannot run it, e.g.
+# under an address-space limit). The exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -54,6 +54,13 @@ run "tests under ASan" --config=asan --build_tests_only --test_tag_filters=-rxe 
 # build). A finding fails the suite; the input is kept under /tmp (the script says where).
 echo "== fuzz: tests/fuzz/run_fuzz.sh ${CQD_FUZZ_SECONDS:-60}"
 if ! tests/fuzz/run_fuzz.sh "${CQD_FUZZ_SECONDS:-60}"; then
+  echo "== fuzz: FAILED"
+  status=1
+fi
+# The CM hand-on rule (runtime/cm_router.h) on the runtime's pollers and consumers, half as long.
+cm_seconds=$(( (${CQD_FUZZ_SECONDS:-60} + 1) / 2 ))
+echo "== fuzz: tests/fuzz/run_fuzz.sh $cm_seconds cm_handon_fuzz"
+if ! tests/fuzz/run_fuzz.sh "$cm_seconds" cm_handon_fuzz; then
   echo "== fuzz: FAILED"
   status=1
 fi

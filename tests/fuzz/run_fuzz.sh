@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Fuzzes the runtime for a bounded time: tests/fuzz/run_fuzz.sh [seconds, default 60]
+# Fuzzes the runtime for a bounded time: tests/fuzz/run_fuzz.sh [seconds, default 60] [target]
 #
-# Builds //tests/fuzz:runtime_fuzz with --config=fuzz (clang-14, libFuzzer, ASan, UBSan) and runs
-# it on a scratch copy of tests/fuzz/corpus (the committed seeds stay as they are) for `seconds`
+# `target` is runtime_fuzz (the default: the public API on the simulated device, seeds in
+# tests/fuzz/corpus) or cm_handon_fuzz (the CM hand-on rule, seeds in tests/fuzz/cm_corpus).
+# Builds //tests/fuzz:TARGET with --config=fuzz (clang-14, libFuzzer, ASan, UBSan) and runs
+# it on a scratch copy of its seeds (the committed seeds stay as they are) for `seconds`
 # (-max_total_time). Exits 0 if nothing was found; otherwise prints the finding, keeps the scratch
 # directory with the crash-*/timeout-* input in it, and exits 1. Reproduce a finding with
 #   $(bazel info --config=fuzz bazel-bin)/tests/fuzz/runtime_fuzz CRASH_FILE
@@ -14,25 +16,31 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 seconds=${1:-60}
+target=${2:-runtime_fuzz}
+case $target in
+  runtime_fuzz) seeds=tests/fuzz/corpus max_len=1203 ;;
+  cm_handon_fuzz) seeds=tests/fuzz/cm_corpus max_len=512 ;;
+  *) seconds=bad ;;
+esac
 if ! [[ $seconds =~ ^[0-9]+$ ]] || (( seconds < 1 )); then
-  echo "usage: tests/fuzz/run_fuzz.sh [seconds]" >&2
+  echo "usage: tests/fuzz/run_fuzz.sh [seconds] [runtime_fuzz|cm_handon_fuzz]" >&2
   exit 2
 fi
 
-echo "run_fuzz: building //tests/fuzz:runtime_fuzz with --config=fuzz"
-bazel build --config=fuzz //tests/fuzz:runtime_fuzz || exit 1
-bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)/tests/fuzz/runtime_fuzz"
+echo "run_fuzz: building //tests/fuzz:$target with --config=fuzz"
+bazel build --config=fuzz "//tests/fuzz:$target" || exit 1
+bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)/tests/fuzz/$target"
 
 work=${CQD_FUZZ_DIR:-$(mktemp -d /tmp/cqd-fuzz.XXXXXX)}
 mkdir -p "$work/corpus"
-cp tests/fuzz/corpus/* "$work/corpus/"
+cp "$seeds"/* "$work/corpus/"
 
 echo "run_fuzz: fuzzing for ${seconds}s in $work"
 # -timeout: libFuzzer's own per-input limit, above the harness's 10 s watchdog. The outer timeout
 # only guards against libFuzzer itself not stopping.
 # shellcheck disable=SC2086
 (cd "$work" && timeout --kill-after=30 $((seconds + 120)) "$bin" \
-  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1203 \
+  -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len="$max_len" \
   -print_final_stats=1 -artifact_prefix="$work/" ${CQD_FUZZ_ARGS:-} corpus) >"$work/fuzz.log" 2>&1
 rc=$?
 
