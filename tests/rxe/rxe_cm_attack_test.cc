@@ -491,7 +491,7 @@ TEST_F(RxeCmAttack, NewIdAtAnEndedIdsAddressIsNotRoutedBehindIt) {
   for (rdma_cm_id* id : spare) rdma_destroy_id(id);
   ASSERT_EQ(rdma_destroy_id(old), 0) << strerror(errno);
   rdma_cm_id* reused = nullptr;
-  for (int i = 0; i < 64 && reused == nullptr; ++i) {
+  for (int i = 0; i < 256 && reused == nullptr; ++i) {
     rdma_cm_id* id = nullptr;
     ASSERT_EQ(rdma_create_id(client_channel_, &id, nullptr, RDMA_PS_TCP), 0);
     extra_ids_.push_back(id);
