@@ -81,6 +81,12 @@ void HeldEvents::DeliverAll() noexcept {
   delivering_ = false;
 }
 
+void HeldEvents::DeliverAllOrAfterBatch() noexcept {
+  if (!any_.load(std::memory_order_acquire)) return;
+  if (Consumer::DeferHeldEvents(this)) return;
+  DeliverAll();
+}
+
 void HeldEvents::DropAll() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   while (first_ != nullptr) {
@@ -266,9 +272,29 @@ CmRouter::DrainResult CmRouter::Drain(CmWatch& watch) {
   }
 }
 
+namespace {
+
+// Events that only an id not yet registered gets (a new id, perhaps at a destroyed id's address:
+// a binding never holds them back). A listener's CONNECT_REQUEST names the new id; address and
+// route resolution come before the QP an engine registers (it registers before connecting).
+bool BeforeRegistration(rdma_cm_event_type type) {
+  switch (type) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_RESOLVED:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void CmRouter::Route(EventJoin* join) {
   auto it = bindings_.find(join->cm.id);
-  if (it != bindings_.end() && join->cm.type != RDMA_CM_EVENT_CONNECT_REQUEST) {
+  if (it != bindings_.end() && !BeforeRegistration(join->cm.type)) {
     const std::shared_ptr<CmBinding> binding = it->second;
     switch (binding->Admit(join, binding, slots_)) {
       case CmBinding::Admission::kRouted:

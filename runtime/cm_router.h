@@ -65,9 +65,13 @@ class HeldEvents {
  public:
   // Any thread, under any runtime lock: `join` (holding one hold) waits here.
   void Push(EventJoin* join) noexcept;
-  // A thread that holds no runtime lock: runs the CmHandler of each event held, unless another
-  // thread is doing so (that one runs them all). Returns at once when none is held.
+  // A thread that holds no runtime lock and is in no dispatch batch: runs the CmHandler of each
+  // event held, unless another thread is doing so (that one runs them all). Returns at once when
+  // none is held.
   void DeliverAll() noexcept;
+  // The same, except on a thread inside a dispatch batch: there the outermost batch runs them
+  // once it is over (Consumer::RunBatch).
+  void DeliverAllOrAfterBatch() noexcept;
   // Destruction: drops what is held.
   void DropAll() noexcept;
 

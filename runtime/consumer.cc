@@ -23,6 +23,9 @@ struct DispatchFrame {
   const DispatchFrame* outer;
 };
 thread_local const DispatchFrame* tls_dispatch_frames = nullptr;
+// CM events handed on to a closed consumer's CmHandler on this thread inside a batch: the
+// outermost batch runs them once it is over (cm_router.h).
+thread_local HeldEvents* tls_held_to_run = nullptr;
 
 bool DispatchingOnThisThread(const Consumer* consumer) {
   for (const DispatchFrame* f = tls_dispatch_frames; f != nullptr; f = f->outer) {
@@ -226,11 +229,11 @@ void Consumer::RunBatch(size_t n) noexcept {
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
   tls_dispatch_frames = frame.outer;
-  if (held_to_run_ != nullptr) [[unlikely]] {
-    // CM events this batch handed on to a closed consumer's CmHandler: after the batch, so that
-    // nobody waiting for it waits for them.
-    HeldEvents* held = held_to_run_;
-    held_to_run_ = nullptr;
+  if (tls_held_to_run != nullptr && frame.outer == nullptr) [[unlikely]] {
+    // CM events handed on to a closed consumer's CmHandler during the batch: after it (and any
+    // batch around it), so that nobody waiting for a batch waits for them.
+    HeldEvents* held = tls_held_to_run;
+    tls_held_to_run = nullptr;
     held->DeliverAll();
   }
 }
@@ -294,7 +297,13 @@ void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
   } else {
     EventJoin::ReleaseHold(join);  // the route's
   }
-  held_to_run_ = held;  // RunBatch runs them once the batch is over (cm_router.h)
+  tls_held_to_run = held;  // RunBatch runs them once the batch is over (cm_router.h)
+}
+
+bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {
+  if (tls_dispatch_frames == nullptr) return false;
+  tls_held_to_run = held;
+  return true;
 }
 
 void Consumer::DeliverListenerEvent(const ItemMeta& item) noexcept {

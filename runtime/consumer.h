@@ -216,6 +216,9 @@ class Consumer {
   // closed consumer's CmHandler are held: the caller runs HeldEvents::DeliverAll once it holds
   // no runtime lock.
   static void DropEventPart(EventJoin* join, bool hand_on = true) noexcept;
+  // On a thread inside a dispatch batch: notes that `held` has events for the outermost batch
+  // to run once it is over, and returns true; elsewhere returns false.
+  static bool DeferHeldEvents(HeldEvents* held) noexcept;
 
   // Producers. ReserveUpTo reserves room for at most `n` items and returns how many (0 when the
   // queue holds queue_capacity items). Reserve always succeeds (Shutdown's final hand-over).
@@ -290,7 +293,6 @@ class Consumer {
   bool wake_owed_ = false;
   bool self_signaled_ = false;
   std::atomic<uintptr_t> last_drainer_{0};  // written by Drain (relaxed), read by Teardown::Wait
-  HeldEvents* held_to_run_ = nullptr;  // consumer thread: see RunBatch
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit

@@ -111,8 +111,13 @@ Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint3
 
 Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
   for (const auto& source : sources_) {
-    if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
+    if (source->kind != SourceKind::kCm || source->cm->channel != channel) continue;
+    if (source->active) {
       Remove(*source);
+      return Status::Ok();
+    }
+    if (source->given_back_at_stop) {  // Shutdown gave it back already
+      source->given_back_at_stop = false;
       return Status::Ok();
     }
   }
@@ -122,7 +127,10 @@ Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
 void EventLoop::Remove(Source& source) {
   // By our own dup: it names the registered file whatever became of the engine's number.
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, source.fd, nullptr);
-  if (source.kind == SourceKind::kCm) fcntl(source.fd, F_SETFL, source.flags);  // as it came
+  if (source.kind == SourceKind::kCm) {  // its O_NONBLOCK as it came; the other flags as they are
+    const int flags = fcntl(source.fd, F_GETFL);
+    if (flags >= 0) fcntl(source.fd, F_SETFL, (flags & ~O_NONBLOCK) | (source.flags & O_NONBLOCK));
+  }
   close(source.fd);
   source.fd = -1;
   source.active = false;
@@ -187,7 +195,9 @@ void EventLoop::Run() {
   // Still on this thread, before RunSync runs callers' functions inline: the sources go (their
   // dups closed, CM channels given back as they came).
   for (const auto& source : sources_) {
-    if (source->active && source->kind != SourceKind::kWake) Remove(*source);
+    if (!source->active || source->kind == SourceKind::kWake) continue;
+    Remove(*source);
+    source->given_back_at_stop = source->kind == SourceKind::kCm;
   }
   mailbox_.Close();
 }

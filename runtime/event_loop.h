@@ -92,6 +92,7 @@ class EventLoop {
     int flags = 0;        // the watched fd's file status flags before we set O_NONBLOCK
     bool active = true;   // false once unwatched: skipped even if already reported ready
     bool paused = false;  // a CM channel at its limit: in the epoll set without events
+    bool given_back_at_stop = false;  // a CM channel the loop's stop removed (UnwatchCm: OK)
   };
   void Run();
   Status Watch(int fd, Source source);

@@ -337,10 +337,14 @@ Status RuntimeImpl::UnwatchCmChannel(rdma_event_channel* channel) {
 }
 
 bool RuntimeImpl::BindCm(rdma_cm_id* id, const Registration& registration) {
-  std::lock_guard<ControlMutex> lock(mu_);
+  std::unique_lock<ControlMutex> lock(mu_);
   bool bound = false;
   events_->RunSync(
       [&] { bound = events_->cm().Bind(id, registration.slot_, registration.generation_); });
+  lock.unlock();
+  // A Shutdown since RegisterQp: what Bind's sweep handed on to a closed consumer runs here (or
+  // after the batch of the handler calling this).
+  events_->cm().held().DeliverAllOrAfterBatch();
   return bound;
 }
 
@@ -682,7 +686,9 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   }
   slots_.Free(index);
   lock.unlock();
-  events_->cm().held().DeliverAll();  // after Shutdown: CM events it handed on (cm_router.h)
+  // After Shutdown: CM events it handed on (cm_router.h), now, or after the batch of the handler
+  // calling this.
+  events_->cm().held().DeliverAllOrAfterBatch();
   return true;
 }
 

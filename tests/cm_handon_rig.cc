@@ -95,6 +95,7 @@ void HandOnRig::End(int k) {
 }
 
 void HandOnRig::Route(int k) {
+  if (stopped_) return;  // Shutdown stops the event thread before the pollers
   Id& id = ids_[k];
   auto* join = new EventJoin;
   join->cm.type = RDMA_CM_EVENT_ESTABLISHED;
@@ -126,7 +127,7 @@ bool HandOnRig::Settle() {
       Drain(k, 64);
       if (delivered(ids_[k]) < static_cast<size_t>(ids_[k].routed)) all = false;
     }
-    router_->held().DeliverAll();
+    // No DeliverAll here: held events run on the threads that handed them on, or not at all.
     if (all && watch_->unfinished.load(std::memory_order_acquire) == 0) return true;
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::microseconds(200));

@@ -61,11 +61,13 @@ class HandOnRig {
   // Unregister's steps for id k's registration: dead state, purge of the spills, Ended, the wait
   // for the batch in progress, then the held events.
   void End(int k);
-  // The next event of id k, read and routed.
+  // The next event of id k, read and routed; nothing after StopLikeShutdown (Shutdown stops the
+  // event thread first).
   void Route(int k);
   int Drain(int k, int max) { return consumers_[1 + k]->Drain(max); }
   bool Pending(int k) const { return consumers_[1 + k]->Pending(); }
-  // Shutdown's order: the pollers hand over and stop, the owned listener consumer closes.
+  // Shutdown's order: the event thread stops (Route does nothing from here), the pollers hand
+  // over and stop, the owned listener consumer closes.
   void StopLikeShutdown();
   // Drains until every event routed is delivered; returns false if some never is.
   bool Settle();

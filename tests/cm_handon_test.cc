@@ -3,8 +3,9 @@
 // thread routes what it reads, while engine threads drain the QPs' consumers one item at a time
 // (so that parts wait in queues and spills) and other threads end the registrations the way
 // Unregister does. Half the rounds route each event in two parts (send and receive CQs on two
-// shards); in the second test the pollers stop and the CmHandler's consumer closes first, as at
-// Shutdown, so that what is handed on is held and run by the threads that handed it on.
+// shards). In the second test the rounds stop as Shutdown does once the events are routed (the
+// pollers hand over and stop, the CmHandler's consumer closes) and only then end the
+// registrations, so that what is handed on is held and run by the threads that handed it on.
 // tests/fuzz/cm_handon_fuzz.cc drives the same rig with sequences the fuzzer chooses.
 #include <atomic>
 #include <chrono>
@@ -30,7 +31,6 @@ void RunRound(uint32_t seed, bool shut_down) {
   options.qp_handler_time = std::chrono::microseconds(100);
   HandOnRig rig(options);
   for (int k = 0; k < rig.ids(); ++k) rig.Register(k);
-  if (shut_down) rig.StopLikeShutdown();
   std::atomic<bool> routed{false};
   std::vector<std::thread> threads;
   for (int k = 0; k < rig.ids(); ++k) {  // engine threads, now and then pausing
@@ -42,20 +42,30 @@ void RunRound(uint32_t seed, bool shut_down) {
       }
     });
   }
-  // The ends: the control path (one at a time), racing the engine threads and the event thread.
+  // The ends: the control path (one at a time), racing the engine threads and, unless the round
+  // models Shutdown (which stops the event thread first), the event thread.
   std::mutex control;
-  for (int k = 0; k < rig.ids(); ++k) {
-    const uint32_t delay_us = rng() % 3000;
-    threads.emplace_back([&, k, delay_us] {
-      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-      std::lock_guard<std::mutex> lock(control);
-      rig.End(k);
-    });
-  }
+  std::vector<std::thread> enders;
+  auto start_ends = [&] {
+    for (int k = 0; k < rig.ids(); ++k) {
+      const uint32_t delay_us = rng() % 3000;
+      enders.emplace_back([&, k, delay_us] {
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+        std::lock_guard<std::mutex> lock(control);
+        rig.End(k);
+      });
+    }
+  };
+  if (!shut_down) start_ends();
   for (int seq = 1; seq <= kEvents; ++seq) {  // the event thread
     for (int k = 0; k < rig.ids(); ++k) rig.Route(k);
     if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
   }
+  if (shut_down) {
+    rig.StopLikeShutdown();  // with events still queued and spilled
+    start_ends();
+  }
+  for (std::thread& t : enders) t.join();
   routed = true;
   for (std::thread& t : threads) t.join();
   EXPECT_TRUE(rig.Settle()) << "some event never reached a handler: " << rig.Check();

@@ -320,7 +320,9 @@ TEST(TeardownWaits, ShutdownAndWaitFromOnDoneAreRefused) {
   ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   auto [shutdown, wait] = got.get();
   EXPECT_EQ(shutdown.code(), StatusCode::kFailedPrecondition) << shutdown.ToString();
-  if (!wait.ok()) EXPECT_EQ(wait.code(), StatusCode::kFailedPrecondition) << wait.ToString();
+  if (!wait.ok()) {
+    EXPECT_EQ(wait.code(), StatusCode::kFailedPrecondition) << wait.ToString();
+  }
   CQD_ASSERT_OK(s.rt->Shutdown());
 }
 

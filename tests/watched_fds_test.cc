@@ -58,6 +58,35 @@ uint64_t ThreadTicks(const std::string& name) {
   return ticks;
 }
 
+// The fds watched by this process's epoll sets: the "tfd:" lines of their /proc fdinfo.
+int EpollTargets() {
+  int targets = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (dirent* entry = readdir(dir)) {
+    char link[64] = {};
+    const std::string path = std::string("/proc/self/fd/") + entry->d_name;
+    if (readlink(path.c_str(), link, sizeof(link) - 1) <= 0) continue;
+    if (std::string(link) != "anon_inode:[eventpoll]") continue;
+    std::ifstream info(std::string("/proc/self/fdinfo/") + entry->d_name);
+    for (std::string line; std::getline(info, line);) {
+      if (line.rfind("tfd:", 0) == 0) ++targets;
+    }
+  }
+  closedir(dir);
+  return targets;
+}
+
+// The fds this process has open.
+int OpenFds() {
+  int fds = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (dirent* entry = readdir(dir)) fds += entry->d_name[0] != '.';
+  closedir(dir);
+  return fds - 1;  // the directory's own
+}
+
 std::unique_ptr<Runtime> MakeRuntime() {
   auto rt = Runtime::Create(RuntimeOptions{});
   EXPECT_TRUE(rt.ok()) << rt.status().ToString();
@@ -71,7 +100,11 @@ TEST(WatchedFds, FailedFdWhoseNumberWasReusedLeavesTheEventLoop) {
   ASSERT_GE(fd, 0);
   rdma_event_channel channel{fd};
   NoCm handler;
+  const int targets_before = EpollTargets();
+  const int fds_before = OpenFds();
+  ASSERT_GE(targets_before, 1) << "no epoll set found";
   CQD_ASSERT_OK(rt->WatchCmChannel(&channel, handler, 0));
+  EXPECT_EQ(EpollTargets(), targets_before + 1);
   // The engine keeps the file open through another fd and gives the channel's number to another
   // file; then the channel becomes readable for good, and reading it through its number fails.
   const int keep = dup(fd);
@@ -85,6 +118,8 @@ TEST(WatchedFds, FailedFdWhoseNumberWasReusedLeavesTheEventLoop) {
   ASSERT_TRUE(WaitFor([&] { return rt->GetStats().failed_fds == 1; }));
   // Given up, the fd must leave the epoll set: a level-triggered registration that survived
   // would report it on every epoll_wait, and the event thread would use a whole core.
+  EXPECT_EQ(EpollTargets(), targets_before) << "the failed fd is still in the epoll set";
+  EXPECT_EQ(OpenFds(), fds_before + 1) << "the runtime's own fd for it is still open";  // + keep
   const uint64_t before = ThreadTicks("cqd-events");
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const uint64_t used = ThreadTicks("cqd-events") - before;

@@ -9,7 +9,7 @@
 //   0, 1  route the id's next event          2  drain its consumer (1 + arg / 4 items; with
 //   3     end its registration (Unregister)     background drainers: a pause instead)
 //   4     register it afresh if ended         5  pause arg * 10 us
-//   6     stop like Shutdown (arg % 8 == 0), else route
+//   6     stop like Shutdown (arg % 8 == 0; no event is routed after it), else route
 //   7     route the next event of every id
 // Invariants (HandOnRig::Check), checked once everything settled: every event reaches exactly
 // one handler, each handler gets its events in read order, the CmHandler starts none before the

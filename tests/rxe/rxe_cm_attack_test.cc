@@ -461,8 +461,9 @@ TEST_F(RxeCmAttack, StuckConsumerOfUnregisteredQpsDoesNotHoldTheListener) {
   ASSERT_NO_FATAL_FAILURE(ConnectPair(1, kOwned));
   // What consumer 1 held was handed on, in order, without it draining.
   rdma_cm_id* server = server_id_.load();
-  EXPECT_TRUE(WaitFor([&] {
-    return IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED) >= 0;
+  ASSERT_TRUE(WaitFor([&] {
+    return IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED) >= 0 &&
+           IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED) >= 0;
   })) << server_cm_.Names();
   EXPECT_LT(IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED),
             IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED));
