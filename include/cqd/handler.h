@@ -80,8 +80,11 @@ class QpHandler {
 // when it ends, the id's events still on their way to the QP's consumer (queued there, even on a
 // consumer that never drains again, or held in a poller's spill) are handed on here at once, in
 // order, after the QP's handler returned from the id's event it was delivering, if any; later
-// ones follow. Events of different ids may interleave differently from their read order. An
-// ended registration never routes a new id that got the destroyed id's address.
+// ones follow. Events of different ids may interleave differently from their read order, and
+// so may those of an id registered again (its new QP handler may get the new registration's
+// first events before this handler gets the old one's last). An ended registration never
+// routes a new id that got the destroyed id's address: CONNECT_REQUEST and address and route
+// resolution events always come here.
 //
 // Never runs on two threads at once. None is dropped before the runtime is destroyed: once
 // Shutdown has stopped an owned consumer, events handed on to its CmHandler run on a thread that

@@ -222,7 +222,8 @@ class Runtime {
   Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
   // Stops reading `channel` and gives it back as it came (its fd's O_NONBLOCK flag as it was
   // before WatchCmChannel); events already read are still delivered. Afterwards the engine may
-  // read or destroy the channel. kNotFound if not watched (or given up after its fd failed:
+  // read or destroy the channel. Shutdown gives every channel back; UnwatchCmChannel then still
+  // returns OK once. kNotFound if not watched (or given up after its fd failed:
   // Stats::failed_fds).
   Status UnwatchCmChannel(rdma_event_channel* channel);
   // RegisterQp(id->qp, ...) for a QP made with rdma_create_qp, and from now on the id's events
