@@ -297,11 +297,15 @@ void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
   } else {
     EventJoin::ReleaseHold(join);  // the route's
   }
-  tls_held_to_run = held;  // RunBatch runs them once the batch is over (cm_router.h)
+  DeferHeldEvents(held);  // RunBatch runs them once the batch is over (cm_router.h)
 }
 
 bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {
   if (tls_dispatch_frames == nullptr) return false;
+  if (tls_held_to_run != nullptr && tls_held_to_run != held) {
+    held->DeliverAll();  // another runtime's come first (a handler draining another runtime)
+    return true;
+  }
   tls_held_to_run = held;
   return true;
 }

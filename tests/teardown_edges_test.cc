@@ -167,11 +167,21 @@ TEST(TeardownWaits, OwnedHandlerWaitIsRefusedAndNothingDeadlocks) {
   SimQp* first = s.Qp(cq);   // consumer 0: its marker shares the actor's batch
   SimQp* second = s.Qp(cq);  // consumer 1
   SimQp* actor = s.Qp(cq);   // consumer 0
+  SimQp* holder = s.Qp(cq);  // consumer 1: keeps it busy, so that the second teardown cannot
+                             // end (and Wait return its result) before the actor waits
   RecordingHandler first_handler, second_handler;
   ActingHandler actor_handler;
+  BlockingHandler holder_handler;
   Registration first_reg = s.rt->RegisterQp(*first, first_handler, 0).value();
   Registration second_reg = s.rt->RegisterQp(*second, second_handler, 1).value();
   Registration actor_reg = s.rt->RegisterQp(*actor, actor_handler, 0).value();
+  Registration holder_reg = s.rt->RegisterQp(*holder, holder_handler, 1).value();
+  struct Release {  // whatever happens below, before the registrations go
+    BlockingHandler& handler;
+    ~Release() { handler.release = true; }
+  } release_holder{holder_handler};
+  ASSERT_TRUE(InjectRecvs(holder, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return holder_handler.inside.load(); }));
   std::promise<Status> waited;
   Teardown second_td;
   actor_handler.on_first = [&] {
@@ -186,6 +196,7 @@ TEST(TeardownWaits, OwnedHandlerWaitIsRefusedAndNothingDeadlocks) {
   auto result = waited.get_future();
   ASSERT_EQ(result.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_EQ(result.get().code(), StatusCode::kFailedPrecondition);
+  holder_handler.release = true;  // now the second teardown may end
   CQD_ASSERT_OK(first_td.Wait());
   CQD_ASSERT_OK(second_td.Wait());
 }
