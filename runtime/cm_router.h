@@ -19,13 +19,16 @@
 // no connection event of a QP it no longer serves. Only a delivery to the QP's handler under way
 // holds the hand-on back until that handler returns. An ended binding routes nothing: its id's
 // later events go to the CmHandler behind those handed on, and a new id at the same address is
-// never routed by it.
+// never routed by it (CONNECT_REQUEST and address and route resolution, which come before an
+// engine registers an id, never go through a binding). Order is per handler: an id registered
+// again may have its new QP handler see events before the CmHandler got the old ones.
 //
 // A handler is never entered twice at once: the CmHandler runs on its consumer; once that
 // consumer has closed (an owned consumer after Shutdown), events handed on to it wait in
 // HeldEvents and run on a thread that handed one on, holding no runtime lock and outside any
-// dispatch batch (Consumer::RunBatch once its batch is over, Unregister once it let go of the
-// control mutex), one thread at a time, in the order they were handed on.
+// dispatch batch (Consumer::RunBatch once its outermost batch is over; Unregister and
+// RegisterQp once they let go of the control mutex, or, called from a handler, after its
+// batch), one thread at a time, in the order they were handed on.
 //
 // Bounds: each watch counts its events from read to delivery (EventJoin::Finish); at `limit`
 // (the CmHandler consumer's queue_capacity + spill_capacity) the event loop stops reading the
