@@ -116,8 +116,9 @@ class Registration {
   // On a poller or the event thread (OrphanHandler, DeviceEventHandler) it does nothing and
   // registered() stays true. For an rdma_cm id's QP, its events not yet delivered go to the
   // channel's CmHandler; after Shutdown has stopped that CmHandler's owned consumer, they run
-  // here, on this thread, before it returns (unless another thread is running such events: then
-  // that one runs them).
+  // here, on this thread, before it returns, or, called from a handler, once that handler's
+  // dispatch batch is over (unless another thread is running such events: then that one runs
+  // them).
   void Unregister() noexcept;
   bool registered() const { return impl_ != nullptr; }
   uint32_t qp_num() const { return qp_num_; }
