@@ -102,7 +102,7 @@ void HeldEvents::DropAll() noexcept {
 
 bool CmBinding::LiveIn(const Slot& slot) const noexcept {
   const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  return StateLive(state) && StateGeneration(state) == route_.generation;
+  return StateLiveAs(state, route_.generation);
 }
 
 void CmBinding::Unlink(EventJoin* join) noexcept {
@@ -208,16 +208,14 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
         CmBinding& binding = *entry.second;
         const uint64_t state =
             slots_.slot(binding.route().slot).state.load(std::memory_order_acquire);
-        if (StateLive(state) && StateGeneration(state) == binding.route().generation) {
-          return false;
-        }
+        if (StateLiveAs(state, binding.route().generation)) return false;
         return binding.End();  // kept while events wait for a delivery under way
       });
       sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
     }
     const Slot& s = slots_.slot(slot);
     const uint64_t state = s.state.load(std::memory_order_acquire);
-    if (!StateLive(state) || StateGeneration(state) != generation) return true;  // gone already
+    if (!StateLiveAs(state, generation)) return true;  // gone already
     auto binding = std::make_shared<CmBinding>(RouteOf(s, slot, state),
                                                s.qp_num.load(std::memory_order_relaxed));
     {

@@ -248,7 +248,7 @@ void Consumer::DeliverRun(size_t first, size_t n) noexcept {
   const ibv_wc* wcs = &wcs_[first];
   Slot& slot = slots_.slot(meta_[first].slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (StateLive(state) && StateGeneration(state) == meta_[first].generation) {
+  if (StateLiveAs(state, meta_[first].generation)) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   } else {
@@ -265,7 +265,7 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
     return;
   }
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLive(state) || StateGeneration(state) != item.generation) {
+  if (!StateLiveAs(state, item.generation)) {
     delete join;  // unregistered after it was routed here
     return;
   }
@@ -326,7 +326,7 @@ void Consumer::CountEvent() noexcept {
 void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(item.slot);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLive(state) || StateGeneration(state) != item.generation) return;
+  if (!StateLiveAs(state, item.generation)) return;
   // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
   // which nulls the pointer and then waits for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);

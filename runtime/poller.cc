@@ -189,7 +189,7 @@ void Poller::PurgeDead(uint32_t consumer) {
     auto live = [&](const Item& item) {
       if (item.kind == ItemKind::kListenerEvent) return true;  // nobody's registration
       uint64_t state = slots_.slot(item.slot).state.load(std::memory_order_acquire);
-      return StateLive(state) && StateGeneration(state) == item.generation;
+      return StateLiveAs(state, item.generation);
     };
     outboxes_[consumer]->Filter([&](const Item& item) {
       if (live(item)) return true;

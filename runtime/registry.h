@@ -35,6 +35,10 @@ inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool
 inline constexpr bool StateLive(uint64_t s) { return s & 1; }
 inline constexpr bool StateDraining(uint64_t s) { return s & 2; }
 inline constexpr uint32_t StateGeneration(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
+// Returns true if `s` is a live registration of `generation` (the one an item was routed to).
+inline constexpr bool StateLiveAs(uint64_t s, uint32_t generation) {
+  return StateLive(s) && StateGeneration(s) == generation;
+}
 inline constexpr uint32_t StateConsumer(uint64_t s) {
   return static_cast<uint32_t>(s >> 2) & 0x3fffffff;
 }

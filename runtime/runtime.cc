@@ -616,7 +616,7 @@ Result<Registration> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
 BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
   Slot& slot = slots_.slot(index);
   uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLive(state) || StateGeneration(state) != generation) return {};  // not retired
+  if (!StateLiveAs(state, generation)) return {};  // not retired
   uint32_t consumer = StateConsumer(state);
   const uint32_t send_id = slot.send_cq.load(std::memory_order_relaxed);
   const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
@@ -730,7 +730,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
   Slot& slot = slots_.slot(index);
   const uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLive(state) || StateGeneration(state) != generation) {
+  if (!StateLiveAs(state, generation)) {
     return InvalidArgument("TeardownQp: the registration is no longer live");
   }
   if (StateDraining(state)) return FailedPrecondition("TeardownQp: already tearing down");
