@@ -232,7 +232,10 @@ class Runtime {
   // ESTABLISHED finds the registration. The device of id->verbs must have been added
   // (AddVerbsDevice(id->verbs): librdmacm's context, not one OpenVerbsDevice opened). When the
   // registration ends, the id's events not yet delivered go to the channel's CmHandler, in read
-  // order (handler.h). kInvalidArgument if the id or its QP is null.
+  // order (handler.h). Like Unregister, if a Shutdown came in meanwhile it may run CM events it
+  // handed on to a stopped consumer's CmHandler on this thread before returning (or after the
+  // calling handler's batch); it never waits for another thread to run them.
+  // kInvalidArgument if the id or its QP is null.
   Result<Registration> RegisterQp(rdma_cm_id* id, QpHandler& handler, ConsumerId consumer,
                                   const QpOptions& options = {});
 
