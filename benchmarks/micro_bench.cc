@@ -19,9 +19,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "runtime/consumer.h"
-#include "runtime/records.h"
-#include "runtime/registry.h"
+#include "runtime/core/consumer.h"
+#include "runtime/core/records.h"
+#include "runtime/core/registry.h"
 
 namespace cqd::internal {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "benchmarks/machine.h"
 #include "cqd/runtime.h"
-#include "runtime/parker.h"
-#include "runtime/sim_device.h"
+#include "runtime/base/parker.h"
+#include "runtime/backend/sim/sim_device.h"
 
 namespace cqd::bench {
 namespace {

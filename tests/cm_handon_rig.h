@@ -1,4 +1,4 @@
-// A rig for the CM hand-on rule (runtime/cm_router.h) without rdma_cm: the runtime's own pollers
+// A rig for the CM hand-on rule (runtime/core/cm_router.h) without rdma_cm: the runtime's own pollers
 // and consumers, a CmRouter, one watched (made-up) channel whose CmHandler runs on an owned
 // consumer, and made-up ids, each with an engine-driven consumer for its QP. The caller plays
 // the event thread (Route), the engine threads (Drain), the control path (Register, End, as
@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "cqd/options.h"
-#include "runtime/cm_router.h"
-#include "runtime/consumer.h"
-#include "runtime/orphans.h"
-#include "runtime/poller.h"
-#include "runtime/registry.h"
+#include "runtime/core/cm_router.h"
+#include "runtime/core/consumer.h"
+#include "runtime/core/orphans.h"
+#include "runtime/core/poller.h"
+#include "runtime/core/registry.h"
 
 namespace cqd::internal::testing {
 

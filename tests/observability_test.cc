@@ -23,7 +23,7 @@
 #include "cqd/sim.h"
 #include "cqd/stats_format.h"
 #include "gtest/gtest.h"
-#include "runtime/latency.h"
+#include "runtime/observe/latency.h"
 #include "tests/test_util.h"
 #include "tools/mini_json.h"
 

@@ -1,7 +1,7 @@
-// NUMA placement and completion vectors (runtime/placement.h): cpulist and sysfs parsing on a
+// NUMA placement and completion vectors (runtime/base/placement.h): cpulist and sysfs parsing on a
 // fake sysfs tree, the placement decision with real threads, and what the runtime reports on the
 // simulated device (no NUMA node, one vector).
-#include "runtime/placement.h"
+#include "runtime/base/placement.h"
 
 #include <pthread.h>
 #include <sched.h>

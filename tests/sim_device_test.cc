@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cqd/sim.h"
-#include "runtime/sim_device.h"
+#include "runtime/backend/sim/sim_device.h"
 #include "tests/test_util.h"
 
 namespace cqd {

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/utf8.h"
+#include "runtime/base/utf8.h"
 
 namespace cqd::json {
 

@@ -57,7 +57,7 @@ if ! tests/fuzz/run_fuzz.sh "${CQD_FUZZ_SECONDS:-60}"; then
   echo "== fuzz: FAILED"
   status=1
 fi
-# The CM hand-on rule (runtime/cm_router.h) on the runtime's pollers and consumers, half as long.
+# The CM hand-on rule (runtime/core/cm_router.h) on the runtime's pollers and consumers, half as long.
 cm_seconds=$(( (${CQD_FUZZ_SECONDS:-60} + 1) / 2 ))
 echo "== fuzz: tests/fuzz/run_fuzz.sh $cm_seconds cm_handon_fuzz"
 if ! tests/fuzz/run_fuzz.sh "$cm_seconds" cm_handon_fuzz; then

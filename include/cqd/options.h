@@ -98,7 +98,7 @@ struct RuntimeOptions {
   std::function<void(LogLevel level, std::string_view message)> log;
   // Optional: a Unix socket path (at most 107 bytes) on which a thread of the runtime serves
   // GetStats() to whoever connects: JSON by default, Prometheus text on request (see
-  // runtime/stats_server.h for the protocol). Empty: off. A stale socket file there is replaced;
+  // runtime/observe/stats_server.h for the protocol). Empty: off. A stale socket file there is replaced;
   // any other file, or a socket someone serves, fails Runtime::Create. The file is removed at
   // Shutdown.
   std::string stats_socket;

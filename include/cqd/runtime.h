@@ -59,6 +59,7 @@
 #include "cqd/options.h"
 #include "cqd/stats.h"
 #include "cqd/status.h"
+#include "cqd/types.h"
 
 namespace cqd {
 
@@ -70,10 +71,9 @@ class SimChannel;
 namespace internal {
 class RuntimeImpl;
 struct TeardownState;
+struct PolledCq;
+struct RegisteredQp;
 }  // namespace internal
-
-using DeviceId = uint32_t;
-using ConsumerId = uint32_t;
 
 // A CQ the runtime polls. Cheap to copy; valid until Runtime::DestroyCq. It names its runtime
 // too: another runtime refuses it.
@@ -90,7 +90,7 @@ class CqHandle {
   bool valid() const { return id_ != 0; }
 
  private:
-  friend class internal::RuntimeImpl;
+  friend class Runtime;
   uint64_t runtime_ = 0;
   uint32_t id_ = 0;
   int shard_ = 0;
@@ -124,7 +124,6 @@ class Registration {
   uint32_t qp_num() const { return qp_num_; }
 
  private:
-  friend class internal::RuntimeImpl;
   friend class Runtime;
   internal::RuntimeImpl* impl_ = nullptr;
   uint32_t slot_ = 0;
@@ -279,6 +278,8 @@ class Runtime {
 
  private:
   explicit Runtime(std::unique_ptr<internal::RuntimeImpl> impl);
+  static Result<CqHandle> ToHandle(Result<internal::PolledCq> polled);
+  Result<Registration> ToRegistration(Result<internal::RegisteredQp> registered);
   std::unique_ptr<internal::RuntimeImpl> impl_;
 };
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "runtime/verbs_device.h"
+#include "runtime/backend/verbs/verbs_device.h"
 #include "tests/conformance/bed.h"
 #include "tests/rxe/verbs_util.h"
 

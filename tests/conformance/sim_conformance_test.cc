@@ -1,7 +1,7 @@
 // Runs the S1-S14 conformance suite on the simulated device.
 #include "cqd/sim.h"
 #include "gtest/gtest.h"
-#include "runtime/sim_device.h"
+#include "runtime/backend/sim/sim_device.h"
 #include "tests/conformance/bed.h"
 
 namespace cqd::conformance {

@@ -3,7 +3,7 @@
 // on the device (its destroy does not hang).
 //
 // Status after the runtime's fix (released CQs are counted live): the imbalance no longer stays;
-// it is still seen for a moment. CqRecord::Ack (runtime/records.h) calls the device's ack and
+// it is still seen for a moment. CqRecord::Ack (runtime/core/records.h) calls the device's ack and
 // only then adds to acked_events, so a thread that learns from the device that every event was
 // acked (SimDevice::DestroyCq returning, as ibv_destroy_cq would) can still read one event
 // unacked in Stats. The program reports both readings: right after the destroy and 200 ms later.

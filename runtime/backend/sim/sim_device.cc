@@ -1,0 +1,707 @@
+#include "runtime/backend/sim/sim_device.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace cqd {
+
+int SimQp::Complete(uint64_t wr_id, ibv_wc_opcode opcode, ibv_wc_status status,
+                    bool solicited) noexcept {
+  ibv_wc wc{};
+  wc.wr_id = wr_id;
+  wc.status = status;
+  wc.opcode = opcode;
+  wc.qp_num = qp_num();
+  wc.byte_len = (opcode & IBV_WC_RECV) ? 64 : 0;
+  SimCq* cq = (opcode & IBV_WC_RECV) ? recv_cq() : send_cq();
+  return cq->Inject({&wc, 1}, solicited, /*overflow=*/false);
+}
+
+std::shared_ptr<SimDevice> SimDevice::Create(const SimDeviceOptions& options) {
+  return std::make_shared<sim_internal::SimDeviceImpl>(options);
+}
+
+namespace sim_internal {
+namespace {
+
+// S10: on an error completion only wr_id, status, qp_num and vendor_err are valid. The simulated
+// device fills the rest with garbage so that code reading them is caught.
+void PoisonInvalidFields(ibv_wc& wc) {
+  wc.opcode = static_cast<ibv_wc_opcode>(0x5a5a);
+  wc.byte_len = 0xdeadbeef;
+  wc.imm_data = 0xdeadbeef;
+  wc.src_qp = 0xdeadbeef;
+  wc.wc_flags = ~0u;
+  wc.pkey_index = 0xdead;
+  wc.slid = 0xbeef;
+  wc.sl = 0xa5;
+  wc.dlid_path_bits = 0xa5;
+}
+
+}  // namespace
+
+PendingFd::PendingFd() : fd_(eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC)) {
+  if (fd_ < 0) std::abort();  // out of fds at construction: nothing sensible to return
+}
+
+PendingFd::~PendingFd() { close(fd_); }
+
+void PendingFd::Add() {
+  uint64_t one = 1;
+  while (write(fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+}
+
+void PendingFd::Take(int n) {
+  uint64_t value;
+  for (int i = 0; i < n; ++i) {
+    while (read(fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+bool PendingFd::nonblocking() const { return (fcntl(fd_, F_GETFL) & O_NONBLOCK) != 0; }
+
+bool PendingFd::WaitReadable() const {
+  pollfd p{fd_, POLLIN, 0};
+  return poll(&p, 1, -1) >= 0;
+}
+
+bool InjectedErrno::Fire() {
+  int times = times_.load(std::memory_order_acquire);
+  while (times > 0) {
+    if (times_.compare_exchange_weak(times, times - 1, std::memory_order_acq_rel)) {
+      errno = err_.load(std::memory_order_relaxed);
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---- channel ----
+
+int SimChannelImpl::GetEvent(void** native_cq) noexcept {
+  get_event_calls_.fetch_add(1, std::memory_order_relaxed);
+  if (injected_errno_.Fire()) return -1;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!events_.empty()) {
+        SimCqImpl* cq = events_.front();
+        events_.pop_front();
+        pending_.Take();
+        cq->CountReported();
+        *native_cq = cq->native();
+        return 0;
+      }
+    }
+    if (pending_.nonblocking()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    if (!pending_.WaitReadable()) return -1;  // EINTR
+  }
+}
+
+void SimChannelImpl::Push(SimCqImpl* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cq->destroying.load(std::memory_order_relaxed)) return;
+  events_.push_back(cq);
+  pending_.Add();
+}
+
+void SimChannelImpl::Retire(SimCqImpl* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cq->destroying.store(true, std::memory_order_relaxed);
+  auto it = std::remove(events_.begin(), events_.end(), cq);
+  int removed = static_cast<int>(events_.end() - it);
+  events_.erase(it, events_.end());
+  pending_.Take(removed);
+}
+
+// ---- CQ ----
+
+SimCqImpl::SimCqImpl(SimDeviceImpl* device, int depth, SimChannelImpl* channel)
+    : device_(device), channel_(channel), depth_(depth) {
+  uint64_t ring = std::bit_ceil(static_cast<uint64_t>(depth));
+  mask_ = ring - 1;
+  ring_ = std::make_unique<ibv_wc[]>(ring);
+}
+
+int SimCqImpl::size() const noexcept {
+  uint64_t head = head_.load(std::memory_order_acquire);
+  uint64_t published = published_.load(std::memory_order_acquire);
+  return static_cast<int>(published - head);
+}
+
+bool SimCqImpl::failed() const noexcept {
+  return overflowed_.load(std::memory_order_acquire) || device_->fatal();
+}
+
+bool SimCqImpl::Qualifies(uint8_t armed, std::span<const ibv_wc> added, bool solicited) const {
+  if (armed & kArmNext) return true;  // S8: next-completion arming wins
+  for (const ibv_wc& wc : added) {
+    if (wc.status != IBV_WC_SUCCESS) return true;
+    if (solicited && (wc.opcode & IBV_WC_RECV)) return true;
+  }
+  return false;
+}
+
+// Injectors announce themselves in `injectors_`; Resize raises `resizing_` and waits for them to
+// leave, so it swaps the ring while nobody writes it (and the poller calls it between polls).
+class SimCqImpl::InjectGuard {
+ public:
+  explicit InjectGuard(SimCqImpl& cq) : cq_(cq) {
+    for (;;) {
+      while (cq_.resizing_.load(std::memory_order_acquire)) std::this_thread::yield();
+      cq_.injectors_.fetch_add(1, std::memory_order_seq_cst);
+      if (!cq_.resizing_.load(std::memory_order_seq_cst)) return;
+      cq_.injectors_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+  ~InjectGuard() { cq_.injectors_.fetch_sub(1, std::memory_order_release); }
+
+ private:
+  SimCqImpl& cq_;
+};
+
+int SimCqImpl::Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow) noexcept {
+  if (failed()) return -1;
+  InjectGuard guard(*this);
+  const uint64_t want = wcs.size();
+  uint64_t pos = tail_.load(std::memory_order_relaxed);
+  uint64_t n;
+  for (;;) {
+    uint64_t used = pos - head_.load(std::memory_order_acquire);
+    const uint64_t depth = static_cast<uint64_t>(depth_.load(std::memory_order_relaxed));
+    uint64_t room = used >= depth ? 0 : depth - used;
+    if (overflow && room < want) {
+      Overflow();
+      return -1;
+    }
+    n = std::min(want, room);
+    if (n == 0) return 0;
+    if (tail_.compare_exchange_weak(pos, pos + n, std::memory_order_relaxed)) break;
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    ibv_wc& wc = ring_[(pos + i) & mask_];
+    wc = wcs[i];
+    if (wc.status != IBV_WC_SUCCESS) PoisonInvalidFields(wc);
+  }
+  // Publish in reservation order: wait for earlier injectors to publish theirs first.
+  for (uint64_t expected = pos;
+       !published_.compare_exchange_weak(expected, pos + n, std::memory_order_release,
+                                         std::memory_order_relaxed);
+       expected = pos) {
+    std::this_thread::yield();
+  }
+  NotifyIfArmed(wcs.first(n), solicited);
+  return static_cast<int>(n);
+}
+
+void SimCqImpl::NotifyIfArmed(std::span<const ibv_wc> added, bool solicited) {
+  // Publish-then-check against the poller's arm-then-poll (S6): one of the two sees the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  uint8_t armed = armed_.load(std::memory_order_seq_cst);
+  while (armed != 0 && Qualifies(armed, added, solicited)) {
+    if (armed_.compare_exchange_weak(armed, 0, std::memory_order_seq_cst)) {
+      channel_->Push(this);
+      break;
+    }
+  }
+}
+
+void SimCqImpl::Overflow() {
+  if (overflowed_.exchange(true, std::memory_order_acq_rel)) return;
+  device_->RaiseOverflow(this);
+}
+
+namespace {
+uint64_t SteadyNs() noexcept {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+}  // namespace
+
+void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total,
+                       double rate_per_sec) noexcept {
+  replay_left_.store(0, std::memory_order_seq_cst);  // stops the one running, if any
+  if (pattern.empty() || total == 0) return;
+  // A fresh record per start: a poller still copying from the previous one keeps valid memory.
+  auto record = std::make_unique<ReplayRecord>(ReplayRecord{pattern, 0, total});
+  if (rate_per_sec > 0) {  // false for NaN too
+    record->ns_per = 1e9 / std::clamp(rate_per_sec, 1e-3, 1e12);
+    record->start_ns = SteadyNs();
+  }
+  replay_.store(record.get(), std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(ack_mu_);  // not hot: guards the record list only
+    replay_records_.push_back(std::move(record));
+  }
+  replay_left_.store(total, std::memory_order_seq_cst);
+  // As a device would, raise the event a sleeping, armed poller waits for.
+  if (channel_ != nullptr) NotifyIfArmed(pattern.first(1), false);
+}
+
+int SimCqImpl::PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept {
+  ReplayRecord& replay = *replay_.load(std::memory_order_acquire);
+  uint64_t allowed = std::min<uint64_t>(left, static_cast<uint64_t>(n));
+  const uint64_t first = replay.total - left;  // index of the next completion
+  if (replay.ns_per > 0) {
+    const double elapsed = static_cast<double>(SteadyNs() - replay.start_ns);
+    const double due = elapsed / replay.ns_per + 1;  // completions due by now
+    const uint64_t arrived = due >= 1e19 ? UINT64_MAX : static_cast<uint64_t>(due);
+    allowed = arrived > first ? std::min(allowed, arrived - first) : 0;
+    if (allowed == 0) return 0;
+  }
+  const int taken = static_cast<int>(allowed);
+  const size_t size = replay.pattern.size();
+  for (int i = 0; i < taken; ++i) {
+    wc[i] = replay.pattern[replay.next];
+    if (replay.ns_per > 0) {
+      wc[i].wr_id = replay.start_ns + static_cast<uint64_t>(static_cast<double>(first + i) *
+                                                            replay.ns_per);
+    }
+    if (++replay.next == size) replay.next = 0;
+  }
+  // A concurrent Replay wins: what was copied is dropped, as if never produced.
+  if (!replay_left_.compare_exchange_strong(left, left - taken, std::memory_order_acq_rel)) {
+    return 0;
+  }
+  StampIfAsked(wc, taken);
+  return taken;
+}
+
+void SimCqImpl::StampIfAsked(ibv_wc* wc, int n) noexcept {
+  if (n <= 0 || !stamp_poll_time_.load(std::memory_order_relaxed)) return;
+  auto now = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                       std::chrono::steady_clock::now().time_since_epoch())
+                                       .count());
+  for (int i = 0; i < n; ++i) wc[i].src_qp = now;
+}
+
+int SimCqImpl::Poll(int n, ibv_wc* wc) noexcept {
+  if (overflowed_.load(std::memory_order_acquire)) return -EIO;  // S11: only destroy works
+  if (n < 0) return -EINVAL;
+  if (uint64_t left = replay_left_.load(std::memory_order_acquire); left > 0) {
+    return PollReplay(n, wc, left);
+  }
+  const uint64_t head = head_.load(std::memory_order_relaxed);
+  // seq_cst: this load follows the poller's arm (S6) in the single total order.
+  const uint64_t ready = published_.load(std::memory_order_seq_cst) - head;
+  const int taken = static_cast<int>(std::min<uint64_t>(ready, static_cast<uint64_t>(n)));
+  for (int i = 0; i < taken; ++i) wc[i] = ring_[(head + i) & mask_];
+  if (taken > 0) head_.store(head + taken, std::memory_order_release);
+  StampIfAsked(wc, taken);
+  return taken;
+}
+
+Status SimCqImpl::Resize(int depth) {
+  if (depth < size()) {
+    return InvalidArgument("Resize: " + std::to_string(depth) + " is less than the " +
+                           std::to_string(size()) + " completions the CQ holds");
+  }
+  if (depth > (1 << 22)) {
+    return InvalidArgument("Resize: depth " + std::to_string(depth) + " is not in 1..4194304");
+  }
+  if (static_cast<uint64_t>(depth) > mask_ + 1) {
+    resizing_.store(true, std::memory_order_seq_cst);
+    while (injectors_.load(std::memory_order_seq_cst) != 0) std::this_thread::yield();
+    // Nobody writes the ring now, and every reservation is published: move what is unpolled.
+    const uint64_t size = std::bit_ceil(static_cast<uint64_t>(depth));
+    auto ring = std::make_unique<ibv_wc[]>(size);
+    const uint64_t head = head_.load(std::memory_order_relaxed);
+    const uint64_t tail = published_.load(std::memory_order_acquire);
+    for (uint64_t pos = head; pos != tail; ++pos) ring[pos & (size - 1)] = ring_[pos & mask_];
+    ring_ = std::move(ring);
+    mask_ = size - 1;
+    depth_.store(depth, std::memory_order_relaxed);
+    resizing_.store(false, std::memory_order_seq_cst);
+    return Status::Ok();
+  }
+  depth_.store(depth, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+int SimCqImpl::RequestNotify(bool solicited_only) noexcept {
+  if (device_->fatal() || overflowed_.load(std::memory_order_acquire)) return EIO;
+  if (notify_errno_.Fire()) return errno;
+  // S7: a pending request absorbs a repeat; S8: next wins over solicited.
+  armed_.fetch_or(solicited_only ? kArmSolicited : kArmNext, std::memory_order_seq_cst);
+  return 0;
+}
+
+void SimCqImpl::Ack(unsigned n) {
+  std::lock_guard<std::mutex> lock(ack_mu_);
+  acked_ += n;
+  ack_cv_.notify_all();
+}
+
+bool SimCqImpl::WaitAllAcked() {
+  std::unique_lock<std::mutex> lock(ack_mu_);
+  ack_cv_.wait(lock, [&] { return acked_ >= reported_.load(std::memory_order_relaxed); });
+  return acked_ == reported_.load(std::memory_order_relaxed);
+}
+
+// ---- device ----
+
+SimDeviceImpl::SimDeviceImpl(const SimDeviceOptions& options) : options_(options) {}
+
+SimDeviceImpl::~SimDeviceImpl() = default;
+
+Result<SimChannel*> SimDeviceImpl::CreateChannel() {
+  auto channel = std::make_unique<SimChannelImpl>(this);
+  SimChannelImpl* raw = channel.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  channels_.emplace(raw, std::move(channel));
+  return static_cast<SimChannel*>(raw);
+}
+
+Status SimDeviceImpl::DestroyChannel(SimChannel* channel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = channels_.find(static_cast<SimChannelImpl*>(channel));
+  if (channel == nullptr || it == channels_.end()) {
+    return NotFound("DestroyChannel: not a channel of sim device " + options_.name);
+  }
+  if (it->second->cq_count > 0) {
+    return FailedPrecondition("DestroyChannel: " + std::to_string(it->second->cq_count) +
+                              " CQs still use the channel (EBUSY)");
+  }
+  channels_.erase(it);
+  return Status::Ok();
+}
+
+Result<SimCq*> SimDeviceImpl::CreateCq(int depth, SimChannel* channel) {
+  if (depth < 1 || depth > (1 << 22)) {
+    return InvalidArgument("CreateCq: depth " + std::to_string(depth) + " is not in 1..4194304");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  SimChannelImpl* ch = static_cast<SimChannelImpl*>(channel);
+  if (channel != nullptr && !channels_.contains(ch)) {
+    return NotFound("CreateCq: not a channel of sim device " + options_.name);
+  }
+  if (fatal()) return Unavailable("CreateCq: sim device " + options_.name + " has failed");
+  auto cq = std::make_unique<SimCqImpl>(this, depth, ch);
+  SimCqImpl* raw = cq.get();
+  cqs_.emplace(raw, std::move(cq));
+  if (ch != nullptr) ++ch->cq_count;
+  return static_cast<SimCq*>(raw);
+}
+
+SimCqImpl* SimDeviceImpl::FindCq(void* native) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* cq = static_cast<SimCqImpl*>(static_cast<SimCq*>(native));
+  return cqs_.contains(cq) ? cq : nullptr;
+}
+
+Status SimDeviceImpl::DestroyCq(SimCq* public_cq) { return DestroyCqAs(public_cq, "DestroyCq: "); }
+
+Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
+  auto* cq = static_cast<SimCqImpl*>(public_cq);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (public_cq == nullptr || !cqs_.contains(cq)) {
+      return NotFound(who + "not a CQ of sim device " + options_.name);
+    }
+    if (cq->qp_refs > 0) {
+      return FailedPrecondition(who + std::to_string(cq->qp_refs) +
+                                " QP queues (send or receive) still use the CQ (EBUSY)");
+    }
+    if (cq->destroying.load(std::memory_order_relaxed)) {
+      return FailedPrecondition(who + "already being destroyed");
+    }
+    if (cq->sim_channel() != nullptr) {
+      cq->sim_channel()->Retire(cq);  // unread events vanish, as in the kernel
+    } else {
+      cq->destroying.store(true, std::memory_order_relaxed);
+    }
+    PurgeAsyncLocked(cq);
+  }
+  // S2: wait for every completion event that was read to be acked; S13: same for async events.
+  if (!cq->WaitAllAcked()) {
+    return Internal(who + "more completion events were acked than were read "
+                    "(verbs would hang here)");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  async_acked_cv_.wait(lock, [&] { return cq->async_unacked == 0; });
+  if (cq->sim_channel() != nullptr) --cq->sim_channel()->cq_count;
+  cqs_.erase(cq);
+  return Status::Ok();
+}
+
+Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq,
+                                       const SimQpOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* send = static_cast<SimCqImpl*>(send_cq);
+  auto* recv = static_cast<SimCqImpl*>(recv_cq);
+  if (send_cq == nullptr || recv_cq == nullptr || !cqs_.contains(send) || !cqs_.contains(recv) ||
+      send->destroying.load(std::memory_order_relaxed) ||
+      recv->destroying.load(std::memory_order_relaxed)) {
+    return InvalidArgument("CreateQp: send and recv CQs must be live CQs of sim device " +
+                           options_.name);
+  }
+  if (fatal()) return Unavailable("CreateQp: sim device " + options_.name + " has failed");
+  if (qps_.size() >= (1u << 24) - 2) return ResourceExhausted("CreateQp: out of QP numbers");
+  if (options.max_send_wr < 0 || options.max_recv_wr < 0) {
+    return InvalidArgument("CreateQp: max_send_wr and max_recv_wr must not be negative");
+  }
+  uint32_t qp_num;
+  if (!free_qp_nums_.empty()) {
+    qp_num = free_qp_nums_.back();
+    free_qp_nums_.pop_back();
+  } else {
+    do {
+      qp_num = next_qp_num_;
+      next_qp_num_ = (next_qp_num_ + 1) & 0xffffff;
+      if (next_qp_num_ == 0) next_qp_num_ = 1;
+    } while (qps_.contains(qp_num));
+  }
+  auto qp = std::make_unique<SimQpImpl>(qp_num, send, recv, options);
+  SimQpImpl* raw = qp.get();
+  qps_.emplace(qp_num, std::move(qp));
+  ++send->qp_refs;
+  ++recv->qp_refs;
+  return static_cast<SimQp*>(raw);
+}
+
+Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
+  if (it == qps_.end() || it->second.get() != public_qp) {
+    return NotFound("DestroyQp: not a QP of sim device " + options_.name);
+  }
+  SimQpImpl* qp = it->second.get();
+  PurgeAsyncLocked(qp);
+  async_acked_cv_.wait(lock, [&] { return qp->async_unacked == 0; });  // S13
+  --qp->send()->qp_refs;
+  --qp->recv()->qp_refs;
+  free_qp_nums_.push_back(qp->qp_num());
+  qps_.erase(qp->qp_num());
+  return Status::Ok();
+}
+
+SimQpImpl* SimDeviceImpl::FindQp(void* native) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto* qp = static_cast<SimQpImpl*>(static_cast<SimQp*>(native));
+  auto it = qps_.find(qp->qp_num());
+  return it != qps_.end() && it->second.get() == qp ? qp : nullptr;
+}
+
+Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+                                                        uint64_t recv_marker) {
+  // As a device: the error state flushes what is outstanding (the test injected it already),
+  // then each marker completes with IBV_WC_WR_FLUSH_ERR.
+  auto marker = [&](uint64_t wr_id, ibv_wc_opcode opcode, SimCqImpl* cq) {
+    ibv_wc wc{};
+    wc.wr_id = wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = opcode;
+    wc.qp_num = qp->qp_num();
+    // On a failed (overflowed) CQ the post succeeds and its completion is lost, as on verbs.
+    if (cq->failed()) return true;
+    return cq->Inject({&wc, 1}, false, false) == 1;
+  };
+  qp->SetError();  // already in error (an earlier teardown): ERR -> ERR, as on verbs
+  if (!marker(send_marker, IBV_WC_SEND, qp->send())) {
+    return ResourceExhausted("StartQpDrain: the send CQ has no room for the marker");
+  }
+  if (!qp->options().srq) {
+    return marker(recv_marker, IBV_WC_RECV, qp->recv()) ? backend::DrainStart::kAllMarkers
+                                                        : backend::DrainStart::kSendMarkerOnly;
+  }
+  if (options_.last_wqe_reached) {
+    std::lock_guard<std::mutex> lock(mu_);
+    PushAsyncLocked({IBV_EVENT_QP_LAST_WQE_REACHED, qp, nullptr, 0});
+  }
+  return backend::DrainStart::kAllMarkers;
+}
+
+Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
+  if (!backend::IsQpEvent(type)) return InvalidArgument("RaiseQpEvent: not a QP event type");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
+  if (it == qps_.end() || it->second.get() != public_qp) {
+    return NotFound("RaiseQpEvent: not a QP of sim device " + options_.name);
+  }
+  PushAsyncLocked({type, it->second.get(), nullptr, 0});
+  return Status::Ok();
+}
+
+Status SimDeviceImpl::RaiseDeviceEvent(ibv_event_type type, int port_num) {
+  if (backend::IsPortEvent(type)) {
+    if (port_num < 1 || port_num > options_.ports) {
+      return InvalidArgument("RaiseDeviceEvent: no port " + std::to_string(port_num));
+    }
+  } else if (type != IBV_EVENT_SRQ_ERR && type != IBV_EVENT_SRQ_LIMIT_REACHED) {
+    return InvalidArgument("RaiseDeviceEvent: use RaiseQpEvent, RaiseDeviceFatal or overflow");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  PushAsyncLocked({type, nullptr, nullptr, port_num});
+  return Status::Ok();
+}
+
+void SimDeviceImpl::RaiseDeviceFatal() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fatal_.exchange(true, std::memory_order_acq_rel)) return;
+  PushAsyncLocked({IBV_EVENT_DEVICE_FATAL, nullptr, nullptr, 0});
+}
+
+void SimDeviceImpl::RaiseOverflow(SimCqImpl* cq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PushAsyncLocked({IBV_EVENT_CQ_ERR, nullptr, cq, 0});
+  for (auto& [num, qp] : qps_) {
+    if (qp->send() == cq || qp->recv() == cq) {
+      PushAsyncLocked({IBV_EVENT_QP_FATAL, qp.get(), nullptr, 0});
+    }
+  }
+}
+
+void SimDeviceImpl::AddSpuriousEvent(SimCq* cq) {
+  auto* impl = static_cast<SimCqImpl*>(cq);
+  if (impl->sim_channel() != nullptr) impl->sim_channel()->Push(impl);
+}
+
+void SimDeviceImpl::FailGetEvent(SimChannel* channel, int err, int times) {
+  static_cast<SimChannelImpl*>(channel)->injected_errno().Set(err, times);
+}
+
+void SimDeviceImpl::FailGetAsyncEvent(int err, int times) { async_errno_.Set(err, times); }
+
+void SimDeviceImpl::FailRequestNotify(SimCq* cq, int err, int times) {
+  static_cast<SimCqImpl*>(cq)->notify_errno().Set(err, times);
+}
+
+void SimDeviceImpl::PushAsyncLocked(const PendingAsync& event) {
+  async_events_.push_back(event);
+  async_pending_.Add();
+}
+
+void SimDeviceImpl::PurgeAsyncLocked(const void* object) {
+  auto it = std::remove_if(async_events_.begin(), async_events_.end(), [&](const PendingAsync& e) {
+    return e.qp == object || e.cq == object;
+  });
+  int removed = static_cast<int>(async_events_.end() - it);
+  async_events_.erase(it, async_events_.end());
+  async_pending_.Take(removed);
+}
+
+int SimDeviceImpl::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
+  if (async_errno_.Fire()) return -1;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!async_events_.empty()) {
+        PendingAsync event = async_events_.front();
+        async_events_.pop_front();
+        async_pending_.Take();
+        *out = backend::AsyncEventRecord{};
+        out->type = event.type;
+        out->port_num = event.port;
+        // The object the event holds until its ack: a SimQpImpl for QP events, else a SimCqImpl.
+        void* held = nullptr;
+        if (event.qp != nullptr) {
+          out->qp_num = event.qp->qp_num();
+          held = event.qp;
+          ++event.qp->async_unacked;
+        } else if (event.cq != nullptr) {
+          out->native_cq = event.cq->native();
+          held = event.cq;
+          ++event.cq->async_unacked;
+        }
+        out->Keep(held);
+        return 0;
+      }
+    }
+    if (async_pending_.nonblocking()) {
+      errno = EAGAIN;
+      return -1;
+    }
+    if (!async_pending_.WaitReadable()) return -1;
+  }
+}
+
+void SimDeviceImpl::AckAsyncEvent(backend::AsyncEventRecord* record) noexcept {
+  void* held = record->Kept<void*>();
+  if (held == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (backend::IsQpEvent(record->type)) {
+    --static_cast<SimQpImpl*>(held)->async_unacked;
+  } else {
+    --static_cast<SimCqImpl*>(held)->async_unacked;
+  }
+  record->Keep<void*>(nullptr);
+  async_acked_cv_.notify_all();
+}
+
+// ---- seam ----
+
+Result<std::unique_ptr<SimBackend>> SimBackend::Over(std::shared_ptr<SimDevice> device) {
+  if (device == nullptr) return InvalidArgument("device is null");
+  if (dynamic_cast<SimDeviceImpl*>(device.get()) == nullptr) {
+    return InvalidArgument("not a device made by SimDevice::Create");
+  }
+  return std::make_unique<SimBackend>(std::move(device));
+}
+
+Result<backend::Channel*> SimBackend::CreateChannel() {
+  Result<SimChannel*> channel = device_->CreateChannel();
+  if (!channel.ok()) return channel.status();
+  return static_cast<backend::Channel*>(static_cast<SimChannelImpl*>(*channel));
+}
+
+Status SimBackend::DestroyChannel(backend::Channel* channel) {
+  return device_->DestroyChannel(static_cast<SimChannelImpl*>(channel));
+}
+
+Result<backend::Cq*> SimBackend::CreateCq(int depth, backend::Channel* channel,
+                                          int /*comp_vector*/) {
+  Result<SimCq*> cq = device_->CreateCq(depth, static_cast<SimChannelImpl*>(channel));
+  if (!cq.ok()) return cq.status();
+  return static_cast<backend::Cq*>(static_cast<SimCqImpl*>(*cq));
+}
+
+Result<backend::Cq*> SimBackend::AdoptCq(void* native_cq, backend::Channel* channel) {
+  SimCqImpl* cq = native_cq ? device_->FindCq(native_cq) : nullptr;
+  if (cq == nullptr) return InvalidArgument("AdoptCq: not a CQ of sim device " + name());
+  if (cq->sim_channel() != static_cast<SimChannelImpl*>(channel)) {
+    return InvalidArgument("AdoptCq: the CQ uses another completion channel (wrong shard)");
+  }
+  return static_cast<backend::Cq*>(cq);
+}
+
+Status SimBackend::DestroyCq(backend::Cq* cq) {
+  // The runtime names the call itself ("DestroyCq: ..."), as it does for ibv_destroy_cq's errors.
+  return device_->DestroyCqAs(static_cast<SimCqImpl*>(cq), "simulated device: ");
+}
+
+Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {
+  SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
+  if (qp == nullptr) return NotFound("QueryQp: not a QP of sim device " + name());
+  return backend::QpCaps{qp->options().max_send_wr, qp->options().max_recv_wr,
+                         qp->options().srq};
+}
+
+Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+                                                     uint64_t recv_marker) {
+  SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
+  if (qp == nullptr) return NotFound("StartQpDrain: not a QP of sim device " + name());
+  return device_->StartQpDrain(qp, send_marker, recv_marker);
+}
+
+void SimBackend::AckCqEvents(backend::Cq* cq, unsigned n) noexcept {
+  static_cast<SimCqImpl*>(cq)->Ack(n);
+}
+
+}  // namespace sim_internal
+}  // namespace cqd

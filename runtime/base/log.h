@@ -1,0 +1,35 @@
+// runtime/base/log.h: the runtime's side of RuntimeOptions::log.
+//
+// Only control paths log: the thread making a control call, the event thread, the teardown
+// thread and the stats thread; never a poller or a consumer. Messages are built only when a
+// sink is set (check enabled() before formatting anything costly). The sink is the engine's: a
+// throw from it is swallowed so that it cannot take a runtime thread down.
+#ifndef CQD_RUNTIME_BASE_LOG_H_
+#define CQD_RUNTIME_BASE_LOG_H_
+
+#include <functional>
+#include <string_view>
+#include <utility>
+
+#include "cqd/options.h"
+
+namespace cqd::internal {
+
+class Logger {
+ public:
+  Logger() = default;
+  explicit Logger(std::function<void(LogLevel, std::string_view)> sink) : sink_(std::move(sink)) {}
+
+  bool enabled() const noexcept { return static_cast<bool>(sink_); }
+  void Log(LogLevel level, std::string_view message) const noexcept;
+  void Info(std::string_view message) const noexcept { Log(LogLevel::kInfo, message); }
+  void Warning(std::string_view message) const noexcept { Log(LogLevel::kWarning, message); }
+  void Error(std::string_view message) const noexcept { Log(LogLevel::kError, message); }
+
+ private:
+  const std::function<void(LogLevel, std::string_view)> sink_;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_BASE_LOG_H_

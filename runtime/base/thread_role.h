@@ -1,0 +1,79 @@
+// runtime/base/thread_role.h: tells the control path which runtime thread it is running on.
+//
+// Poller and event threads: inside an OrphanHandler or DeviceEventHandler, control calls are
+// refused, because they hold the runtime mutex while they wait for those threads.
+//
+// A poller running run-to-completion handlers is the exception: there, control calls are made
+// on the poller's own thread, between two of its passes. Its "wait duty" is then set: any wait
+// on this thread (for the runtime mutex, another runtime thread, or a batch in progress) keeps
+// running what other threads posted to this poller's mailbox, so that a control call on another
+// thread, which may hold the mutex and wait for this poller, still finishes. A call that would
+// post to this very poller runs inline instead.
+#ifndef CQD_RUNTIME_BASE_THREAD_ROLE_H_
+#define CQD_RUNTIME_BASE_THREAD_ROLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+namespace cqd::internal {
+
+inline thread_local bool tls_runtime_thread = false;
+
+// Called once at the start of a poller or the event thread.
+inline void MarkRuntimeThread() { tls_runtime_thread = true; }
+inline bool OnRuntimeThread() { return tls_runtime_thread; }
+
+// Set while the engine's RuntimeOptions::log sink runs (log.cc): it may run under the runtime
+// mutex, so control calls and waits from it are refused.
+inline thread_local bool tls_in_log_sink = false;
+inline bool InLogSink() { return tls_in_log_sink; }
+
+// Names the calling thread: a number no other thread of the process ever gets (an address of a
+// thread_local would be reused by a later thread).
+inline uintptr_t ThreadToken() {
+  static std::atomic<uintptr_t> next{1};
+  static thread_local const uintptr_t token = next.fetch_add(1, std::memory_order_relaxed);
+  return token;
+}
+
+// The wait duty of this thread: `serve(owner)` runs what was posted to `owner`'s mailbox.
+struct WaitDuty {
+  void (*serve)(void* owner) = nullptr;
+  const void* owner = nullptr;
+};
+inline thread_local WaitDuty tls_wait_duty;
+
+inline bool HasWaitDuty() { return tls_wait_duty.serve != nullptr; }
+// Returns true if this thread is `owner` serving run-to-completion handlers.
+inline bool ServingAs(const void* owner) { return tls_wait_duty.owner == owner; }
+// One step of a wait: serve the duty, if any, then let others run.
+inline void WaitStep() {
+  if (tls_wait_duty.serve != nullptr) {
+    tls_wait_duty.serve(const_cast<void*>(tls_wait_duty.owner));
+  }
+  std::this_thread::yield();
+}
+
+// The runtime's control mutex: an ordinary mutex, except that a thread with a wait duty serves
+// it while it waits for the lock.
+class ControlMutex {
+ public:
+  void lock() {
+    if (!HasWaitDuty()) {
+      mu_.lock();
+      return;
+    }
+    while (!mu_.try_lock()) WaitStep();
+  }
+  bool try_lock() { return mu_.try_lock(); }
+  void unlock() { mu_.unlock(); }
+
+ private:
+  std::mutex mu_;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_BASE_THREAD_ROLE_H_

@@ -1,0 +1,438 @@
+#include "runtime/core/consumer.h"
+
+#include "runtime/core/cm_router.h"
+#include "runtime/core/teardown.h"
+#include "runtime/base/pinning.h"
+#include "runtime/base/thread_role.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace cqd::internal {
+namespace {
+
+// The consumers whose Dispatch is running on this thread, innermost first (a handler of one
+// engine-driven consumer may Drain another).
+struct DispatchFrame {
+  const Consumer* consumer;
+  const DispatchFrame* outer;
+};
+thread_local const DispatchFrame* tls_dispatch_frames = nullptr;
+// CM events handed on to a closed consumer's CmHandler on this thread inside a batch: the
+// outermost batch runs them once it is over (cm_router.h).
+thread_local HeldEvents* tls_held_to_run = nullptr;
+
+bool DispatchingOnThisThread(const Consumer* consumer) {
+  for (const DispatchFrame* f = tls_dispatch_frames; f != nullptr; f = f->outer) {
+    if (f->consumer == consumer) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
+                   OrphanSink& orphans, int producers)
+    : index_(index),
+      options_(options),
+      slots_(slots),
+      orphans_(orphans),
+      // Preallocate the capacity plus two blocks of slack per producer, so that steady-state
+      // enqueues never allocate.
+      queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (producers + 1)),
+      consumer_token_(queue_),
+      wcs_(std::make_unique<ibv_wc[]>(options.dispatch_batch)),
+      meta_(std::make_unique<ItemMeta[]>(options.dispatch_batch)),
+      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
+  if (options_.kind == ConsumerKind::kEngineDriven) {
+    notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    parker_.UseEventFd(notify_fd_);
+    // Start "asleep": the first Push makes the fd readable, before any Drain call.
+    parker_.Prepare();
+    notify_armed_ = true;
+  }
+}
+
+Consumer::~Consumer() {
+  Stop();
+  if (notify_fd_ >= 0) close(notify_fd_);
+}
+
+Status Consumer::Start() {
+  if (options_.kind == ConsumerKind::kRunToCompletion) return Status::Ok();  // its poller runs it
+  if (options_.kind == ConsumerKind::kEngineDriven) {
+    if (notify_fd_ < 0) return ErrnoStatus("consumer " + options_.name + ": eventfd", errno);
+    return Status::Ok();
+  }
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void Consumer::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  parker_.Wake();
+  thread_.join();
+}
+
+void Consumer::Run() {
+  PinAndNameThread(options_.cpu, "cqd-" + options_.name);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point idle_since;
+  uint32_t idle_loops = 0;  // the clock is read once per 64 idle loops
+  for (;;) {
+    if (Dispatch(options_.dispatch_batch) > 0) {
+      idle_loops = 0;
+      continue;
+    }
+    if (stop_.load(std::memory_order_acquire)) {
+      if (CloseIfEmpty()) return;
+      continue;  // items reserved but not yet visible: they are about to be
+    }
+    if (idle_loops++ % 64 != 0) {
+      CpuRelax();
+      continue;
+    }
+    Clock::time_point now = Clock::now();
+    if (idle_loops == 1) {
+      idle_since = now;
+      continue;
+    }
+    if (now - idle_since < options_.idle_spin) continue;
+    uint32_t ticket = parker_.Prepare();
+    if (depth_.load(std::memory_order_seq_cst) > 0 || stop_.load(std::memory_order_seq_cst)) {
+      parker_.Cancel();
+    } else {
+      parker_.Park(ticket);
+    }
+    idle_loops = 0;
+  }
+}
+
+bool Consumer::CloseIfEmpty() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (depth_.load(std::memory_order_seq_cst) != 0) return false;
+  closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
+  return true;
+}
+
+size_t Consumer::ReserveUpTo(size_t n) noexcept {
+  const uint64_t capacity = options_.queue_capacity;
+  uint64_t depth = depth_.load(std::memory_order_relaxed);
+  uint64_t take;
+  do {
+    if (depth >= capacity) return 0;
+    take = std::min<uint64_t>(n, capacity - depth);
+  } while (!depth_.compare_exchange_weak(depth, depth + take, std::memory_order_seq_cst,
+                                         std::memory_order_relaxed));
+  NoteDepth(depth + take);
+  return take;
+}
+
+void Consumer::Reserve(size_t n) noexcept {
+  NoteDepth(depth_.fetch_add(n, std::memory_order_seq_cst) + n);
+}
+
+void Consumer::NoteDepth(uint64_t depth) noexcept {
+  uint64_t high = high_water_.load(std::memory_order_relaxed);
+  while (depth > high &&
+         !high_water_.compare_exchange_weak(high, depth, std::memory_order_relaxed)) {
+  }
+}
+
+void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept {
+  // try_enqueue_bulk never allocates; past the preallocation (a capacity raised beyond the
+  // index size, or many producers) fall back to the allocating path rather than drop.
+  if (!queue_.try_enqueue_bulk(token, items, n)) {
+    while (!queue_.enqueue_bulk(token, items, n)) std::this_thread::yield();  // out of memory
+  }
+  waker_->Wake();
+}
+
+bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (closed_) return false;
+  Reserve(1);
+  Push(token, &item, 1);
+  return true;
+}
+
+int Consumer::Dispatch(int max) noexcept {
+  // An idle consumer spins here, on the one line producers write once per slice, rather than in
+  // the queue, whose lines the producers need.
+  if (depth_.load(std::memory_order_relaxed) == 0) return 0;
+  size_t want = static_cast<size_t>(std::clamp(max, 0, options_.dispatch_batch));
+  size_t n = DequeueBatch(want);
+  if (n == 0) return 0;
+  RunBatch(n);
+  return static_cast<int>(n);
+}
+
+void Consumer::LoadBatch(const Item* items, size_t n) noexcept {
+  SplitWriter out(wcs_.get(), meta_.get());
+  for (size_t k = 0; k < n; ++k, ++out) *out = items[k];
+}
+
+void Consumer::DispatchLoaded(size_t n) noexcept { RunBatch(n); }
+
+void Consumer::RunBatch(size_t n) noexcept {
+  if (latency_ != nullptr) [[unlikely]] {
+    latency_->RecordBatch(meta_.get(), n, ItemKind::kCompletion);
+  }
+  const DispatchFrame frame{this, tls_dispatch_frames};
+  tls_dispatch_frames = &frame;
+  // Publish which slots this batch may call (see the header), then make the sequence odd.
+  uint32_t listed = 0;
+  for (size_t k = 0; k < n; ++k) {
+    if (listed == 0 || meta_[k].slot != meta_[k - 1].slot) {
+      batch_slots_[listed++].store(meta_[k].slot, std::memory_order_release);
+    }
+  }
+  batch_slot_count_.store(listed, std::memory_order_release);
+  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
+  batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
+  size_t i = 0;
+  while (i < n) {
+    const ItemMeta& first = meta_[i];
+    if (first.kind != ItemKind::kCompletion) {
+      if (first.kind == ItemKind::kAsyncEvent) {
+        DeliverEvent(first);
+      } else if (first.kind == ItemKind::kListenerEvent) {
+        DeliverListenerEvent(first);
+      } else {
+        DeliverMarker(first, wcs_[i]);
+      }
+      ++i;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < n && meta_[j].kind == ItemKind::kCompletion && meta_[j].slot == first.slot &&
+           meta_[j].generation == first.generation) {
+      ++j;
+    }
+    DeliverRun(i, j - i);
+    i = j;
+  }
+  batch_seq_.store(seq + 2, std::memory_order_release);
+  tls_dispatch_frames = frame.outer;
+  if (tls_held_to_run != nullptr && frame.outer == nullptr) [[unlikely]] {
+    // CM events handed on to a closed consumer's CmHandler during the batch: after it (and any
+    // batch around it), so that nobody waiting for a batch waits for them.
+    HeldEvents* held = tls_held_to_run;
+    tls_held_to_run = nullptr;
+    held->DeliverAll();
+  }
+}
+
+size_t Consumer::DequeueBatch(size_t max) noexcept {
+  size_t n = queue_.try_dequeue_bulk(consumer_token_, SplitWriter(wcs_.get(), meta_.get()), max);
+  if (n > 0) depth_.fetch_sub(n, std::memory_order_release);
+  return n;
+}
+
+void Consumer::DeliverRun(size_t first, size_t n) noexcept {
+  const ibv_wc* wcs = &wcs_[first];
+  Slot& slot = slots_.slot(meta_[first].slot);
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (StateLiveAs(state, meta_[first].generation)) {
+    slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
+    delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  } else {
+    orphans_.Take({wcs, n});  // unregistered after it was routed here
+  }
+}
+
+void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
+  EventJoin* join = item.join;
+  if (!join->ReleasePart()) return;  // the other poller's part is still on its way
+  Slot& slot = slots_.slot(item.slot);
+  if (join->kind == EventJoin::Kind::kCm) {
+    DeliverCm(join, slot);
+    return;
+  }
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (!StateLiveAs(state, item.generation)) {
+    delete join;  // unregistered after it was routed here
+    return;
+  }
+  if (join->kind == EventJoin::Kind::kAsync) {
+    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
+    CountEvent();
+  }
+  if (StateDraining(state) && join->drain_epoch != 0 &&
+      join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED &&
+      join->drain_epoch == slot.drain_epoch.load(std::memory_order_relaxed)) {
+    // Null once the teardown ends or its start failed; either waits for this batch before the
+    // state goes away.
+    TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
+    if (teardown != nullptr) teardown->worker->Note(teardown, TeardownState::kLastWqe);
+  }
+  delete join;
+}
+
+void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
+  // Ours: the join (and its reference) may go while the binding is in use.
+  const std::shared_ptr<CmBinding> binding = join->binding;
+  HeldEvents* held = join->watch->held;  // read now: the join may go
+  if (binding->Arrived(join, &slot) == CmBinding::Arrival::kDeliver) {
+    slot.handler.load(std::memory_order_relaxed)->OnCmEvent(join->cm);
+    CountEvent();
+    join->Finish();
+    EventJoin::ReleaseHold(join);  // the route's
+    binding->Delivered();
+  } else {
+    EventJoin::ReleaseHold(join);  // the route's
+  }
+  DeferHeldEvents(held);  // RunBatch runs them once the batch is over (cm_router.h)
+}
+
+bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {
+  if (tls_dispatch_frames == nullptr) return false;
+  if (tls_held_to_run != nullptr && tls_held_to_run != held) {
+    held->DeliverAll();  // another runtime's come first (a handler draining another runtime)
+    return true;
+  }
+  tls_held_to_run = held;
+  return true;
+}
+
+void Consumer::DeliverListenerEvent(const ItemMeta& item) noexcept {
+  EventJoin* join = item.join;
+  join->watch->handler->OnCmEvent(join->cm);
+  CountEvent();
+  join->Finish();
+  EventJoin::ReleaseHold(join);
+}
+
+void Consumer::CountEvent() noexcept {
+  async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
+}
+
+void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
+  Slot& slot = slots_.slot(item.slot);
+  uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  if (!StateLiveAs(state, item.generation)) return;
+  // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
+  // which nulls the pointer and then waits for this batch), so the state is still there.
+  TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
+  if (teardown == nullptr) return;
+  teardown->worker->Note(teardown, wc.wr_id == teardown->send_marker()
+                                       ? TeardownState::kSendMarker
+                                       : TeardownState::kRecvMarker);
+}
+
+void Consumer::DropEventPart(EventJoin* join, bool hand_on) noexcept {
+  if (!join->ReleasePart()) return;
+  if (join->kind != EventJoin::Kind::kCm) {
+    delete join;
+    return;
+  }
+  const std::shared_ptr<CmBinding> binding = join->binding;  // the join may go first
+  if (hand_on) {
+    binding->Arrived(join, nullptr);  // never kDeliver without a slot
+  } else {
+    binding->Drop(join);
+  }
+  EventJoin::ReleaseHold(join);  // the route's
+}
+
+bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
+
+bool Consumer::DispatchingHere() const noexcept { return DispatchingOnThisThread(this); }
+
+uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
+  if (DispatchingOnThisThread(this)) return 0;  // a handler of this consumer unregistering
+  const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
+  if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
+  const uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
+  for (uint32_t k = 0; k < count; ++k) {
+    if (batch_slots_[k].load(std::memory_order_acquire) == slot) return seq;
+  }
+  // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
+  // over. A batch that does not list the slot calls none of its handlers.
+  return 0;
+}
+
+void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
+  const uint64_t seq = BatchInProgress(slot);
+  if (seq == 0) return;
+  while (!BatchOver(seq)) WaitStep();  // thread_role.h
+}
+
+// The notify fd counts two kinds of writes: a producer's Wake adds 1 (after taking the parker's
+// sleeping flag), the consumer's own Signal adds kSelfToken. Drain knows which writes it is owed
+// and reads the fd only then, after dispatching, so an engine spinning on Drain makes no system
+// call until work arrives and none before handing that work to its handlers. It re-arms the
+// parker only once it has read every write it is owed; re-arming earlier could leave a late
+// write behind, a readable fd with nothing queued, and a level-triggered epoll spinning on it.
+namespace {
+constexpr uint64_t kSelfToken = uint64_t{1} << 32;
+}  // namespace
+
+void Consumer::Signal() noexcept {
+  if (self_signaled_) return;
+  uint64_t token = kSelfToken;
+  while (write(notify_fd_, &token, sizeof(token)) < 0 && errno == EINTR) {
+  }
+  self_signaled_ = true;
+}
+
+int Consumer::Drain(int max) noexcept {
+  if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
+    last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
+  }
+  int n = Dispatch(max);
+  if (notify_armed_ && !parker_.sleeping()) {  // a producer took the arm: its write is owed
+    notify_armed_ = false;
+    wake_owed_ = true;
+  }
+  if (wake_owed_ || self_signaled_) {
+    uint64_t value = 0;
+    ssize_t got;
+    while ((got = read(notify_fd_, &value, sizeof(value))) < 0 && errno == EINTR) {
+    }
+    if (got == sizeof(value)) {
+      if (value % kSelfToken != 0) wake_owed_ = false;
+      if (value / kSelfToken != 0) self_signaled_ = false;
+    }
+  }
+  if (depth_.load(std::memory_order_seq_cst) > 0) {
+    Signal();  // more is queued: keep the fd readable
+    return n;
+  }
+  if (!notify_armed_ && !wake_owed_) {
+    parker_.Prepare();  // from here a producer's Wake writes the fd
+    notify_armed_ = true;
+    if (depth_.load(std::memory_order_seq_cst) > 0) {
+      notify_armed_ = false;
+      if (!parker_.TryCancel()) wake_owed_ = true;  // a producer's Wake beat the cancel
+      Signal();
+    }
+  }
+  return n;
+}
+
+void Consumer::OrphanRemaining() noexcept {
+  for (;;) {
+    size_t n = DequeueBatch(options_.dispatch_batch);
+    if (n == 0) return;
+    for (size_t k = 0; k < n; ++k) {
+      if (meta_[k].kind == ItemKind::kCompletion) {
+        orphans_.Take({&wcs_[k], 1});
+      } else if (meta_[k].kind == ItemKind::kAsyncEvent) {
+        DropEventPart(meta_[k].join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+      } else if (meta_[k].kind == ItemKind::kListenerEvent) {
+        EventJoin::ReleaseHold(meta_[k].join);
+      }
+    }
+  }
+}
+
+}  // namespace cqd::internal

@@ -1,0 +1,340 @@
+#include "runtime/core/event_loop.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "runtime/base/pinning.h"
+#include "runtime/base/thread_role.h"
+
+namespace cqd::internal {
+EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers,
+                     const SlotPool& slots)
+    : ack_threshold_(ack_threshold),
+      pollers_(pollers),
+      slots_(slots),
+      cm_(slots_, pollers_),
+      wake_shard_(pollers.size(), false) {}
+
+EventLoop::~EventLoop() {
+  Stop();
+  for (const auto& source : sources_) {
+    if (source->fd >= 0) close(source->fd);
+  }
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Status EventLoop::Start() {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) return ErrnoStatus("event loop: epoll_create1", errno);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return ErrnoStatus("event loop: eventfd", errno);
+  if (Status s = Watch(wake_fd_, {SourceKind::kWake, nullptr, nullptr, -1}); !s.ok()) return s;
+  mailbox_.Open();
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void EventLoop::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  uint64_t one = 1;
+  while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+  thread_.join();
+}
+
+void EventLoop::RunSync(const std::function<void()>& fn) {
+  mailbox_.RunSync(fn, [this] {
+    uint64_t one = 1;
+    while (write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+  });
+}
+
+Status EventLoop::Watch(int fd, Source source) {
+  source.flags = fcntl(fd, F_GETFL);
+  if (source.flags < 0) return ErrnoStatus("fcntl(F_GETFL)", errno);
+  source.engine_fd = fd;
+  source.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (source.fd < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", errno);
+  auto owned = std::make_unique<Source>(source);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = owned.get();
+  if (fcntl(source.fd, F_SETFL, source.flags | O_NONBLOCK) < 0 ||
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, source.fd, &ev) < 0) {
+    const int error = errno;
+    fcntl(source.fd, F_SETFL, source.flags);
+    close(source.fd);
+    return ErrnoStatus("watching an fd", error);
+  }
+  sources_.push_back(std::move(owned));
+  return Status::Ok();
+}
+
+Status EventLoop::WatchDevice(DeviceRecord* device) {
+  const size_t before = sources_.size();
+  Status s = Status::Ok();
+  for (size_t shard = 0; shard < device->channels.size() && s.ok(); ++shard) {
+    backend::Channel* channel = device->channels[shard];
+    s = Watch(channel->fd(), {SourceKind::kChannel, device, channel, static_cast<int>(shard)});
+  }
+  if (s.ok()) s = Watch(device->backend->async_fd(), {SourceKind::kAsync, device, nullptr, -1});
+  if (!s.ok()) {  // the device is not added: none of its fds may stay
+    for (size_t i = before; i < sources_.size(); ++i) Remove(*sources_[i]);
+  }
+  return s;
+}
+
+Status EventLoop::WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
+                          int64_t limit) {
+  for (const auto& source : sources_) {
+    if (source->active && source->kind == SourceKind::kCm && source->cm->channel == channel) {
+      return AlreadyExists("WatchCmChannel: the channel is already watched");
+    }
+  }
+  CmWatch* watch = cm_.AddWatch(channel, handler, consumer, limit);
+  Source source{SourceKind::kCm, nullptr, nullptr, -1};
+  source.cm = watch;
+  if (Status s = Watch(channel->fd, source); !s.ok()) {
+    return Status(s.code(), "WatchCmChannel: " + s.message());
+  }
+  return Status::Ok();
+}
+
+Status EventLoop::UnwatchCm(rdma_event_channel* channel) {
+  for (const auto& source : sources_) {
+    if (source->kind != SourceKind::kCm || source->cm->channel != channel) continue;
+    if (source->active) {
+      Remove(*source);
+      return Status::Ok();
+    }
+    if (source->given_back_at_stop) {  // Shutdown gave it back already
+      source->given_back_at_stop = false;
+      return Status::Ok();
+    }
+  }
+  return NotFound("UnwatchCmChannel: the channel is not watched");
+}
+
+void EventLoop::Remove(Source& source) {
+  // By our own dup: it names the registered file whatever became of the engine's number.
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, source.fd, nullptr);
+  if (source.kind == SourceKind::kCm) {  // its O_NONBLOCK as it came; the other flags as they are
+    const int flags = fcntl(source.fd, F_GETFL);
+    if (flags >= 0) fcntl(source.fd, F_SETFL, (flags & ~O_NONBLOCK) | (source.flags & O_NONBLOCK));
+  }
+  close(source.fd);
+  source.fd = -1;
+  source.active = false;
+  if (source.paused) --paused_cm_;
+  source.paused = false;
+}
+
+void EventLoop::Unwatch(Source& source) {
+  const int err = errno;  // of the failed read
+  const int fd = source.engine_fd;
+  Remove(source);
+  failed_fds_.fetch_add(1, std::memory_order_relaxed);
+  if (log_ != nullptr && log_->enabled()) {
+    log_->Warning("event thread: fd " + std::to_string(fd) + " failed (" + strerror(err) +
+                  "); no longer watched");
+  }
+}
+
+void EventLoop::UnmapCq(CqRecord* cq) {
+  auto it = cqs_.find(cq->native);
+  if (it != cqs_.end() && it->second == cq) cqs_.erase(it);
+}
+
+void EventLoop::Run() {
+  MarkRuntimeThread();
+  PinAndNameThread(-1, "cqd-events");
+  constexpr int kMaxEvents = 64;
+  epoll_event events[kMaxEvents];
+  while (!stop_.load(std::memory_order_acquire)) {
+    int n = epoll_wait(epoll_fd_, events, kMaxEvents, paused_cm_ > 0 ? 1 : -1);
+    if (n < 0) continue;  // EINTR; other errors cannot happen with a valid epoll fd
+    for (int i = 0; i < n; ++i) {
+      Source& source = *static_cast<Source*>(events[i].data.ptr);
+      if (!source.active) continue;  // unwatched by an earlier entry of this batch
+      switch (source.kind) {
+        case SourceKind::kWake: {
+          uint64_t value;
+          while (read(wake_fd_, &value, sizeof(value)) < 0 && errno == EINTR) {
+          }
+          if (mailbox_.pending()) mailbox_.RunPosted();
+          break;
+        }
+        case SourceKind::kChannel:
+          DrainChannel(source);
+          break;
+        case SourceKind::kAsync:
+          DrainAsync(source);
+          break;
+        case SourceKind::kCm:
+          DrainCm(source);
+          break;
+      }
+    }
+    if (paused_cm_ > 0) ResumeCm();
+    for (size_t shard = 0; shard < wake_shard_.size(); ++shard) {
+      if (wake_shard_[shard]) {
+        wake_shard_[shard] = false;
+        pollers_[shard]->CqEvents();
+      }
+    }
+  }
+  // Still on this thread, before RunSync runs callers' functions inline: the sources go (their
+  // dups closed, CM channels given back as they came).
+  for (const auto& source : sources_) {
+    if (!source->active || source->kind == SourceKind::kWake) continue;
+    Remove(*source);
+    source->given_back_at_stop = source->kind == SourceKind::kCm;
+  }
+  mailbox_.Close();
+}
+
+void EventLoop::DrainChannel(Source& source) {
+  for (;;) {
+    void* native = nullptr;
+    if (source.channel->GetEvent(&native) != 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // drained (S4)
+      // The channel is broken (the device is gone): stop watching it, and have the poller stop
+      // waiting for its events.
+      Unwatch(source);
+      pollers_[source.shard]->NotificationsBroken();
+      return;
+    }
+    auto it = cqs_.find(native);
+    if (it == cqs_.end()) {
+      // A CQ the engine put on our channel without adopting it: ack at once, or its destroy
+      // would wait forever (S2). Nobody polls it because of this event.
+      source.device->backend->AckNativeCqEvent(native);
+      stray_events_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    CqRecord* cq = it->second;
+    cq->events.fetch_add(1, std::memory_order_relaxed);
+    cq->Ack(cq->acks.Add(1, ack_threshold_));
+    if (cq->retiring.load(std::memory_order_seq_cst)) {
+      cq->Ack(cq->acks.TakeAll());  // its destroyer may already have flushed: ack our own
+      continue;
+    }
+    cq->armed.store(false, std::memory_order_seq_cst);
+    wake_shard_[cq->shard] = true;
+  }
+}
+
+void EventLoop::DrainAsync(Source& source) {
+  DeviceRecord* device = source.device;
+  for (;;) {
+    backend::AsyncEventRecord record;
+    if (device->backend->GetAsyncEvent(&record) != 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) Unwatch(source);
+      return;
+    }
+    async_events_.fetch_add(1, std::memory_order_relaxed);
+    AsyncEvent event;
+    event.type = record.type;
+    event.qp_num = record.qp_num;
+    event.device = device->id;
+    event.port_num = record.port_num;
+    if (record.native_cq != nullptr) {
+      auto it = cqs_.find(record.native_cq);
+      if (it != cqs_.end()) event.cq_id = it->second->id;
+    }
+    device->backend->AckAsyncEvent(&record);  // S13: everything needed is copied
+    Route(device, event);
+    if (event.type == IBV_EVENT_DEVICE_FATAL) {
+      // Stop reading a dead device's async fd; its CQs are no longer armed by the pollers.
+      Remove(source);
+      if (log_ != nullptr) log_->Error("device " + device->backend->name() + ": DEVICE_FATAL");
+      return;
+    }
+  }
+}
+
+void EventLoop::DrainCm(Source& source) {
+  switch (cm_.Drain(*source.cm)) {
+    case CmRouter::DrainResult::kEmpty:
+      return;
+    case CmRouter::DrainResult::kFull: {
+      // Leave the rest in the kernel until deliveries bring the count down (ResumeCm).
+      epoll_event ev{};
+      ev.data.ptr = &source;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, source.fd, &ev);
+      source.paused = true;
+      ++paused_cm_;
+      return;
+    }
+    case CmRouter::DrainResult::kBroken:
+      Unwatch(source);  // the channel is broken: do not spin on it
+      return;
+  }
+}
+
+void EventLoop::ResumeCm() {
+  for (const auto& source : sources_) {
+    if (!source->paused ||
+        source->cm->unfinished.load(std::memory_order_acquire) >= source->cm->limit) {
+      continue;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;  // level-triggered: what waits in the channel is reported at once
+    ev.data.ptr = source.get();
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, source->fd, &ev);
+    source->paused = false;
+    --paused_cm_;
+  }
+}
+
+void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
+  if (backend::IsQpEvent(event.type)) {
+    const Slot* slot = device->qps.Lookup(event.qp_num);
+    if (slot != nullptr && DeliverToSlot(slot->index, event, device->id)) {
+      return;
+    }
+    if (device->handler != nullptr) device->handler->OnDeviceEvent(event);  // unregistered QP
+    return;
+  }
+  if (event.type == IBV_EVENT_DEVICE_FATAL) {
+    device->failed.store(true, std::memory_order_release);
+    for (Poller* poller : pollers_) poller->UnparkAll();  // its CQs raise no more events
+  }
+  if (device->handler != nullptr) device->handler->OnDeviceEvent(event);
+  if (event.type != IBV_EVENT_CQ_ERR && event.type != IBV_EVENT_DEVICE_FATAL) return;
+  // Fan out to every QP the event takes down: rare, so a scan of the slots is fine.
+  const uint32_t slots = slots_.allocated();
+  for (uint32_t i = 0; i < slots; ++i) {
+    const Slot& slot = slots_.slot(i);
+    if (!StateLive(slot.state.load(std::memory_order_acquire))) continue;
+    if (slot.device.load(std::memory_order_relaxed) != device->id) continue;
+    if (event.type == IBV_EVENT_CQ_ERR && slot.send_cq.load(std::memory_order_relaxed) !=
+                                              event.cq_id &&
+        slot.recv_cq.load(std::memory_order_relaxed) != event.cq_id) {
+      continue;
+    }
+    AsyncEvent copy = event;
+    copy.qp_num = slot.qp_num.load(std::memory_order_relaxed);
+    DeliverToSlot(i, copy, device->id);
+  }
+  // Teardowns under way on a dead device will not drain: they end now (kUnavailable).
+  if (event.type == IBV_EVENT_DEVICE_FATAL && on_device_failed_) on_device_failed_(device->id);
+}
+
+bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId device) {
+  return PostQpEvent(slots_, pollers_, index, event, device, /*fence=*/false);
+}
+
+}  // namespace cqd::internal

@@ -1,0 +1,116 @@
+#include "runtime/core/options_check.h"
+
+#include <sched.h>
+
+#include <cstdio>
+#include <string>
+
+#include "runtime/observe/stats_server.h"
+
+namespace cqd::internal {
+namespace {
+
+std::string Str(long long v) { return std::to_string(v); }
+
+std::string Octal(uint32_t v) {
+  char text[16];
+  snprintf(text, sizeof(text), "0%o", v);
+  return text;
+}
+
+Status CheckCpu(const char* what, int cpu) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return ErrnoStatus(what, errno);
+  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) {
+    return InvalidArgument(std::string(what) + ": CPU " + Str(cpu) +
+                           " is not one this process may run on");
+  }
+  return Status::Ok();
+}
+
+// The idle waits are compared with clock differences in nanoseconds: bounded so that they
+// cannot overflow there.
+Status CheckWait(const char* what, std::chrono::microseconds wait) {
+  constexpr std::chrono::microseconds kMax = std::chrono::hours(24);
+  if (wait.count() < 0 || wait > kMax) {
+    return InvalidArgument(std::string(what) + " is " + Str(wait.count()) +
+                           " us, must be in 0.." + Str(kMax.count()) + " (one day)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckOptions(const RuntimeOptions& o) {
+  if (o.pollers < 1 || o.pollers > 256) {
+    return InvalidArgument("pollers is " + Str(o.pollers) + ", must be in 1..256");
+  }
+  if (!o.poller_cpus.empty()) {
+    if (o.poller_cpus.size() != static_cast<size_t>(o.pollers)) {
+      return InvalidArgument("poller_cpus has " + Str(o.poller_cpus.size()) +
+                             " entries, must be empty or one per poller (" + Str(o.pollers) + ")");
+    }
+    for (int cpu : o.poller_cpus) {
+      if (Status s = CheckCpu("poller_cpus", cpu); !s.ok()) return s;
+    }
+  }
+  if (o.poll_batch < 1 || o.poll_batch > 1024) {
+    return InvalidArgument("poll_batch is " + Str(o.poll_batch) + ", must be in 1..1024");
+  }
+  if (Status s = CheckWait("idle_budget", o.idle_budget); !s.ok()) return s;
+  if (Status s = CheckWait("cq_park_after", o.cq_park_after); !s.ok()) return s;
+  if (o.ack_threshold < 1) return InvalidArgument("ack_threshold must be at least 1");
+  if (o.stats_socket_mode > 0777 || (o.stats_socket_mode & 0200) == 0) {
+    return InvalidArgument("stats_socket_mode is " + Octal(o.stats_socket_mode) +
+                           ", must be permission bits (at most 0777) that let the owner connect "
+                           "(0200)");
+  }
+  if (o.max_registrations < 1 || o.max_registrations > (1u << 24)) {
+    return InvalidArgument("max_registrations is " + Str(o.max_registrations) +
+                           ", must be in 1..16777216");
+  }
+  if (o.consumers.empty() || o.consumers.size() > 1024) {
+    return InvalidArgument("consumers has " + Str(o.consumers.size()) +
+                           " entries, must be 1..1024");
+  }
+  for (size_t i = 0; i < o.consumers.size(); ++i) {
+    const ConsumerOptions& c = o.consumers[i];
+    std::string who = "consumers[" + Str(i) + "]";
+    if (c.kind != ConsumerKind::kOwnedThread && c.kind != ConsumerKind::kEngineDriven &&
+        c.kind != ConsumerKind::kRunToCompletion) {
+      return InvalidArgument(who + ".kind is not a ConsumerKind");
+    }
+    if (c.kind == ConsumerKind::kRunToCompletion && (c.poller < 0 || c.poller >= o.pollers)) {
+      return InvalidArgument(who + ".poller is " + Str(c.poller) + ", must be in 0.." +
+                             Str(o.pollers - 1));
+    }
+    if (c.kind == ConsumerKind::kRunToCompletion && c.cpu != -1) {
+      return InvalidArgument(who + ".cpu is " + Str(c.cpu) +
+                             ", must be -1: a kRunToCompletion consumer runs on its poller's "
+                             "thread (see poller_cpus)");
+    }
+    if (c.queue_capacity < 1 || c.queue_capacity > (1u << 26)) {
+      return InvalidArgument(who + ".queue_capacity is " + Str(c.queue_capacity) +
+                             ", must be in 1..67108864");
+    }
+    if (c.spill_capacity < 1 || c.spill_capacity > (1u << 20)) {
+      return InvalidArgument(who + ".spill_capacity is " + Str(c.spill_capacity) +
+                             ", must be in 1..1048576");
+    }
+    if (c.dispatch_batch < 1 || c.dispatch_batch > 1024) {
+      return InvalidArgument(who + ".dispatch_batch is " + Str(c.dispatch_batch) +
+                             ", must be in 1..1024");
+    }
+    if (Status s = CheckWait((who + ".idle_spin").c_str(), c.idle_spin); !s.ok()) return s;
+    if (c.cpu != -1) {
+      if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
+    }
+  }
+  if (!o.stats_socket.empty()) {
+    if (Status s = StatsServer::CheckPath(o.stats_socket); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace cqd::internal

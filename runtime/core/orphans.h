@@ -1,0 +1,46 @@
+// runtime/core/orphans.h: where completions that no handler may take end up.
+//
+// Called from pollers (unknown qp_num), consumers (QP unregistered while its completions were
+// queued) and the destructor (items left in engine-driven queues), possibly concurrently. Orphans
+// are rare, so one shared relaxed counter costs nothing that matters.
+#ifndef CQD_RUNTIME_CORE_ORPHANS_H_
+#define CQD_RUNTIME_CORE_ORPHANS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <span>
+
+#include "cqd/handler.h"
+#include "runtime/base/thread_role.h"
+
+namespace cqd::internal {
+
+class OrphanSink {
+ public:
+  explicit OrphanSink(OrphanHandler* handler) : handler_(handler) {}
+
+  void Take(std::span<const ibv_wc> wcs) noexcept {
+    if (wcs.empty()) return;
+    count_.fetch_add(wcs.size(), std::memory_order_relaxed);
+    if (handler_ == nullptr) return;
+    if (!HasWaitDuty()) {
+      handler_->OnOrphans(wcs);
+      return;
+    }
+    // Dispatching run-to-completion handlers on a poller, where they may call the runtime: an
+    // OrphanHandler on a poller may not (handler.h), so its calls are refused here as elsewhere.
+    tls_runtime_thread = true;
+    handler_->OnOrphans(wcs);
+    tls_runtime_thread = false;
+  }
+  // Returns the number of orphans so far.
+  uint64_t total() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  OrphanHandler* const handler_;
+  std::atomic<uint64_t> count_{0};
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_CORE_ORPHANS_H_

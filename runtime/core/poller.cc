@@ -1,0 +1,646 @@
+#include "runtime/core/poller.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "runtime/base/pinning.h"
+#include "runtime/base/thread_role.h"
+
+namespace cqd::internal {
+
+using Clock = std::chrono::steady_clock;
+
+Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
+               const SlotPool& slots, OrphanSink& orphans)
+    : index_(index),
+      options_(options),
+      consumers_(consumers),
+      slots_(slots),
+      orphans_(orphans),
+      may_park_(!options.busy_poll && options.cq_park_after.count() > 0),
+      wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
+      stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
+                         [](const ConsumerOptions& c) { return c.record_latency; })) {
+  for (size_t c = 0; c < consumers_.size(); ++c) {
+    tokens_.push_back(consumers_[c]->MakeProducerToken());
+    outboxes_.push_back(std::make_unique<Outbox>(
+        static_cast<uint32_t>(options.consumers[c].spill_capacity)));
+    const ConsumerOptions& co = options.consumers[c];
+    if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
+      consumers_[c]->RunOnPoller(&parker_);
+      owned_.push_back(consumers_[c]);
+      outboxes_.back()->direct = true;
+    }
+  }
+  listed_.reserve(consumers_.size());
+}
+
+Poller::~Poller() { Stop(); }
+
+void Poller::Start() {
+  mailbox_.Open();
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Poller::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  parker_.Wake();
+  thread_.join();
+}
+
+void Poller::RunSync(const std::function<void()>& fn) {
+  if (ServingAs(this)) {  // a run-to-completion handler of this poller, between two passes
+    fn();
+    return;
+  }
+  mailbox_.RunSync(fn, [this] { parker_.Wake(); });
+}
+
+void Poller::ServeMailbox(void* self) {
+  Poller* poller = static_cast<Poller*>(self);
+  if (poller->mailbox_.pending()) poller->mailbox_.RunPosted();
+}
+
+bool Poller::RunOwned() noexcept {
+  // Handlers may call the runtime from here (thread_role.h).
+  tls_runtime_thread = false;
+  tls_wait_duty = {&Poller::ServeMailbox, this};
+  bool worked = false;
+  for (Consumer* consumer : owned_) {
+    // A few batches per pass, so that polling goes on under a steady stream.
+    for (int round = 0; round < 4 && DispatchOwned(*consumer); ++round) worked = true;
+  }
+  tls_wait_duty = {};
+  tls_runtime_thread = true;
+  return worked;
+}
+
+bool Poller::DispatchOwned(Consumer& consumer) noexcept {
+  // What this poller queued is older than its outbox: the queue goes first.
+  if (consumer.Pending()) return consumer.Dispatch(1024) > 0;
+  Outbox& outbox = *outboxes_[consumer.index()];
+  if (outbox.empty()) return false;
+  uint32_t n;
+  const Item* items = outbox.Front(static_cast<uint32_t>(consumer.dispatch_batch()), &n);
+  consumer.LoadBatch(items, n);
+  // Off the outbox before any handler runs: one may purge it (Unregister runs inline here).
+  outbox.PopFront(n);
+  NoteOutbox(consumer.index());
+  consumer.DispatchLoaded(n);
+  return true;
+}
+
+bool Poller::OwnedPending() const noexcept {
+  for (const Consumer* consumer : owned_) {
+    if (consumer->Pending() || !outboxes_[consumer->index()]->empty()) return true;
+  }
+  return false;
+}
+
+void Poller::AddCq(CqRecord* cq) {
+  RunSync([&] {
+    cqs_.push_back(cq);
+    // Room for every CQ to park, so that parking (in PollAll) never allocates.
+    parked_.reserve(cqs_.size() + parked_.size());
+  });
+}
+
+void Poller::ReturnCq(CqRecord* cq) { AddCq(cq); }
+
+uint64_t Poller::RemoveCq(CqRecord* cq) {
+  uint64_t taken = 0;
+  RunSync([&] {
+    std::erase(cqs_, cq);
+    if (cq->parked) {
+      std::erase(parked_, cq);
+      parked_count_.store(parked_.size(), std::memory_order_relaxed);
+    }
+    cq->parked = false;
+    cq->empty_run = 0;
+    if (cq->poll_failed) return;
+    // No live registration uses it (the control path checked): everything left is an orphan.
+    for (;;) {
+      int n = cq->cq->Poll(options_.poll_batch, wcs_.get());
+      if (n <= 0) break;
+      Count(cq->completions, n);
+      Count(completions_, n);
+      for (int i = 0; i < n; ++i) {
+        const ibv_wc& wc = wcs_[i];
+        if (!leftovers_.empty() && TakeLeftover(cq, wc)) continue;
+        orphans_.Take({&wc, 1});
+      }
+      taken += n;
+    }
+  });
+  RunSync([&] {  // a marker the CQ no longer has will not come: forget it, and its commitment
+    std::erase_if(leftovers_, [&](const Leftover& l) {
+      if (l.cq != cq) return false;
+      cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
+      return true;
+    });
+  });
+  return taken;
+}
+
+Status Poller::ResizeCq(CqRecord* cq, int depth) {
+  Status status;
+  RunSync([&] {
+    status = cq->cq->Resize(depth);
+    // Whether a resize keeps a pending arm is the device's business: poll it again, and arm it
+    // afresh before it parks or the poller sleeps (arming an armed CQ is harmless).
+    if (cq->parked) {
+      std::erase(parked_, cq);
+      parked_count_.store(parked_.size(), std::memory_order_relaxed);
+      cq->parked = false;
+      cqs_.push_back(cq);
+    }
+    cq->empty_run = 0;
+    cq->armed.store(false, std::memory_order_seq_cst);
+  });
+  return status;
+}
+
+void Poller::AddUse(CqRecord* cq, uint32_t consumer) {
+  RunSync([&] {
+    for (CqRecord::Use& use : cq->uses) {
+      if (use.consumer == consumer) {
+        ++use.count;
+        return;
+      }
+    }
+    cq->uses.push_back({consumer, 1});
+  });
+}
+
+void Poller::DropUse(CqRecord* cq, uint32_t consumer) {
+  RunSync([&] {
+    for (size_t i = 0; i < cq->uses.size(); ++i) {
+      if (cq->uses[i].consumer == consumer && --cq->uses[i].count == 0) {
+        cq->uses.erase(cq->uses.begin() + i);
+        return;
+      }
+    }
+  });
+}
+
+void Poller::PurgeDead(uint32_t consumer) {
+  RunSync([&] {
+    auto live = [&](const Item& item) {
+      if (item.kind == ItemKind::kListenerEvent) return true;  // nobody's registration
+      uint64_t state = slots_.slot(item.slot).state.load(std::memory_order_acquire);
+      return StateLiveAs(state, item.generation);
+    };
+    outboxes_[consumer]->Filter([&](const Item& item) {
+      if (live(item)) return true;
+      if (item.kind == ItemKind::kCompletion) {
+        orphans_.Take({&item.wc, 1});
+      } else if (item.kind == ItemKind::kAsyncEvent) {
+        Consumer::DropEventPart(item.join);
+      }  // a teardown marker is the runtime's own: nobody else may see it
+      return false;
+    });
+    std::erase_if(deferred_, [&](const PostedEvent& posted) {
+      if (posted.consumer != consumer || live(posted.item)) return false;
+      Consumer::DropEventPart(posted.item.join);
+      return true;
+    });
+    NoteOutbox(consumer);
+  });
+}
+
+void Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides,
+                           int n) {
+  RunSync([&] {
+    // On this thread, between passes: `polled` holds every marker a pass has taken so far.
+    const uint32_t polled = state.polled.load(std::memory_order_relaxed);
+    for (int k = 0; k < n; ++k) {
+      if (polled & sides[k].bit) continue;
+      leftovers_.push_back({sides[k].cq, sides[k].marker, qp_num, sides[k].commit});
+      sides[k].cq->leftover_commit.fetch_add(sides[k].commit, std::memory_order_relaxed);
+    }
+  });
+}
+
+bool Poller::TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept {
+  for (size_t i = 0; i < leftovers_.size(); ++i) {
+    const Leftover& l = leftovers_[i];
+    if (l.cq != cq || l.qp_num != wc.qp_num) continue;
+    if (wc.wr_id != l.marker) {
+      orphans_.Take({&wc, 1});  // the retired QP's, still ahead of its marker
+      return true;
+    }
+    // The marker: nothing of that QP is left behind it in this CQ.
+    cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
+    leftovers_.erase(leftovers_.begin() + i);
+    return true;
+  }
+  return false;
+}
+
+bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
+  std::unique_lock<std::mutex> lock(inbox_mu_);
+  if (!inbox_open_) {
+    // The thread has stopped (Shutdown): nothing it polled is still held, so hand it over now.
+    Item copy = item;
+    return consumers_[consumer]->PushIfOpen(tokens_[consumer], copy);
+  }
+  inbox_.push_back({consumer, item, {cq_a, cq_b}});
+  inbox_pending_.store(true, std::memory_order_seq_cst);
+  lock.unlock();
+  parker_.Wake();
+  return true;
+}
+
+void Poller::NotificationsBroken() noexcept {
+  notifications_broken_.store(true, std::memory_order_seq_cst);
+  UnparkAll();
+}
+
+void Poller::Run() {
+  MarkRuntimeThread();
+  PinAndNameThread(options_.poller_cpus.empty() ? -1 : options_.poller_cpus[index_],
+                   "cqd-poll" + std::to_string(index_));
+  Clock::time_point idle_since;
+  bool idle = false;
+  for (;;) {
+    if (mailbox_.pending()) mailbox_.RunPosted();
+    if (stop_.load(std::memory_order_acquire)) break;
+    bool worked = false;
+    if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
+      worked |= PlaceEvents();
+    }
+    if (!listed_.empty()) worked |= Flush(false);
+    if (UnparkPending()) Unpark();
+    if (PollAll() > 0) worked = true;
+    if (!owned_.empty()) worked |= RunOwned();
+    if (worked) {
+      idle = false;
+      continue;
+    }
+    if (options_.busy_poll) {
+      if (!listed_.empty()) CpuRelax();  // waiting for a full consumer
+      continue;
+    }
+    Clock::time_point now = Clock::now();
+    if (!idle) {
+      idle = true;
+      idle_since = now;
+    } else if (now - idle_since >= options_.idle_budget) {
+      TrySleep();
+      idle = false;
+    }
+  }
+  // Everything taken off the CQs so far, and every posted event, reaches a consumer (they
+  // outlive the pollers' shutdown). PostEvent waits on inbox_mu_ meanwhile and afterwards hands
+  // events over directly, behind everything this flush moved.
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
+    inbox_.clear();
+    for (PostedEvent& posted : deferred_) AppendTo(posted.consumer) = posted.item;
+    deferred_.clear();
+    Flush(/*force=*/true);
+    inbox_open_ = false;
+  }
+  // The run-to-completion consumers' last handlers run here (events posted meanwhile go straight
+  // to their queues, and whatever a handler's control call routes here meanwhile is dispatched
+  // from the outbox); then they close.
+  for (Consumer* consumer : owned_) {
+    const Outbox& outbox = *outboxes_[consumer->index()];
+    while (!outbox.empty() || !consumer->CloseIfEmpty()) RunOwned();
+  }
+  mailbox_.Close();
+}
+
+bool Poller::PlaceEvents() {
+  if (inbox_pending_.exchange(false, std::memory_order_acq_rel)) {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    deferred_.insert(deferred_.end(), inbox_.begin(), inbox_.end());
+    inbox_.clear();
+  }
+  // In posting order. One that cannot be placed yet stays, and so do later ones for the same
+  // consumer, which keeps each consumer's events in order.
+  bool moved = false;
+  size_t kept = 0;
+  held_.assign(consumers_.size(), false);
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    PostedEvent& posted = deferred_[i];
+    if (held_[posted.consumer] || !CatchUp(posted) || outboxes_[posted.consumer]->full()) {
+      held_[posted.consumer] = true;
+      deferred_[kept++] = posted;
+      continue;
+    }
+    AppendTo(posted.consumer) = posted.item;
+    moved = true;
+  }
+  deferred_.resize(kept);
+  return moved;
+}
+
+bool Poller::CatchUp(PostedEvent& posted) noexcept {
+  for (int k = 0; k < 2; ++k) {
+    if (posted.cq_ids[k] == 0 || (posted.caught_up & (1u << k))) continue;
+    // A parked CQ is polled too; it stays parked, since its next completion raises an event.
+    CqRecord* cq = FindCq(posted.cq_ids[k]);
+    while (cq != nullptr && !cq->poll_failed) {
+      const int room = RoomFor(*cq);
+      if (room == 0) return false;
+      const int n = PollOne(cq, room);
+      if (n > 0) posted.polled[k] += n;
+      // Empty, or a whole depth taken: everything that was there when the event came is out.
+      if (n < room || posted.polled[k] >= static_cast<uint64_t>(cq->cq->depth())) break;
+    }
+    posted.caught_up |= 1u << k;
+  }
+  return true;
+}
+
+int Poller::RoomFor(const CqRecord& cq) noexcept {
+  int room = options_.poll_batch;
+  for (const CqRecord::Use& use : cq.uses) {
+    room = std::min<int>(room, static_cast<int>(outboxes_[use.consumer]->room()));
+  }
+  return room;
+}
+
+CqRecord* Poller::FindCq(uint32_t id) noexcept {
+  for (const std::vector<CqRecord*>* list : {&cqs_, &parked_}) {
+    for (CqRecord* cq : *list) {
+      if (cq->id == id) return cq;
+    }
+  }
+  return nullptr;
+}
+
+int Poller::PollAll() noexcept {
+  int found = 0;
+  size_t kept = 0;
+  Clock::time_point now{};  // read at most once per pass, by the first CQ that needs it
+  for (size_t i = 0; i < cqs_.size(); ++i) {
+    CqRecord* cq = cqs_[i];
+    cqs_[kept++] = cq;
+    if (cq->poll_failed) continue;
+    int room = RoomFor(*cq);
+    if (room == 0) {  // a consumer it shares is stalled: leave the completions in the CQ
+      Count(skipped_, 1);
+      continue;
+    }
+    int n = PollOne(cq, room);
+    if (n != 0) {
+      if (n > 0) found += n;
+      cq->empty_run = 0;
+      continue;
+    }
+    if (!may_park_ || cq->solicited_only) continue;
+    if (++cq->empty_run <= kParkProbe) {
+      if (cq->empty_run == kParkProbe) {
+        if (now == Clock::time_point{}) now = Clock::now();
+        cq->empty_since = now;
+      }
+      continue;
+    }
+    if (now == Clock::time_point{}) now = Clock::now();
+    if (now - cq->empty_since < options_.cq_park_after) continue;
+    if (TryPark(cq)) {
+      --kept;
+      cq->parked = true;
+      parked_.push_back(cq);
+      Count(parks_, 1);
+      parked_count_.store(parked_.size(), std::memory_order_relaxed);
+    }
+  }
+  cqs_.resize(kept);
+  return found;
+}
+
+bool Poller::TryPark(CqRecord* cq) noexcept {
+  cq->empty_run = 0;  // whatever happens, measure afresh
+  if (notifications_broken_.load(std::memory_order_relaxed) ||
+      cq->device->failed.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  if (!cq->armed.load(std::memory_order_seq_cst)) {
+    cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
+    Count(arms_, 1);
+    if (cq->cq->RequestNotify(/*solicited_only=*/false) != 0) {
+      cq->armed.store(false, std::memory_order_seq_cst);
+      Count(arm_failures_, 1);
+      return false;
+    }
+  }
+  // S6: a completion that came before the arm raises no event; only an empty CQ may park.
+  const int room = RoomFor(*cq);
+  return room > 0 && PollOne(cq, room) == 0;
+}
+
+void Poller::Unpark() noexcept {
+  seen_cq_events_ = cq_events_.load(std::memory_order_seq_cst);
+  const bool all = unpark_all_.exchange(false, std::memory_order_seq_cst);
+  size_t kept = 0;
+  for (CqRecord* cq : parked_) {
+    if (all || !cq->armed.load(std::memory_order_seq_cst)) {
+      cq->parked = false;
+      cqs_.push_back(cq);
+    } else {
+      parked_[kept++] = cq;
+    }
+  }
+  parked_.resize(kept);
+  parked_count_.store(kept, std::memory_order_relaxed);
+}
+
+int Poller::PollOne(CqRecord* cq, int room) noexcept {
+  int n = cq->cq->Poll(room, wcs_.get());
+  Count(polls_, 1);
+  if (n == 0) {
+    Count(empty_polls_, 1);
+    return 0;
+  }
+  if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
+    cq->poll_failed = true;
+    Count(cq->poll_errors, 1);
+    return n;
+  }
+  Count(cq->completions, n);
+  Count(completions_, n);
+  if (stamp_) poll_stamp_ = NowNs32();
+  Route(cq, n);
+  Flush(false);
+  return n;
+}
+
+Item& Poller::AppendTo(uint32_t consumer) noexcept {
+  Outbox& outbox = *outboxes_[consumer];
+  // Route only sends a CQ's completions to consumers among its uses, whose room bounded the poll;
+  // this is the last line of defence should that ever not hold.
+  if (outbox.full()) FlushOne(consumer, /*force=*/true);
+  if (!outbox.listed) {
+    outbox.listed = true;
+    listed_.push_back(consumer);
+  }
+  return outbox.Append();
+}
+
+void Poller::Route(CqRecord* cq, int n) noexcept {
+  const QpTable& table = cq->device->qps;
+  const DeviceId device = cq->device->id;
+  for (int i = 0; i < n; ++i) {
+    const ibv_wc& wc = wcs_[i];
+    // A retired QP's completions still in this CQ, up to its teardown marker: nobody's.
+    if (!leftovers_.empty()) [[unlikely]] {
+      if (TakeLeftover(cq, wc)) continue;
+    }
+    const Slot* slot = table.Lookup(wc.qp_num);
+    if (slot != nullptr) {
+      uint64_t state = slot->state.load(std::memory_order_acquire);
+      if (StateLive(state) && slot->Holds(device, wc.qp_num) && slot->Uses(cq->id)) {
+        ItemKind kind = ItemKind::kCompletion;
+        if (StateDraining(state)) [[unlikely]] {
+          // Non-null while the state says draining: a teardown nulls it only after the state
+          // died, and makes its leftovers (KeepLeftovers, on this thread between two passes)
+          // before that, so a marker is either marked `polled` here or found a leftover above.
+          TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
+          const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
+          if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
+            kind = ItemKind::kTeardownMarker;
+            teardown->polled.fetch_or(wc.wr_id == marker ? TeardownState::kSendMarker
+                                                         : TeardownState::kRecvMarker,
+                                      std::memory_order_relaxed);
+          }
+        }
+        Item& item = AppendTo(StateConsumer(state));
+        item.wc = wc;
+        item.slot = slot->index;
+        item.generation = StateGeneration(state);
+        item.kind = kind;
+        item.stamp = poll_stamp_;
+        continue;
+      }
+    }
+    orphans_.Take({&wc, 1});
+  }
+}
+
+bool Poller::Flush(bool force) noexcept {
+  bool moved = false;
+  size_t kept = 0;
+  for (size_t i = 0; i < listed_.size(); ++i) {
+    uint32_t consumer = listed_[i];
+    Outbox& outbox = *outboxes_[consumer];
+    // A run-to-completion consumer of this thread with nothing queued is dispatched straight
+    // from the outbox (DispatchOwned), unless the outbox fills up: then the queue takes it.
+    const bool direct = outbox.direct && !force && !outbox.full() &&
+                        !consumers_[consumer]->Pending();
+    if (!direct) moved |= FlushOne(consumer, force);
+    NoteOutbox(consumer);
+    if (outbox.empty()) {
+      outbox.listed = false;
+    } else {
+      listed_[kept++] = consumer;
+    }
+  }
+  listed_.resize(kept);
+  return moved;
+}
+
+bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
+  Outbox& outbox = *outboxes_[consumer];
+  Consumer& c = *consumers_[consumer];
+  bool moved = false;
+  while (!outbox.empty()) {
+    uint32_t n;
+    Item* items = outbox.Front(outbox.size(), &n);
+    size_t take = n;
+    if (force) {
+      c.Reserve(n);
+    } else {
+      take = c.ReserveUpTo(n);
+      if (take == 0) break;
+    }
+    c.Push(tokens_[consumer], items, take);
+    outbox.PopFront(static_cast<uint32_t>(take));
+    moved = true;
+  }
+  return moved;
+}
+
+void Poller::NoteOutbox(uint32_t consumer) noexcept {
+  Outbox& outbox = *outboxes_[consumer];
+  uint64_t size = outbox.size();
+  outbox.depth_stat.store(size, std::memory_order_relaxed);
+  if (size > outbox.high_water.load(std::memory_order_relaxed)) {
+    outbox.high_water.store(size, std::memory_order_relaxed);
+  }
+  if (outbox.full() != outbox.stalled) {  // a stall starts or ends: rare, so read the clock
+    Clock::time_point now = Clock::now();
+    outbox.stalled = outbox.full();
+    if (outbox.stalled) {
+      outbox.full_since = now;
+      Count(outbox.stalls, 1);
+    } else {
+      Count(outbox.stalled_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   now - outbox.full_since)
+                                   .count());
+    }
+  }
+}
+
+void Poller::TrySleep() noexcept {
+  uint32_t ticket = parker_.Prepare();
+  arm_failed_ = false;
+  for (CqRecord* cq : cqs_) {
+    if (cq->poll_failed || cq->device->failed.load(std::memory_order_relaxed)) continue;
+    if (cq->armed.load(std::memory_order_seq_cst)) continue;  // a notification is pending (S7)
+    cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
+    Count(arms_, 1);
+    if (cq->cq->RequestNotify(cq->solicited_only) != 0) {
+      // Not armed: no event will come. Clear the mark so the next sleep tries again, and sleep
+      // only briefly meanwhile.
+      cq->armed.store(false, std::memory_order_seq_cst);
+      Count(arm_failures_, 1);
+      arm_failed_ = true;
+    }
+  }
+  // S6: completions that arrived before arming raise no event: poll once more.
+  if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
+      OwnedPending() || UnparkPending() || stop_.load(std::memory_order_seq_cst)) {
+    parker_.Cancel();
+    return;
+  }
+  Count(sleeps_, 1);
+  if (arm_failed_ || notifications_broken_.load(std::memory_order_relaxed)) {
+    parker_.ParkFor(ticket, kRecheckUnarmed);
+  } else if (!listed_.empty() || !deferred_.empty()) {
+    parker_.ParkFor(ticket, kRecheckStalled);
+  } else {
+    parker_.Park(ticket);
+  }
+}
+
+PollerStats Poller::stats() const {
+  PollerStats s;
+  s.cpu = options_.poller_cpus.empty() ? -1 : options_.poller_cpus[index_];
+  s.polls = polls_.load(std::memory_order_relaxed);
+  s.empty_polls = empty_polls_.load(std::memory_order_relaxed);
+  s.completions = completions_.load(std::memory_order_relaxed);
+  s.arms = arms_.load(std::memory_order_relaxed);
+  s.arm_failures = arm_failures_.load(std::memory_order_relaxed);
+  s.sleeps = sleeps_.load(std::memory_order_relaxed);
+  s.backpressure_stalls = skipped_.load(std::memory_order_relaxed);
+  s.parks = parks_.load(std::memory_order_relaxed);
+  s.parked_cqs = parked_count_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
+  const Outbox& outbox = *outboxes_[consumer];
+  out.spill_depth += outbox.depth_stat.load(std::memory_order_relaxed);
+  out.spill_high_water = std::max(out.spill_high_water,
+                                  outbox.high_water.load(std::memory_order_relaxed));
+  out.stalls += outbox.stalls.load(std::memory_order_relaxed);
+  out.stalled_ns += outbox.stalled_ns.load(std::memory_order_relaxed);
+}
+
+}  // namespace cqd::internal

@@ -1,0 +1,254 @@
+// runtime/core/poller.h: one poller thread, owning one CQ shard.
+//
+// The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
+// cannot starve the others), routes each completion by qp_num through its device's QpTable into
+// the destination consumer's outbox (outbox.h; a completion whose registration does not use
+// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves outboxes into consumer queues while
+// they have room. Async events reach it from the event thread (PostEvent) and join the same
+// outboxes. Before it places an event, the poller catches up on the QP's CQs of its shard: it
+// polls them until they are empty or it has taken a CQ depth's worth since the event arrived,
+// so the event follows every completion that was in those CQs when the event was read.
+//
+// Leftovers: a teardown that ended before its markers were polled (deadline, device failure,
+// Shutdown) leaves them in the CQs with whatever the QP flushed ahead of them. Until a marker
+// is polled, this poller sends every completion of that (CQ, qp_num) to the orphan sink (a later
+// QP that got the number starts behind the marker in a CQ's FIFO order) and the CQ keeps the
+// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own; Route looks
+// at it only while it is not empty.
+//
+// Slow consumers: a consumer whose queue is full leaves its items in this poller's outbox. Each
+// CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
+// as many completions as the fullest of those outboxes has room for, and skipped while one is
+// full. CQs that a stalled consumer does not share are polled as usual. Unregistering a QP
+// purges its items from the outboxes (completions to the orphan sink), so a consumer whose QPs
+// are all gone stops holding anything back.
+//
+// Parking: a CQ found empty for `cq_park_after` while the poller stays busy is armed (S7), polled
+// once more (S6), and moved out of the passes to `parked_` if that found nothing. The event
+// thread clears the CQ's `armed` and calls CqEvents(), which bumps `cq_events_` (after the
+// clear, both seq_cst); a pass that sees the count move puts every parked CQ whose `armed` is
+// clear back. A completion on a parked CQ therefore always raises an event that unparks it.
+// A failed arm keeps the CQ in the passes; a failed channel (NotificationsBroken) or device
+// (UnparkAll) brings every parked CQ back and stops parking.
+//
+// Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
+// more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
+// CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while an
+// outbox holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or
+// the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification
+// costs latency, never a hang.
+//
+// Run-to-completion consumers of this shard (ConsumerKind::kRunToCompletion) are dispatched by
+// this thread once per pass, after polling, with the wait duty of thread_role.h set: their
+// handlers may make control calls, and the calls that would wait for this poller run inline.
+// Producers wake this poller instead of such a consumer, and the sleep re-checks their queues.
+// When the thread stops it dispatches what they still hold and closes them.
+//
+// Threading: the CQ list, the outboxes and CqRecord::uses belong to the poller thread. Other
+// threads change them only through the control calls below, which run on the poller thread
+// between two passes (or inline once it has stopped) and wait for it. PostEvent and Wake may be
+// called from any thread.
+#ifndef CQD_RUNTIME_CORE_POLLER_H_
+#define CQD_RUNTIME_CORE_POLLER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cqd/options.h"
+#include "cqd/stats.h"
+#include "runtime/core/consumer.h"
+#include "runtime/base/mailbox.h"
+#include "runtime/core/orphans.h"
+#include "runtime/core/spill.h"
+#include "runtime/base/parker.h"
+#include "runtime/core/records.h"
+#include "runtime/core/registry.h"
+#include "runtime/core/teardown.h"
+
+namespace cqd::internal {
+
+class Poller {
+ public:
+  Poller(int index, const RuntimeOptions& options, const std::vector<Consumer*>& consumers,
+         const SlotPool& slots, OrphanSink& orphans);
+  ~Poller();
+  Poller(const Poller&) = delete;
+  Poller& operator=(const Poller&) = delete;
+
+  void Start();
+  // Stops polling, hands everything it holds (outboxes, posted events) to the consumers, and
+  // joins. Events posted afterwards go straight to their consumer.
+  void Stop();
+
+  // Control path (each waits for the poller thread).
+  void AddCq(CqRecord* cq);
+  // Stops polling `cq` and polls it empty: what it still holds goes to the orphan sink (no live
+  // registration uses it). Returns the number of completions taken.
+  uint64_t RemoveCq(CqRecord* cq);
+  // Puts `cq` back after RemoveCq (its destroy failed).
+  void ReturnCq(CqRecord* cq);
+  // Resizes `cq` (a CQ of this shard) while it is not being polled.
+  Status ResizeCq(CqRecord* cq, int depth);
+  // A registration on `consumer` starts or stops using `cq` (a CQ of this shard).
+  void AddUse(CqRecord* cq, uint32_t consumer);
+  void DropUse(CqRecord* cq, uint32_t consumer);
+  // Moves the items of dead registrations out of `consumer`'s outbox: completions to the orphan
+  // sink, event parts released.
+  void PurgeDead(uint32_t consumer);
+  // The teardown `state` of `qp_num` ended (its registration is already dead). Each of its
+  // markers (TeardownState::k*Marker `bit`) on a CQ of this shard that no pass has polled yet
+  // becomes a leftover (see above) holding `commit` of that CQ.
+  struct MarkerSide {
+    CqRecord* cq;
+    uint64_t marker;  // the wr_id
+    uint32_t bit;
+    uint64_t commit;
+  };
+  void KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides, int n);
+
+  // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
+  // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
+  // Returns false only after the poller stopped, when `consumer` has closed too (an owned
+  // consumer past Shutdown): the caller still owns the part.
+  bool PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b);
+  // Event thread: CQs of this shard got their events (their `armed` already cleared).
+  void CqEvents() noexcept {
+    cq_events_.fetch_add(1, std::memory_order_seq_cst);
+    parker_.Wake();
+  }
+  // Event thread: a device failed; parked CQs go back into the passes (no event will come).
+  void UnparkAll() noexcept {
+    unpark_all_.store(true, std::memory_order_seq_cst);
+    CqEvents();
+  }
+  // Event thread: the shard's completion channel failed; never sleep unbounded again.
+  void NotificationsBroken() noexcept;
+
+  PollerStats stats() const;
+  // Adds this poller's outbox figures for `consumer` to `out`.
+  void AddSpillStats(uint32_t consumer, ConsumerStats& out) const;
+  int index() const { return index_; }
+  // The thread, for placement (placement.h); 0 when there is none.
+  pthread_t native_thread() { return thread_.joinable() ? thread_.native_handle() : 0; }
+
+ private:
+  struct PostedEvent {
+    uint32_t consumer;
+    Item item;
+    uint32_t cq_ids[2];            // the QP's CQs on this shard (0: none)
+    uint64_t polled[2] = {0, 0};   // completions taken off each since the event arrived
+    uint32_t caught_up = 0;        // bit k: cq_ids[k] needs no more polling
+  };
+  void Run();
+  void RunSync(const std::function<void()>& fn);
+  // Polls every CQ in the passes once, parking those idle long enough; returns the number of
+  // completions taken.
+  int PollAll() noexcept;
+  // Arms `cq` if it is not, polls it once more, and returns true if it may be parked.
+  bool TryPark(CqRecord* cq) noexcept;
+  // Puts parked CQs whose event came (or all, after UnparkAll) back into the passes.
+  void Unpark() noexcept;
+  bool UnparkPending() const noexcept {
+    return cq_events_.load(std::memory_order_seq_cst) != seen_cq_events_;
+  }
+  // The CQ with id `id` in the passes or parked, or null.
+  CqRecord* FindCq(uint32_t id) noexcept;
+  // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (or a
+  // negative errno once the CQ has failed).
+  int PollOne(CqRecord* cq, int room) noexcept;
+  // Polls the event's CQs until it may be placed; false while a full outbox holds it back.
+  bool CatchUp(PostedEvent& posted) noexcept;
+  // Returns how many completions `cq` may be polled for now (0: skip it).
+  int RoomFor(const CqRecord& cq) noexcept;
+  void Route(CqRecord* cq, int n) noexcept;
+  // Returns true if `wc` (polled from `cq`) is a leftover: a marker (dropped, its commitment
+  // released) or a completion behind one (to the orphan sink).
+  bool TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept;
+  // Moves outboxes into their consumers' queues; returns true if anything moved. With `force`,
+  // everything moves regardless of capacity.
+  bool Flush(bool force) noexcept;
+  bool FlushOne(uint32_t consumer, bool force) noexcept;
+  Item& AppendTo(uint32_t consumer) noexcept;
+  void NoteOutbox(uint32_t consumer) noexcept;
+  // Moves posted events into outboxes that have room; returns true if any moved.
+  bool PlaceEvents();
+  // Dispatches the run-to-completion consumers; returns true if a handler ran.
+  bool RunOwned() noexcept;
+  // One batch of `consumer` (owned): from its queue if anything is queued, else straight from
+  // this poller's outbox. Returns true if it dispatched anything.
+  bool DispatchOwned(Consumer& consumer) noexcept;
+  bool OwnedPending() const noexcept;
+  static void ServeMailbox(void* self);  // the wait duty of RunOwned's handlers
+  void TrySleep() noexcept;
+  void Count(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
+    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+
+  // How long a bounded sleep lasts (see the header comment).
+  static constexpr std::chrono::microseconds kRecheckStalled{200};
+  static constexpr std::chrono::microseconds kRecheckUnarmed{1000};
+  // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
+  static constexpr uint32_t kParkProbe = 16;
+
+  const int index_;
+  const RuntimeOptions& options_;
+  std::vector<Consumer*> consumers_;
+  std::vector<Consumer*> owned_;  // kRunToCompletion consumers this thread dispatches
+  const SlotPool& slots_;
+  OrphanSink& orphans_;
+  struct Leftover {
+    CqRecord* cq;
+    uint64_t marker;
+    uint32_t qp_num;
+    uint64_t commit;
+  };
+  std::vector<Leftover> leftovers_;  // poller thread only; few
+  std::vector<CqRecord*> cqs_;     // in the passes, round robin
+  std::vector<CqRecord*> parked_;  // armed, out of the passes until their event
+  const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)
+  uint32_t seen_cq_events_ = 0;    // cq_events_ when parked_ was last checked
+  std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
+  std::vector<std::unique_ptr<Outbox>> outboxes_;  // one per consumer
+  std::vector<uint32_t> listed_;                   // consumers whose outbox is not empty
+  std::unique_ptr<ibv_wc[]> wcs_;
+  std::vector<PostedEvent> deferred_;  // posted events not yet placed in an outbox
+  std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
+  bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
+  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which Route writes
+  // into each completion's Item (latency.h).
+  const bool stamp_;
+  uint32_t poll_stamp_ = 0;
+
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> notifications_broken_{false};
+  alignas(64) std::atomic<uint32_t> cq_events_{0};  // bumped by the event thread (CqEvents)
+  std::atomic<bool> unpark_all_{false};
+  Parker parker_;
+  Mailbox mailbox_;
+
+  // Events posted by the event thread, taken by the poller thread.
+  std::mutex inbox_mu_;
+  std::vector<PostedEvent> inbox_;  // guarded by inbox_mu_
+  bool inbox_open_ = true;          // guarded by inbox_mu_; false once the thread has stopped
+  std::atomic<bool> inbox_pending_{false};
+
+  // Stats, written by the poller thread only.
+  std::atomic<uint64_t> polls_{0};
+  std::atomic<uint64_t> empty_polls_{0};
+  std::atomic<uint64_t> completions_{0};
+  std::atomic<uint64_t> arms_{0};
+  std::atomic<uint64_t> arm_failures_{0};
+  std::atomic<uint64_t> sleeps_{0};
+  std::atomic<uint64_t> skipped_{0};
+  std::atomic<uint64_t> parks_{0};
+  std::atomic<uint64_t> parked_count_{0};  // parked_.size()
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_CORE_POLLER_H_

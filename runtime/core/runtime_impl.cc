@@ -1,0 +1,738 @@
+#include "runtime/core/runtime_impl.h"
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "runtime/base/thread_role.h"
+
+namespace cqd::internal {
+namespace {
+
+std::string Str(long long v) { return std::to_string(v); }
+
+// Control calls wait for pollers and the event thread while holding the runtime mutex, so they
+// cannot be made from those threads (an OrphanHandler or a DeviceEventHandler).
+#define CQD_REFUSE_ON_RUNTIME_THREAD(op)                                                  \
+  do {                                                                                    \
+    if (OnRuntimeThread()) {                                                              \
+      return FailedPrecondition(std::string(op) +                                         \
+                                ": called from a cqd poller or event thread (an "         \
+                                "OrphanHandler or DeviceEventHandler), which must not "   \
+                                "call the runtime");                                      \
+    }                                                                                     \
+    if (InLogSink()) {                                                                    \
+      return FailedPrecondition(std::string(op) +                                         \
+                                ": called from the RuntimeOptions::log sink, which may "  \
+                                "run under the runtime mutex");                           \
+    }                                                                                     \
+  } while (0)
+
+std::atomic<uint64_t> next_runtime_serial{1};
+
+}  // namespace
+
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
+    : options_(options),
+      serial_(next_runtime_serial.fetch_add(1, std::memory_order_relaxed)),
+      log_(options.log),
+      slots_(options.max_registrations),
+      orphans_(options.orphan_handler) {
+  std::vector<Consumer*> consumers;
+  for (size_t i = 0; i < options_.consumers.size(); ++i) {
+    ConsumerOptions c = options_.consumers[i];
+    if (c.name.empty()) c.name = "consumer" + Str(i);
+    consumers_.push_back(std::make_unique<Consumer>(static_cast<uint32_t>(i), c, slots_,
+                                                    orphans_, options_.pollers + 1));
+    consumers.push_back(consumers_.back().get());
+  }
+  std::vector<Poller*> pollers;
+  for (int i = 0; i < options_.pollers; ++i) {
+    pollers_.push_back(
+        std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
+    pollers.push_back(pollers_.back().get());
+  }
+  events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
+  teardowns_ = std::make_unique<TeardownWorker>(static_cast<TeardownHost&>(*this));
+  events_->set_on_device_failed([this](DeviceId device) { teardowns_->DeviceFailed(device); });
+  events_->set_logger(&log_);
+  teardowns_->set_logger(&log_);
+}
+
+Status RuntimeImpl::Start() {
+  for (auto& consumer : consumers_) {
+    if (Status s = consumer->Start(); !s.ok()) return s;
+  }
+  if (Status s = events_->Start(); !s.ok()) return s;
+  for (auto& poller : pollers_) poller->Start();
+  teardowns_->Start();
+  if (!options_.stats_socket.empty()) {
+    auto server = StatsServer::Start(options_.stats_socket, options_.stats_socket_mode,
+                                     [this] { return GetStats(); }, log_);
+    if (!server.ok()) return server.status();
+    stats_server_ = std::move(server).value();
+  }
+  return Status::Ok();
+}
+
+RuntimeImpl::~RuntimeImpl() {
+  if (stats_server_ != nullptr) stats_server_->Stop();  // Shutdown may be refused here
+  (void)Shutdown();
+  for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
+  // The threads are gone: poll every CQ empty (to the orphan sink), flush its unacked events
+  // (S2) so destroy cannot hang, and destroy or release it.
+  for (auto& [id, cq] : cqs_) {
+    pollers_[cq->shard]->RemoveCq(cq.get());
+    cq->Ack(cq->acks.TakeAll());
+    if (cq->adopted) {
+      cq->device->backend->ReleaseCq(cq->cq);
+    } else {
+      (void)cq->device->backend->DestroyCq(cq->cq);  // fails only while the engine holds QPs
+    }
+  }
+  for (auto& cq : released_) cq->Ack(cq->acks.TakeAll());
+  for (auto& device : devices_) {
+    for (backend::Channel* channel : device->channels) {
+      (void)device->backend->DestroyChannel(channel);
+    }
+  }
+}
+
+Result<DeviceId> RuntimeImpl::AddDevice(const char* op, std::unique_ptr<backend::Device> device,
+                                        DeviceEventHandler* events) {
+  CQD_REFUSE_ON_RUNTIME_THREAD(op);
+  std::lock_guard<ControlMutex> lock(mu_);
+  for (auto& d : devices_) {
+    if (d->backend->native() == device->native()) {
+      return AlreadyExists(std::string(op) + ": " + device->name() +
+                           " was already added as device " + Str(d->id));
+    }
+  }
+  if (shut_down_) return FailedPrecondition(std::string(op) + ": the runtime is shut down");
+  auto record = std::make_unique<DeviceRecord>();
+  record->id = static_cast<DeviceId>(devices_.size() + 1);
+  record->backend = std::move(device);
+  record->handler = events;
+  Status status;
+  for (int shard = 0; shard < options_.pollers && status.ok(); ++shard) {
+    Result<backend::Channel*> channel = record->backend->CreateChannel();
+    if (channel.ok()) {
+      record->channels.push_back(*channel);
+    } else {
+      status = channel.status();
+    }
+  }
+  if (status.ok()) events_->RunSync([&] { status = events_->WatchDevice(record.get()); });
+  if (!status.ok()) {
+    for (backend::Channel* channel : record->channels) {
+      (void)record->backend->DestroyChannel(channel);
+    }
+    return Status(status.code(), std::string(op) + ": " + record->backend->name() + ": " +
+                                     status.message());
+  }
+  devices_.push_back(std::move(record));
+  const DeviceRecord& added = *devices_.back();
+  if (log_.enabled()) {
+    log_.Info("device " + added.backend->name() + " added as device " + Str(added.id) + " (" +
+              Str(options_.pollers) + " channels)");
+  }
+  // NUMA placement (placement.h). Under mu_ with shut_down_ false: no thread has been joined.
+  Placement::Threads threads;
+  for (auto& poller : pollers_) threads.pollers.push_back(poller->native_thread());
+  for (auto& consumer : consumers_) threads.consumers.push_back(consumer->native_thread());
+  placement_.OnDeviceAdded(added.id, added.backend->name(), added.backend->in_sysfs(),
+                           added.backend->comp_vectors(), threads);
+  return added.id;
+}
+
+Result<void*> RuntimeImpl::DeviceNative(const char* op, DeviceId id, backend::Kind kind) {
+  CQD_REFUSE_ON_RUNTIME_THREAD(op);
+  std::lock_guard<ControlMutex> lock(mu_);
+  if (id < 1 || id > devices_.size()) return NotFound(std::string(op) + ": no device " + Str(id));
+  const backend::Device& device = *devices_[id - 1]->backend;
+  if (device.kind() != kind) {
+    return InvalidArgument(std::string(op) + ": device " + Str(id) + " (" + device.name() +
+                           ") is not of the kind this call takes");
+  }
+  return device.native();
+}
+
+Result<DeviceId> RuntimeImpl::FindDevice(const char* op, void* native) {
+  CQD_REFUSE_ON_RUNTIME_THREAD(op);
+  std::lock_guard<ControlMutex> lock(mu_);
+  for (auto& d : devices_) {
+    if (d->backend->native() == native) return d->id;
+  }
+  return NotFound(std::string(op) + ": no device was added with this context");
+}
+
+Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handler,
+                                   ConsumerId consumer) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("WatchCmChannel");
+  if (channel == nullptr) return InvalidArgument("WatchCmChannel: channel is null");
+  std::lock_guard<ControlMutex> lock(mu_);
+  if (shut_down_) return FailedPrecondition("WatchCmChannel: the runtime is shut down");
+  if (consumer >= consumers_.size()) {
+    return InvalidArgument("WatchCmChannel: consumer " + Str(consumer) + " is not in 0.." +
+                           Str(consumers_.size() - 1));
+  }
+  const ConsumerOptions& c = options_.consumers[consumer];
+  const int64_t limit = static_cast<int64_t>(c.queue_capacity + c.spill_capacity);
+  Status status;
+  events_->RunSync([&] { status = events_->WatchCm(channel, &handler, consumer, limit); });
+  return status;
+}
+
+Status RuntimeImpl::UnwatchCmChannel(rdma_event_channel* channel) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("UnwatchCmChannel");
+  if (channel == nullptr) return InvalidArgument("UnwatchCmChannel: channel is null");
+  std::lock_guard<ControlMutex> lock(mu_);
+  Status status;
+  events_->RunSync([&] { status = events_->UnwatchCm(channel); });
+  return status;
+}
+
+bool RuntimeImpl::BindCm(rdma_cm_id* id, const RegisteredQp& registration) {
+  std::unique_lock<ControlMutex> lock(mu_);
+  bool bound = false;
+  events_->RunSync(
+      [&] { bound = events_->cm().Bind(id, registration.slot, registration.generation); });
+  lock.unlock();
+  // A Shutdown since RegisterQp: what Bind's sweep handed on to a closed consumer runs here (or
+  // after the batch of the handler calling this).
+  events_->cm().held().DeliverAllOrAfterBatch();
+  return bound;
+}
+
+Result<DeviceRecord*> RuntimeImpl::FindShard(const char* op, DeviceId id, int shard) {
+  if (shut_down_) return FailedPrecondition(std::string(op) + ": the runtime is shut down");
+  if (id < 1 || id > devices_.size()) {
+    return NotFound(std::string(op) + ": no device " + Str(id));
+  }
+  if (shard < 0 || shard >= options_.pollers) {
+    return InvalidArgument(std::string(op) + ": shard " + Str(shard) + " is not in 0.." +
+                           Str(options_.pollers - 1));
+  }
+  DeviceRecord* device = devices_[id - 1].get();
+  if (device->failed.load(std::memory_order_acquire)) {
+    return Unavailable(std::string(op) + ": device " + device->backend->name() + " has failed");
+  }
+  return device;
+}
+
+Result<PolledCq> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("CreateCq");
+  std::lock_guard<ControlMutex> lock(mu_);
+  Result<DeviceRecord*> device = FindShard("CreateCq", id, shard);
+  if (!device.ok()) return device.status();
+  if (options.depth < 1) {
+    return InvalidArgument("CreateCq: depth " + Str(options.depth) + " must be at least 1");
+  }
+  Result<int> vector = placement_.CompVector(id, options.comp_vector);
+  if (!vector.ok()) return InvalidArgument("CreateCq: " + vector.status().message());
+  Result<backend::Cq*> cq =
+      (*device)->backend->CreateCq(options.depth, (*device)->channels[shard], *vector);
+  if (!cq.ok()) return cq.status();
+  auto record = std::make_unique<CqRecord>();
+  record->device = *device;
+  record->shard = shard;
+  record->cq = *cq;
+  record->solicited_only = options.solicited_only;
+  record->grow = options.grow;
+  record->comp_vector = *vector;
+  return AddCq(std::move(record));
+}
+
+Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard,
+                                         backend::Kind kind) {
+  CQD_REFUSE_ON_RUNTIME_THREAD(op);
+  std::lock_guard<ControlMutex> lock(mu_);
+  Result<DeviceRecord*> device = FindShard(op, id, shard);
+  if (!device.ok()) return device.status();
+  if ((*device)->backend->kind() != kind) {
+    return InvalidArgument(std::string(op) + ": device " + Str(id) + " (" +
+                           (*device)->backend->name() + ") is not of the kind this call takes");
+  }
+  return (*device)->channels[shard]->native();
+}
+
+Result<PolledCq> RuntimeImpl::AdoptCq(DeviceId id, int shard, backend::Kind kind, void* native,
+                                      const CqOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("AdoptCq");
+  std::lock_guard<ControlMutex> lock(mu_);
+  Result<DeviceRecord*> device = FindShard("AdoptCq", id, shard);
+  if (!device.ok()) return device.status();
+  if (native == nullptr) return InvalidArgument("AdoptCq: cq is null");
+  if ((*device)->backend->kind() != kind) {
+    return InvalidArgument("AdoptCq: the CQ's kind does not match device " + Str(id));
+  }
+  if (cqs_by_native_.contains(native)) {
+    return AlreadyExists("AdoptCq: the CQ is already polled by this runtime");
+  }
+  Result<backend::Cq*> cq = (*device)->backend->AdoptCq(native, (*device)->channels[shard]);
+  if (!cq.ok()) return cq.status();
+  auto record = std::make_unique<CqRecord>();
+  record->device = *device;
+  record->shard = shard;
+  record->cq = *cq;
+  record->adopted = true;
+  record->solicited_only = options.solicited_only;
+  record->grow = options.grow;
+  return AddCq(std::move(record));
+}
+
+Result<PolledCq> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
+  CqRecord* cq = record.get();
+  cq->id = next_cq_id_++;
+  cq->native = cq->cq->native();
+  // Map before the poller can arm it, so that its first event is already known.
+  events_->RunSync([&] { events_->MapCq(cq); });
+  pollers_[cq->shard]->AddCq(cq);
+  cqs_by_native_[cq->native] = cq;
+  cqs_[cq->id] = std::move(record);
+  return PolledCq{serial_, cq->id, cq->shard, cq->device->id, cq->device->backend->kind(),
+                  cq->native};
+}
+
+Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("DestroyCq");
+  std::lock_guard<ControlMutex> lock(mu_);
+  if (id == 0) return InvalidArgument("DestroyCq: the handle is empty");
+  if (runtime != serial_) {
+    return InvalidArgument("DestroyCq: CQ " + Str(id) +
+                           " was created or adopted by another runtime");
+  }
+  auto it = cqs_.find(id);
+  if (it == cqs_.end()) {
+    return NotFound("DestroyCq: no CQ " + Str(id) + " (already destroyed or released)");
+  }
+  CqRecord* cq = it->second.get();
+  if (cq->registered_qps > 0) {
+    return FailedPrecondition("DestroyCq: CQ " + Str(cq->id) + " still has " +
+                              Str(cq->registered_qps) + " registered QP uses");
+  }
+  // From here the poller neither polls nor arms it; what the CQ still holds went to the orphan
+  // sink. Flush the acks (see CqRecord::retiring).
+  pollers_[cq->shard]->RemoveCq(cq);
+  cq->retiring.store(true, std::memory_order_seq_cst);
+  cq->Ack(cq->acks.TakeAll());
+  if (cq->adopted) {
+    // Keep the record mapped: an event still in flight for it gets acked by the event thread
+    // rather than leaving the engine's ibv_destroy_cq waiting forever. Its counters stay live
+    // in GetStats (released_).
+    cq->device->backend->ReleaseCq(cq->cq);
+    // Let an event the event thread is handling for it finish (and be acked), so that the totals
+    // balance when this returns.
+    events_->RunSync([] {});
+    cqs_by_native_.erase(cq->native);
+    released_.push_back(std::move(it->second));
+    cqs_.erase(it);
+    return Status::Ok();
+  }
+  if (Status s = cq->device->backend->DestroyCq(cq->cq); !s.ok()) {
+    // Still alive: poll it again. An event read while it was retiring was acked without
+    // clearing `armed`; clear it so the poller re-arms it.
+    cq->retiring.store(false, std::memory_order_seq_cst);
+    cq->armed.store(false, std::memory_order_seq_cst);
+    pollers_[cq->shard]->ReturnCq(cq);
+    return Status(s.code(), "DestroyCq: " + s.message());
+  }
+  events_->RunSync([&] { events_->UnmapCq(cq); });
+  cqs_by_native_.erase(cq->native);
+  RetireCounters(*cq);
+  cqs_.erase(it);
+  return Status::Ok();
+}
+
+void RuntimeImpl::RetireCounters(const CqRecord& cq) {
+  gone_events_ += cq.events.load(std::memory_order_relaxed);
+  gone_acked_ += cq.acked_events.load(std::memory_order_relaxed);
+  gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
+}
+
+Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
+  // Leftovers of retired QPs (poller.h) still count: they may be in the CQ.
+  const uint64_t need =
+      cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
+  const int depth = cq->cq->depth();
+  if (need <= static_cast<uint64_t>(depth)) return Status::Ok();
+  const std::string what = "RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
+                           " (depth " + Str(depth) + ") cannot hold the " + Str(need) +
+                           " work requests its QPs may have outstanding (S11)";
+  if (!cq->grow) return ResourceExhausted(what + "; it was created with grow = false");
+  if (need > (1u << 30)) return ResourceExhausted(what);
+  // Grow with headroom, so that a run of registrations does not resize every time.
+  const uint64_t target = std::max<uint64_t>(need, std::min<uint64_t>(2 * uint64_t(depth),
+                                                                     need + need / 2));
+  Status s = pollers_[cq->shard]->ResizeCq(cq, static_cast<int>(target));
+  if (!s.ok() && target > need) s = pollers_[cq->shard]->ResizeCq(cq, static_cast<int>(need));
+  if (!s.ok()) return ResourceExhausted(what + "; growing it failed: " + s.message());
+  return Status::Ok();
+}
+
+Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
+                                             void* send_native, void* recv_native,
+                                             QpHandler& handler, ConsumerId consumer,
+                                             const QpOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("RegisterQp");
+  std::lock_guard<ControlMutex> lock(mu_);
+  if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
+  if (consumer >= consumers_.size()) {
+    return InvalidArgument("RegisterQp: consumer " + Str(consumer) + " is not in 0.." +
+                           Str(consumers_.size() - 1));
+  }
+  if (qp_num > 0xffffff) return InvalidArgument("RegisterQp: qp_num exceeds 24 bits");
+  auto find = [&](void* native) -> CqRecord* {
+    auto it = cqs_by_native_.find(native);
+    return it == cqs_by_native_.end() ? nullptr : it->second;
+  };
+  CqRecord* send = find(send_native);
+  CqRecord* recv = find(recv_native);
+  if (send == nullptr || recv == nullptr) {
+    return NotFound("RegisterQp: qp_num " + Str(qp_num) + ": its " +
+                    (send == nullptr ? "send" : "recv") + " CQ is not polled by this runtime");
+  }
+  if (send->device != recv->device) {
+    return InvalidArgument("RegisterQp: send and recv CQs belong to different devices");
+  }
+  if (const ConsumerOptions& c = options_.consumers[consumer];
+      c.kind == ConsumerKind::kRunToCompletion && (send->shard != c.poller || recv->shard != c.poller)) {
+    return InvalidArgument("RegisterQp: consumer " + Str(consumer) +
+                           " runs to completion on poller " + Str(c.poller) +
+                           ", but the QP's " + (send->shard != c.poller ? "send" : "recv") +
+                           " CQ is on shard " +
+                           Str(send->shard != c.poller ? send->shard : recv->shard));
+  }
+  DeviceRecord* device = send->device;
+  if (device->qps.Lookup(qp_num) != nullptr) {
+    return AlreadyExists("RegisterQp: qp_num " + Str(qp_num) + " is already registered");
+  }
+  // The capacity guard: what the QP may have outstanding, plus a teardown marker per queue.
+  if (options.send_wrs < -1 || options.recv_wrs < -1) {
+    return InvalidArgument("RegisterQp: send_wrs and recv_wrs must be -1 (from the QP) or >= 0");
+  }
+  Result<backend::QpCaps> caps = device->backend->QueryQp(native_qp);
+  if (!caps.ok()) return Status(caps.status().code(), "RegisterQp: " + caps.status().message());
+  const uint64_t send_wrs =
+      static_cast<uint64_t>(options.send_wrs >= 0 ? options.send_wrs : caps->max_send_wr) + 1;
+  const uint64_t recv_wrs =
+      caps->srq ? 0
+                : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs
+                                                                : caps->max_recv_wr) + 1;
+  if (send == recv) {
+    if (Status s = Commit(send, send_wrs + recv_wrs, qp_num); !s.ok()) return s;
+  } else {
+    if (Status s = Commit(send, send_wrs, qp_num); !s.ok()) return s;
+    if (Status s = Commit(recv, recv_wrs, qp_num); !s.ok()) return s;
+  }
+  int64_t index = slots_.Allocate();
+  if (index == -1) {
+    return ResourceExhausted("RegisterQp: all " + Str(slots_.capacity()) +
+                             " registrations (max_registrations) are in use");
+  }
+  if (index < 0) return ResourceExhausted("RegisterQp: out of memory for registration slots");
+  Slot& slot = slots_.slot(static_cast<uint32_t>(index));
+  uint32_t generation = StateGeneration(slot.state.load(std::memory_order_relaxed));
+  slot.handler.store(&handler, std::memory_order_relaxed);
+  slot.qp_num.store(qp_num, std::memory_order_relaxed);
+  slot.device.store(device->id, std::memory_order_relaxed);
+  slot.send_cq.store(send->id, std::memory_order_relaxed);
+  slot.recv_cq.store(recv->id, std::memory_order_relaxed);
+  slot.send_shard.store(static_cast<uint16_t>(send->shard), std::memory_order_relaxed);
+  slot.recv_shard.store(static_cast<uint16_t>(recv->shard), std::memory_order_relaxed);
+  slot.qp.store(native_qp, std::memory_order_relaxed);
+  slot.teardown.store(nullptr, std::memory_order_relaxed);
+  slot.send_commit = static_cast<uint32_t>(send_wrs);
+  slot.recv_commit = static_cast<uint32_t>(recv_wrs);
+  send->committed += send_wrs;
+  recv->committed += recv_wrs;
+  // The pollers learn which consumer the CQs serve before the first completion can be routed.
+  pollers_[send->shard]->AddUse(send, consumer);
+  if (recv != send) pollers_[recv->shard]->AddUse(recv, consumer);
+  slot.state.store(MakeState(generation, consumer, true), std::memory_order_release);
+  device->qps.Set(qp_num, &slot);
+  ++send->registered_qps;
+  ++recv->registered_qps;
+  return RegisteredQp{static_cast<uint32_t>(index), generation, qp_num};
+}
+
+BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
+  Slot& slot = slots_.slot(index);
+  uint64_t state = slot.state.load(std::memory_order_relaxed);
+  if (!StateLiveAs(state, generation)) return {};  // not retired
+  uint32_t consumer = StateConsumer(state);
+  const uint32_t send_id = slot.send_cq.load(std::memory_order_relaxed);
+  const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
+  const uint32_t ids[2] = {send_id, recv_id};
+  const uint32_t commits[2] = {slot.send_commit, slot.recv_commit};
+  CqRecord* cqs[2] = {nullptr, nullptr};
+  for (int k = 0; k < 2; ++k) {
+    auto it = cqs_.find(ids[k]);
+    if (it != cqs_.end()) cqs[k] = it->second.get();
+  }
+  // Leftovers before the registration dies: a pass before this saw it live and draining and
+  // marked what it polled; a pass after finds the leftover first. (The other way round, a pass in
+  // between would take a marker for nobody's and orphan it, and its leftover would never go.)
+  const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  if (ending != nullptr) KeepLeftovers(*ending, qp_num, cqs, commits);
+  // Dead, with the next generation: items already routed with this one become orphans.
+  slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
+  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
+  if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
+  for (int k = 0; k < 2; ++k) {
+    CqRecord* cq = cqs[k];
+    if (cq == nullptr) continue;
+    --cq->registered_qps;
+    cq->committed -= commits[k];
+    if (k == 1 && recv_id == send_id) continue;  // one CQ for both: one use
+    pollers_[cq->shard]->DropUse(cq, consumer);
+  }
+  slot.teardown.store(nullptr, std::memory_order_release);
+  // What the pollers still hold for this registration becomes orphans now, so that a consumer
+  // that stopped draining does not keep CQs of others held back for QPs that are gone.
+  for (uint16_t shard : {slot.send_shard.load(std::memory_order_relaxed),
+                         slot.recv_shard.load(std::memory_order_relaxed)}) {
+    pollers_[shard]->PurgeDead(consumer);
+  }
+  // Its connection events still on their way go to the CmHandler now, in read order, wherever
+  // their parts wait (cm_router.h); they run there, or in HeldEvents after Shutdown.
+  events_->cm().Ended(index, generation);
+  return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
+}
+
+void RuntimeImpl::KeepLeftovers(const TeardownState& ending, uint32_t qp_num, CqRecord* const cqs[2],
+                                const uint32_t commits[2]) {
+  // Markers not polled yet are still in their CQ, behind what the QP flushed: the CQ keeps the
+  // commitment, and the poller keeps that (CQ, qp_num) from any later QP, until it polls them.
+  // An SRQ QP has no receive marker: on a CQ of its own its receive side is not covered.
+  const bool shared = cqs[0] == cqs[1];
+  Poller::MarkerSide send{cqs[0], ending.send_marker(), TeardownState::kSendMarker, commits[0]};
+  Poller::MarkerSide recv{cqs[1], ending.recv_marker(), TeardownState::kRecvMarker, commits[1]};
+  if (!(ending.markers & TeardownState::kRecvMarker) && shared) send.commit += recv.commit;
+  if ((ending.markers & TeardownState::kSendMarker) && send.cq != nullptr) {
+    pollers_[send.cq->shard]->KeepLeftovers(ending, qp_num, &send, 1);
+  }
+  if ((ending.markers & TeardownState::kRecvMarker) && recv.cq != nullptr) {
+    pollers_[recv.cq->shard]->KeepLeftovers(ending, qp_num, &recv, 1);
+  }
+}
+
+bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
+  if (OnRuntimeThread() || InLogSink()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
+  std::unique_lock<ControlMutex> lock(mu_);
+  const BatchTicket batch = Retire(index, generation, nullptr);
+  if (!batch.retired) return true;  // already gone
+  if (batch.seq != 0) {
+    lock.unlock();  // a handler in that batch may want mu_
+    while (!consumers_[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h
+    lock.lock();
+  }
+  slots_.Free(index);
+  lock.unlock();
+  // After Shutdown: CM events it handed on (cm_router.h), now, or after the batch of the handler
+  // calling this.
+  events_->cm().held().DeliverAllOrAfterBatch();
+  return true;
+}
+
+BatchTicket RuntimeImpl::RetireTeardown(TeardownState& state) noexcept {
+  std::lock_guard<ControlMutex> lock(mu_);
+  return Retire(state.slot, state.generation, &state);
+}
+
+bool RuntimeImpl::BatchOver(const BatchTicket& ticket) const noexcept {
+  return consumers_[ticket.consumer]->BatchOver(ticket.seq);
+}
+
+void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
+  std::lock_guard<ControlMutex> lock(mu_);
+  slots_.Free(index);
+}
+
+void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
+  const Slot& slot = slots_.slot(state.slot);
+  if (StateGeneration(slot.state.load(std::memory_order_acquire)) != state.generation) return;
+  AsyncEvent fence;
+  fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
+  fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  fence.device = slot.device.load(std::memory_order_relaxed);
+  std::vector<Poller*> pollers;
+  for (auto& p : pollers_) pollers.push_back(p.get());
+  PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*fence=*/true);
+}
+
+Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
+                                                               uint32_t generation,
+                                                               const TeardownOptions& options) {
+  CQD_REFUSE_ON_RUNTIME_THREAD("TeardownQp");
+  if (options.timeout.count() <= 0) return InvalidArgument("TeardownQp: timeout must be > 0");
+  if (options.last_wqe_grace.count() < 0) {
+    return InvalidArgument("TeardownQp: last_wqe_grace must not be negative");
+  }
+  std::unique_lock<ControlMutex> lock(mu_);
+  if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
+  Slot& slot = slots_.slot(index);
+  const uint64_t state = slot.state.load(std::memory_order_relaxed);
+  if (!StateLiveAs(state, generation)) {
+    return InvalidArgument("TeardownQp: the registration is no longer live");
+  }
+  if (StateDraining(state)) return FailedPrecondition("TeardownQp: already tearing down");
+  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
+  auto teardown = std::make_shared<TeardownState>();
+  teardown->worker = teardowns_.get();
+  teardown->slot = index;
+  teardown->generation = generation;
+  teardown->qp_num = slot.qp_num.load(std::memory_order_relaxed);
+  teardown->device = device->id;
+  teardown->deadline = TeardownState::After(TeardownState::Clock::now(), options.timeout);
+  teardown->last_wqe_grace = options.last_wqe_grace;
+  teardown->on_done = options.on_done;
+  if (device->failed.load(std::memory_order_acquire)) {
+    // Nothing flushes on a dead device: unregister at once (on the teardown thread).
+    teardown->end_with = Unavailable("TeardownQp: device " + device->backend->name() +
+                                     " has failed; unregistered without draining");
+    teardowns_->Add(teardown);
+    return teardown;
+  }
+  // Draining before the markers exist, so that the pollers recognize them.
+  const uint32_t consumer = StateConsumer(state);
+  if (consumers_[consumer]->kind() == ConsumerKind::kEngineDriven) {
+    teardown->drainer = &consumers_[consumer]->last_drainer();
+  }
+  slot.teardown.store(teardown.get(), std::memory_order_relaxed);
+  const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
+  slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
+  slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
+                   std::memory_order_seq_cst);
+  Result<backend::DrainStart> posted = device->backend->StartQpDrain(
+      slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
+  if (!posted.ok()) {
+    // No marker went out. Back to live; a batch that saw `draining` may still read the state
+    // through slot.teardown: wait for it (without mu_, as Unregister does) before it goes.
+    slot.state.store(state, std::memory_order_seq_cst);
+    lock.unlock();
+    consumers_[consumer]->WaitForBatchInProgress(index);
+    lock.lock();
+    if (slot.teardown.load(std::memory_order_relaxed) == teardown.get()) {
+      slot.teardown.store(nullptr, std::memory_order_release);
+    }
+    return Status(posted.status().code(), "TeardownQp: " + posted.status().message());
+  }
+  Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
+  // Without a receive marker (SRQ, or it could not be posted) the receive side is known to be
+  // flushed by LAST_WQE_REACHED or the grace period.
+  teardown->srq = *posted == backend::DrainStart::kSendMarkerOnly || (caps.ok() && caps->srq);
+  if (*posted == backend::DrainStart::kNothingOutstanding) {
+    teardown->end_with = Status::Ok();
+  } else {
+    teardown->markers = TeardownState::kSendMarker |
+                        (*posted == backend::DrainStart::kAllMarkers && !teardown->srq
+                             ? TeardownState::kRecvMarker
+                             : 0);
+  }
+  teardowns_->Add(teardown);
+  return teardown;
+}
+
+int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
+  if (consumer >= consumers_.size()) return -EINVAL;
+  Consumer& c = *consumers_[consumer];
+  if (c.kind() != ConsumerKind::kEngineDriven) return -EINVAL;
+  if (c.DispatchingHere()) return -EBUSY;  // from one of its own handlers
+  return max <= 0 ? 0 : c.Drain(max);
+}
+
+Result<int> RuntimeImpl::NotifyFd(ConsumerId consumer) {
+  if (consumer >= consumers_.size()) {
+    return InvalidArgument("NotifyFd: consumer " + Str(consumer) + " is not in 0.." +
+                           Str(consumers_.size() - 1));
+  }
+  if (consumers_[consumer]->kind() != ConsumerKind::kEngineDriven) {
+    return InvalidArgument("NotifyFd: consumer " + Str(consumer) +
+                           " is runtime-owned; only engine-driven consumers have a notify fd");
+  }
+  return consumers_[consumer]->notify_fd();
+}
+
+Stats RuntimeImpl::GetStats() const {
+  Stats stats;
+  stats.uptime_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - created_)
+                        .count();
+  for (const auto& poller : pollers_) stats.pollers.push_back(poller->stats());
+  for (const auto& consumer : consumers_) {
+    ConsumerStats c;
+    c.name = consumer->name();
+    c.delivered = consumer->delivered();
+    c.async_events = consumer->async_delivered();
+    c.queue_depth = consumer->depth();
+    c.high_water = consumer->high_water();
+    for (const auto& poller : pollers_) poller->AddSpillStats(consumer->index(), c);
+    if (consumer->latency() != nullptr) c.latency = consumer->latency()->Snapshot();
+    stats.consumers.push_back(std::move(c));
+  }
+  placement_.FillStats(stats);
+  if (OnRuntimeThread() || InLogSink()) return stats;  // the CQ part needs the mutex
+  std::lock_guard<ControlMutex> lock(mu_);
+  for (const auto& [id, cq] : cqs_) {
+    CqStats c;
+    c.id = id;
+    c.shard = cq->shard;
+    c.comp_vector = cq->comp_vector;
+    c.completions = cq->completions.load(std::memory_order_relaxed);
+    // Acked first (acquire, see CqRecord::Ack): an event is counted before it is acked, so the
+    // snapshot never shows more acked than read.
+    c.acked_events = cq->acked_events.load(std::memory_order_acquire);
+    c.events = cq->events.load(std::memory_order_relaxed);
+    c.ack_calls = cq->ack_calls.load(std::memory_order_relaxed);
+    c.poll_errors = cq->poll_errors.load(std::memory_order_relaxed);
+    stats.cqs.push_back(c);
+    stats.cq_events += c.events;
+    stats.cq_acked_events += c.acked_events;
+    stats.cq_ack_calls += c.ack_calls;
+  }
+  for (const auto& cq : released_) {  // adopted, released, still acked if an event comes
+    stats.cq_acked_events += cq->acked_events.load(std::memory_order_acquire);  // first, as above
+    stats.cq_events += cq->events.load(std::memory_order_relaxed);
+    stats.cq_ack_calls += cq->ack_calls.load(std::memory_order_relaxed);
+  }
+  stats.cq_events += gone_events_;
+  stats.cq_acked_events += gone_acked_;
+  stats.cq_ack_calls += gone_ack_calls_;
+  stats.orphans = orphans_.total();
+  stats.async_events = events_->async_events();
+  stats.failed_fds = events_->failed_fds();
+  stats.cm_events = events_->cm_events();
+  return stats;
+}
+
+Status RuntimeImpl::Shutdown() {
+  CQD_REFUSE_ON_RUNTIME_THREAD("Shutdown");
+  if (Consumer::OnConsumerThread()) {
+    return FailedPrecondition("Shutdown: called from a handler; it would wait for itself");
+  }
+  if (TeardownWorker::OnWorkerThread()) {
+    return FailedPrecondition(
+        "Shutdown: called from a teardown's on_done; it would wait for the thread running it");
+  }
+  std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
+  {
+    std::lock_guard<ControlMutex> lock(mu_);
+    if (shut_down_) return Status::Ok();
+    shut_down_ = true;  // from here TeardownQp is refused
+  }
+  // Not under mu_: the server's thread may be waiting for it in GetStats.
+  if (stats_server_ != nullptr) stats_server_->Stop();
+  // Pending teardowns end first (drained ones OK, the rest kCancelled), while the pollers and
+  // consumers they need to retire run, and before any join that could wait for a thread
+  // waiting for one. Then the event thread: what it read it already posted to the pollers. Then
+  // the pollers: they hand everything they hold to the consumers. Then the owned consumers,
+  // which dispatch everything queued before they exit.
+  teardowns_->Stop();
+  events_->Stop();
+  for (auto& poller : pollers_) poller->Stop();
+  for (auto& consumer : consumers_) consumer->Stop();
+  return Status::Ok();
+}
+
+}  // namespace cqd::internal

@@ -1,0 +1,154 @@
+// runtime/core/runtime_impl.h: the control path, and the owner of every runtime thread and record.
+//
+// The facade (runtime/facade, cqd/runtime.h) checks and converts what engines pass and forwards
+// here; this layer never sees the public handle types, only slots, ids and the backend seam.
+// Control-path calls serialize on `mu_`. They never hold it while waiting for a consumer (a
+// handler may itself be calling the control path), only while waiting for a poller or the event
+// thread, which never take it.
+#ifndef CQD_RUNTIME_CORE_RUNTIME_IMPL_H_
+#define CQD_RUNTIME_CORE_RUNTIME_IMPL_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cqd/handler.h"
+#include "cqd/options.h"
+#include "cqd/stats.h"
+#include "cqd/status.h"
+#include "cqd/types.h"
+#include "runtime/backend/device.h"
+#include "runtime/core/consumer.h"
+#include "runtime/core/event_loop.h"
+#include "runtime/base/log.h"
+#include "runtime/core/orphans.h"
+#include "runtime/base/placement.h"
+#include "runtime/core/poller.h"
+#include "runtime/core/records.h"
+#include "runtime/core/registry.h"
+#include "runtime/observe/stats_server.h"
+#include "runtime/core/teardown.h"
+#include "runtime/base/thread_role.h"
+
+namespace cqd::internal {
+
+// A registration made by RegisterQp (the facade wraps it in a cqd::Registration).
+struct RegisteredQp {
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  uint32_t qp_num = 0;
+};
+
+// A CQ made or adopted (the facade wraps it in a cqd::CqHandle).
+struct PolledCq {
+  uint64_t runtime = 0;  // the runtime's serial: tells its CQs from another runtime's
+  uint32_t id = 0;
+  int shard = 0;
+  DeviceId device = 0;
+  backend::Kind kind = backend::Kind::kVerbs;
+  void* native = nullptr;  // ibv_cq* or SimCq*, as `kind` says
+};
+
+class RuntimeImpl final : private TeardownHost {
+ public:
+  // `options` passed CheckOptions (options_check.h).
+  explicit RuntimeImpl(const RuntimeOptions& options);
+  ~RuntimeImpl();
+  Status Start();
+
+  // Adds `device` (destroyed here on failure); `op` names the public call in messages.
+  // kAlreadyExists if a device with the same native() was added.
+  Result<DeviceId> AddDevice(const char* op, std::unique_ptr<backend::Device> device,
+                             DeviceEventHandler* events);
+  // Returns the device's native() if it is of `kind`, else kInvalidArgument.
+  Result<void*> DeviceNative(const char* op, DeviceId device, backend::Kind kind);
+  // Returns the device added with this native(), or kNotFound.
+  Result<DeviceId> FindDevice(const char* op, void* native);
+  Result<PolledCq> CreateCq(DeviceId device, int shard, const CqOptions& options);
+  // The shard's channel as the backend knows it (ibv_comp_channel* or SimChannel*), if the
+  // device is of `kind`.
+  Result<void*> NativeChannel(const char* op, DeviceId device, int shard, backend::Kind kind);
+  // `native` is a CQ of `kind` (an ibv_cq* or a SimCq*); kInvalidArgument unless the device is
+  // of that kind too.
+  Result<PolledCq> AdoptCq(DeviceId device, int shard, backend::Kind kind, void* native,
+                           const CqOptions& options);
+  // `runtime` and `id` as PolledCq gave them.
+  Status DestroyCq(uint64_t runtime, uint32_t id);
+  // `qp` is the native QP (ibv_qp* or SimQp*); `send_cq` and `recv_cq` are native CQs.
+  Result<RegisteredQp> RegisterQp(uint32_t qp_num, void* qp, void* send_cq, void* recv_cq,
+                                  QpHandler& handler, ConsumerId consumer,
+                                  const QpOptions& options);
+  Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
+  Status UnwatchCmChannel(rdma_event_channel* channel);
+  // Routes the CM events of `id` to `registration` (just made by RegisterQp); false if memory
+  // ran out.
+  bool BindCm(rdma_cm_id* id, const RegisteredQp& registration);
+  // Returns false (and does nothing) on a poller or the event thread.
+  bool Unregister(uint32_t slot, uint32_t generation) noexcept;
+  // Starts a drained teardown of the registration; see Runtime::TeardownQp.
+  Result<std::shared_ptr<TeardownState>> TeardownQp(uint32_t slot, uint32_t generation,
+                                                    const TeardownOptions& options);
+  int Drain(ConsumerId consumer, int max) noexcept;
+  Result<int> NotifyFd(ConsumerId consumer);
+  Stats GetStats() const;
+  Status Shutdown();
+
+ private:
+  // TeardownHost (teardown.h), on the teardown thread.
+  BatchTicket RetireTeardown(TeardownState& state) noexcept override;
+  bool BatchOver(const BatchTicket& ticket) const noexcept override;
+  void FreeSlot(uint32_t slot) noexcept override;
+  void PostFence(const TeardownState& state) noexcept override;
+
+  // All require mu_.
+  // Ends the registration (slot, generation) without waiting for its consumer: it is dead and
+  // unroutable, its CQ uses and commitments dropped, what the pollers hold for it orphaned. With
+  // `ending` (a teardown that ended), its markers not polled yet become the pollers' leftovers.
+  // Returns the batch to wait out before the slot is freed; `retired` false if it was gone.
+  BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending);
+  void KeepLeftovers(const TeardownState& ending, uint32_t qp_num, CqRecord* const cqs[2],
+                     const uint32_t commits[2]);
+  // The device `id`, if the runtime runs and `shard` is one of its shards.
+  Result<DeviceRecord*> FindShard(const char* op, DeviceId id, int shard);
+  Result<PolledCq> AddCq(std::unique_ptr<CqRecord> record);
+  // Commits `wrs` more work requests on `cq`, growing it if allowed; kResourceExhausted if not.
+  Status Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num);
+  // Moves a destroyed CQ's event counters into the runtime totals.
+  void RetireCounters(const CqRecord& cq);
+
+  const RuntimeOptions options_;
+  const uint64_t serial_;  // tells this runtime's CqHandles from another's
+  const Logger log_;       // RuntimeOptions::log; before every thread that logs
+  const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
+  mutable ControlMutex mu_;  // thread_role.h: served while a run-to-completion poller waits
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;  // guarded by mu_
+  SlotPool slots_;
+  OrphanSink orphans_;
+  // Declared before the pollers and the event loop: their producer tokens must go first.
+  std::vector<std::unique_ptr<Consumer>> consumers_;
+  std::vector<std::unique_ptr<Poller>> pollers_;
+  std::unique_ptr<EventLoop> events_;
+  std::unique_ptr<TeardownWorker> teardowns_;
+  std::vector<std::unique_ptr<DeviceRecord>> devices_;           // id - 1
+  std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;            // by id
+  std::unordered_map<void*, CqRecord*> cqs_by_native_;
+  // Adopted, released: still acked (and counted) if an event comes.
+  std::vector<std::unique_ptr<CqRecord>> released_;
+  uint32_t next_cq_id_ = 1;
+  // Event counters of destroyed CQs (guarded by mu_).
+  uint64_t gone_events_ = 0;
+  uint64_t gone_acked_ = 0;
+  uint64_t gone_ack_calls_ = 0;
+  // NUMA placement of the threads and completion vectors of CQs (placement.h; own mutex).
+  Placement placement_{options_};
+  // RuntimeOptions::stats_socket. Last: its thread calls GetStats, so it goes first.
+  std::unique_ptr<StatsServer> stats_server_;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_CORE_RUNTIME_IMPL_H_

@@ -1,0 +1,181 @@
+#include "runtime/core/teardown.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "runtime/base/pinning.h"
+
+namespace cqd::internal {
+namespace {
+
+thread_local bool tls_teardown_worker = false;
+
+// How often the worker looks again at a consumer batch it waits out (it never blocks on one).
+constexpr std::chrono::microseconds kBatchRecheck{200};
+
+}  // namespace
+
+bool TeardownWorker::OnWorkerThread() noexcept { return tls_teardown_worker; }
+
+TeardownWorker::~TeardownWorker() { Stop(); }
+
+void TeardownWorker::Start() {
+  thread_ = std::thread([this] {
+    tls_teardown_worker = true;
+    PinAndNameThread(-1, "cqd-teardown");
+    Run();
+  });
+}
+
+void TeardownWorker::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.push_back(std::move(state));
+    noted_ = true;  // its deadline is new
+  }
+  cv_.notify_all();
+}
+
+void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
+  state->seen.fetch_or(what, std::memory_order_acq_rel);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    noted_ = true;
+  }
+  cv_.notify_all();
+}
+
+void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::find(failed_devices_.begin(), failed_devices_.end(), device) ==
+        failed_devices_.end()) {
+      failed_devices_.push_back(device);  // at most one entry per device
+    }
+    noted_ = true;
+  }
+  cv_.notify_all();
+}
+
+void TeardownWorker::Run() {
+  using Clock = TeardownState::Clock;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // Decide, under the lock, which teardowns end now and why.
+    const Clock::time_point now = Clock::now();
+    Clock::time_point wake = Clock::time_point::max();
+    std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
+    std::vector<std::shared_ptr<TeardownState>> fencing;
+    for (auto& state : active_) {
+      const bool send_seen =
+          (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
+      if (state->srq && send_seen && state->grace_ends == Clock::time_point{}) {
+        state->grace_ends = TeardownState::After(now, state->last_wqe_grace);
+      }
+      const bool device_failed = std::find(failed_devices_.begin(), failed_devices_.end(),
+                                           state->device) != failed_devices_.end();
+      if (state->end_with) {
+        ending.emplace_back(state, *state->end_with);
+      } else if (state->Drained()) {
+        ending.emplace_back(state, Status::Ok());
+      } else if (device_failed) {
+        ending.emplace_back(state, Unavailable("TeardownQp: the device failed (DEVICE_FATAL) "
+                                               "before the QP drained; unregistered anyway"));
+      } else if (stop_) {
+        ending.emplace_back(state, Cancelled("TeardownQp: the runtime shut down before QP "
+                                             "slot " + std::to_string(state->slot) +
+                                             " drained"));
+      } else if (now >= state->deadline) {
+        ending.emplace_back(state, DeadlineExceeded(
+                                       "TeardownQp: the QP's work did not flush back before "
+                                       "the deadline; unregistered anyway"));
+      } else {
+        if (state->srq && send_seen && !state->fence_posted) {
+          if (now >= state->grace_ends) {
+            // The device sends no LAST_WQE_REACHED: stand in for it with a fence that follows
+            // every completion now in the QP's CQs (as an event would), noted like one.
+            state->fence_posted = true;
+            fencing.push_back(state);
+          } else {
+            wake = std::min(wake, state->grace_ends);
+          }
+        }
+        wake = std::min(wake, state->deadline);
+      }
+    }
+    for (auto& [state, result] : ending) std::erase(active_, state);
+    const bool stopping = stop_;
+    noted_ = false;
+    // Without the lock: retiring takes the runtime mutex and waits for pollers, whose
+    // consumers' Note takes mu_; on_done may call the runtime.
+    lock.unlock();
+    for (auto& state : fencing) host_.PostFence(*state);
+    for (auto& [state, result] : ending) {
+      if (result.code() == StatusCode::kDeadlineExceeded && log_ != nullptr && log_->enabled()) {
+        char qp[16];
+        snprintf(qp, sizeof(qp), "0x%x", state->qp_num);
+        log_->Warning(std::string("TeardownQp of qp_num ") + qp +
+                      ": its work did not flush back before the deadline; unregistered anyway");
+      }
+      const BatchTicket batch = host_.RetireTeardown(*state);
+      retired_.push_back({state, std::move(result), batch});
+    }
+    const bool waiting_on_batches = FinishRetired();
+    lock.lock();
+    if (stopping && active_.empty() && !waiting_on_batches) return;
+    if (noted_ || !ending.empty() || !fencing.empty()) continue;  // look again at once
+    if (waiting_on_batches) {
+      wake = std::min(wake, Clock::now() + kBatchRecheck);
+    } else if (stopping) {
+      continue;
+    }
+    if (wake == Clock::time_point::max()) {  // nothing is due (no teardown, or no deadline)
+      cv_.wait(lock, [&] { return noted_ || stop_; });  // Add, Note and Stop set them
+    } else {
+      cv_.wait_until(lock, wake, [&] { return noted_ || (stop_ && !stopping); });
+    }
+  }
+}
+
+bool TeardownWorker::FinishRetired() {
+  // Not erased in place: on_done may add teardowns, never retired ones (only Run retires).
+  std::vector<Ending> over;
+  std::erase_if(retired_, [&](Ending& e) {
+    if (e.batch.retired && e.batch.seq != 0 && !host_.BatchOver(e.batch)) return false;
+    over.push_back(std::move(e));
+    return true;
+  });
+  for (Ending& e : over) {
+    if (e.batch.retired) host_.FreeSlot(e.state->slot);
+    Publish(e.state, e.result);
+  }
+  return !retired_.empty();
+}
+
+void TeardownWorker::Publish(const std::shared_ptr<TeardownState>& state, const Status& result) {
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->done = true;
+    state->result = result;
+  }
+  state->cv.notify_all();
+  if (state->on_done) {
+    try {
+      state->on_done(result);
+    } catch (...) {  // an engine callback must not take the worker thread down
+    }
+  }
+}
+
+}  // namespace cqd::internal

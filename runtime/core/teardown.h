@@ -1,0 +1,171 @@
+// runtime/core/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends them.
+//
+// A teardown's life: the control path marks the registration "draining" (registry.h), moves the
+// QP to the error state and posts marker work requests whose wr_ids are the TeardownState's
+// address (send) and address + 1 (recv). A poller that routes a completion of a draining QP
+// with a marker wr_id records it in `polled` and queues it as a kTeardownMarker item, in order
+// behind the QP's flushed completions; the consumer, on reaching it, calls Note().
+// LAST_WQE_REACHED events of a draining QP are noted the same way after the handler got them. On
+// a device that never sends it, once the send marker is back and last_wqe_grace has passed, the
+// worker sends a fence instead: an internal event through the pollers of the QP's CQs, which
+// follows every completion in them, noted as LAST_WQE_REACHED.
+//
+// The TeardownWorker thread ends each teardown exactly once: drained (OK), device failure
+// (kUnavailable), deadline (kDeadlineExceeded) or shutdown (kCancelled). Ending takes two steps,
+// neither of which blocks the worker on a consumer, so that one teardown never holds up another
+// one's deadline:
+//   1. Retire (TeardownHost): the registration dies (nothing is routed to it any more), and the
+//      markers that no poller has taken off the CQs yet become leftovers of their poller
+//      (poller.h): until the marker is polled, the CQ keeps the QP's commitment and whatever
+//      that CQ yields for the qp_num goes to the orphan sink, never to a later QP of that number.
+//   2. Once the consumer's batch that may still call the QP's handler is over (polled by the
+//      worker, never waited for), the slot is freed, the result published, on_done called.
+//
+// Threading: TeardownState's `seen` is set by consumers and `polled` by pollers (atomics);
+// everything else in it is written before it is shared (control path, under the runtime mutex),
+// owned by the worker thread, or guarded by its `mu`. The worker's lists are guarded by its own
+// mutex; consumers take that mutex only in Note(), the event thread only in DeviceFailed().
+#ifndef CQD_RUNTIME_CORE_TEARDOWN_H_
+#define CQD_RUNTIME_CORE_TEARDOWN_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "cqd/status.h"
+#include "runtime/base/log.h"
+
+namespace cqd::internal {
+
+class TeardownWorker;
+
+struct alignas(8) TeardownState {
+  using Clock = std::chrono::steady_clock;
+  static constexpr uint32_t kSendMarker = 1;
+  static constexpr uint32_t kRecvMarker = 2;
+  static constexpr uint32_t kLastWqe = 4;
+
+  // Set by the control path before the state is shared.
+  TeardownWorker* worker = nullptr;
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  uint32_t qp_num = 0;    // for log messages
+  uint32_t device = 0;    // DeviceId: a DEVICE_FATAL of it ends the teardown
+  uint32_t markers = 0;   // k*Marker bits of the markers that were posted
+  bool srq = false;  // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
+  Clock::time_point deadline;
+  std::chrono::milliseconds last_wqe_grace{0};  // TeardownOptions::last_wqe_grace
+  std::function<void(const Status&)> on_done;
+  std::optional<Status> end_with;  // end at once with this result (nothing can drain)
+  // An engine-driven consumer's "last drainer" token (Consumer::last_drainer), or null: Wait on
+  // the thread that drains the QP's consumer would wait for itself. Valid while not done.
+  const std::atomic<uintptr_t>* drainer = nullptr;
+
+  // Returns t + d, or the latest time point where that would overflow (so that a timeout of
+  // milliseconds::max() means "no deadline").
+  static Clock::time_point After(Clock::time_point t, std::chrono::milliseconds d) noexcept {
+    const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+        Clock::time_point::max() - t);
+    return d >= room ? Clock::time_point::max() : t + d;
+  }
+
+  std::atomic<uint32_t> seen{0};    // k* bits, set by the QP's consumer
+  std::atomic<uint32_t> polled{0};  // k*Marker bits, set by the poller that took the marker
+  Clock::time_point grace_ends;     // worker-owned: set when the send marker is seen (SRQ)
+  bool fence_posted = false;        // worker-owned: the grace ran out and a fence stands in
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;  // guarded by mu
+  Status result;      // guarded by mu
+
+  uint64_t send_marker() const noexcept { return reinterpret_cast<uint64_t>(this); }
+  uint64_t recv_marker() const noexcept { return send_marker() + 1; }
+  // True once everything the QP had posted has flushed back through the handler.
+  bool Drained() const noexcept {
+    uint32_t s = seen.load(std::memory_order_acquire);
+    if (!(s & kSendMarker)) return false;
+    return srq ? (s & kLastWqe) != 0 : (s & kRecvMarker) != 0;
+  }
+};
+
+// What retiring a registration left to wait for: the consumer batch that may still call its
+// handler, over once the consumer's batch sequence has moved on from `seq` (0: there is none).
+// `retired` is false if the registration was already gone (nothing to free).
+struct BatchTicket {
+  bool retired = false;
+  uint32_t consumer = 0;
+  uint64_t seq = 0;
+};
+
+// What the worker needs of the runtime. Each runs on the worker thread; none waits for a
+// consumer.
+class TeardownHost {
+ public:
+  virtual ~TeardownHost() = default;
+  // Step 1 of an end (see above). Returns the batch to wait for before step 2.
+  virtual BatchTicket RetireTeardown(TeardownState& state) noexcept = 0;
+  virtual bool BatchOver(const BatchTicket& ticket) const noexcept = 0;
+  // Step 2's bookkeeping: the slot may be reused.
+  virtual void FreeSlot(uint32_t slot) noexcept = 0;
+  // Sends the registration's consumer a fence through the pollers of its CQs, which the consumer
+  // notes as kLastWqe.
+  virtual void PostFence(const TeardownState& state) noexcept = 0;
+};
+
+class TeardownWorker {
+ public:
+  explicit TeardownWorker(TeardownHost& host) : host_(host) {}
+  ~TeardownWorker();
+  TeardownWorker(const TeardownWorker&) = delete;
+  TeardownWorker& operator=(const TeardownWorker&) = delete;
+
+  // Before Start: where to log teardowns that ran out of time (may stay unset).
+  void set_logger(const Logger* log) { log_ = log; }
+  void Start();
+  // Ends every teardown still running (drained ones OK, the rest kCancelled), lets each finish
+  // (its consumer's batch over, on_done called) and joins. Consumers must still be running.
+  // Must not be called on the worker thread (on_done).
+  void Stop();
+  // Control path: tracks a started teardown until it ends.
+  void Add(std::shared_ptr<TeardownState> state);
+  // Consumer thread: the QP's consumer reached a marker or LAST_WQE_REACHED (`what`).
+  void Note(TeardownState* state, uint32_t what) noexcept;
+  // Event thread: `device` raised DEVICE_FATAL; its teardowns end kUnavailable.
+  void DeviceFailed(uint32_t device) noexcept;
+  // True on the worker thread (inside on_done).
+  static bool OnWorkerThread() noexcept;
+
+ private:
+  struct Ending {
+    std::shared_ptr<TeardownState> state;
+    Status result;
+    BatchTicket batch;
+  };
+  void Run();
+  // Step 2 for every retired teardown whose batch is over; returns true if any remain.
+  bool FinishRetired();
+  void Publish(const std::shared_ptr<TeardownState>& state, const Status& result);
+
+  TeardownHost& host_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_
+  std::vector<uint32_t> failed_devices_;                // guarded by mu_
+  bool noted_ = false;                                  // guarded by mu_
+  bool stop_ = false;                                   // guarded by mu_
+  std::vector<Ending> retired_;                         // worker thread only
+  std::thread thread_;
+  const Logger* log_ = nullptr;
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_CORE_TEARDOWN_H_
