@@ -103,7 +103,7 @@ void HandOnRig::Route(int k) {
   join->cm.id = id.id();
   join->watch = watch_;
   watch_->unfinished.fetch_add(1, std::memory_order_relaxed);
-  router_->Route(join);
+  router_->RouteEvent(join);
 }
 
 void HandOnRig::StopLikeShutdown() {

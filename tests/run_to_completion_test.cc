@@ -376,7 +376,7 @@ TEST(RunToCompletion, OrphanHandlerOnThePollerMayNotCallTheRuntime) {
 // Completions polled before Shutdown reach their handlers; nothing is lost.
 TEST(RunToCompletion, ShutdownDeliversWhatWasPolled) {
   RuntimeOptions options = RtcOptions(1, /*busy=*/true);
-  options.consumers[0].queue_capacity = 64;  // much waits in the poller's outbox and the CQ
+  options.consumers[0].queue_capacity = 64;  // much waits in the poller's spill and the CQ
   SimTopology topo;
   CQD_ASSERT_OK(topo.Build(options, 1, 1));
   SimQp* qp = topo.qps[0];

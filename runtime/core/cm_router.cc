@@ -35,68 +35,6 @@ void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
 
 }  // namespace
 
-void EventJoin::Finish() noexcept {
-  if (finished_ || watch == nullptr) return;
-  finished_ = true;
-  watch->unfinished.fetch_sub(1, std::memory_order_release);
-}
-
-void PostToListener(EventJoin* join) noexcept {
-  join->holds.fetch_add(1, std::memory_order_relaxed);
-  join->cm.qp_num = 0;
-  Item item;
-  item.join = join;
-  item.slot = kNoSlot;
-  item.kind = ItemKind::kListenerEvent;
-  CmWatch* watch = join->watch;
-  if (!watch->poller->PostEvent(watch->consumer, item, 0, 0)) watch->held->Push(join);
-}
-
-// ---- HeldEvents ----
-
-void HeldEvents::Push(EventJoin* join) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  join->next_held = nullptr;
-  (last_ != nullptr ? last_->next_held : first_) = join;
-  last_ = join;
-  any_.store(true, std::memory_order_release);
-}
-
-void HeldEvents::DeliverAll() noexcept {
-  if (!any_.load(std::memory_order_acquire)) return;
-  std::unique_lock<std::mutex> lock(mu_);
-  if (delivering_) return;  // that thread runs ours too, before it stops
-  delivering_ = true;
-  while (first_ != nullptr) {
-    EventJoin* join = first_;
-    first_ = join->next_held;
-    if (first_ == nullptr) last_ = nullptr;
-    lock.unlock();
-    join->watch->handler->OnCmEvent(join->cm);
-    join->Finish();
-    EventJoin::ReleaseHold(join);
-    lock.lock();
-  }
-  any_.store(false, std::memory_order_relaxed);
-  delivering_ = false;
-}
-
-void HeldEvents::DeliverAllOrAfterBatch() noexcept {
-  if (!any_.load(std::memory_order_acquire)) return;
-  if (Consumer::DeferHeldEvents(this)) return;
-  DeliverAll();
-}
-
-void HeldEvents::DropAll() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
-  while (first_ != nullptr) {
-    EventJoin* join = first_;
-    first_ = join->next_held;
-    EventJoin::ReleaseHold(join);
-  }
-  last_ = nullptr;
-  any_.store(false, std::memory_order_relaxed);
-}
 
 // ---- CmBinding ----
 
@@ -148,7 +86,7 @@ CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmB
   if (!live && first_ == nullptr && !delivering_) return Admission::kEnded;
   join->kind = EventJoin::Kind::kCm;
   join->cm.qp_num = qp_num_;
-  join->binding = self;
+  join->gate = self;
   join->holds.store(live ? 2 : 1, std::memory_order_relaxed);  // the list's, and the route's
   join->next = nullptr;
   (last_ != nullptr ? last_->next : first_) = join;
@@ -156,7 +94,7 @@ CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmB
   return live ? Admission::kRouted : Admission::kWaiting;
 }
 
-CmBinding::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexcept {
+CmEventGate::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (join->left) return Arrival::kDone;  // handed on already: this was a stale part
   if (!ended_ && slot != nullptr && LiveIn(*slot)) {
@@ -245,28 +183,28 @@ void CmRouter::Ended(uint32_t slot, uint32_t generation) noexcept {
   binding->End();
 }
 
-CmRouter::DrainResult CmRouter::Drain(CmWatch& watch) {
+CmRouter::ReadResult CmRouter::Read(CmWatch& watch) {
   for (;;) {
     if (watch.unfinished.load(std::memory_order_acquire) >= watch.limit) {
-      return DrainResult::kFull;
+      return ReadResult::kFull;
     }
     // Made before the read, so that running out of memory leaves the event in the channel.
     auto* join = new (std::nothrow) EventJoin;
-    if (join == nullptr) return DrainResult::kFull;
+    if (join == nullptr) return ReadResult::kFull;
     rdma_cm_event* raw = nullptr;
     if (rdma_get_cm_event(watch.channel, &raw) != 0) {
       const int error = errno;
       delete join;
       if (error == EINTR) continue;
       errno = error;  // for the caller's log
-      return error == EAGAIN || error == EWOULDBLOCK ? DrainResult::kEmpty : DrainResult::kBroken;
+      return error == EAGAIN || error == EWOULDBLOCK ? ReadResult::kEmpty : ReadResult::kBroken;
     }
     CopyEvent(*raw, &join->cm);
     rdma_ack_cm_event(raw);  // everything needed is copied
     events_.fetch_add(1, std::memory_order_relaxed);
     watch.unfinished.fetch_add(1, std::memory_order_relaxed);
     join->watch = &watch;
-    Route(join);
+    RouteEvent(join);
   }
 }
 
@@ -290,7 +228,7 @@ bool BeforeRegistration(rdma_cm_event_type type) {
 
 }  // namespace
 
-void CmRouter::Route(EventJoin* join) {
+void CmRouter::RouteEvent(EventJoin* join) {
   auto it = bindings_.find(join->cm.id);
   if (it != bindings_.end() && !BeforeRegistration(join->cm.type)) {
     const std::shared_ptr<CmBinding> binding = it->second;

@@ -55,54 +55,16 @@
 #include <vector>
 
 #include "cqd/handler.h"
-#include "runtime/core/consumer.h"
-#include "runtime/core/event_route.h"
+#include "runtime/core/event_join.h"
 #include "runtime/core/registry.h"
 
 namespace cqd::internal {
 
 class Poller;
 
-// CM events for CmHandlers whose consumer has closed (see above).
-class HeldEvents {
- public:
-  // Any thread, under any runtime lock: `join` (holding one hold) waits here.
-  void Push(EventJoin* join) noexcept;
-  // A thread that holds no runtime lock and is in no dispatch batch: runs the CmHandler of each
-  // event held, unless another thread is doing so (that one runs them all). Returns at once when
-  // none is held.
-  void DeliverAll() noexcept;
-  // The same, except on a thread inside a dispatch batch: there the outermost batch runs them
-  // once it is over (Consumer::RunBatch).
-  void DeliverAllOrAfterBatch() noexcept;
-  // Destruction: drops what is held.
-  void DropAll() noexcept;
-
- private:
-  std::mutex mu_;
-  EventJoin* first_ = nullptr;  // guarded by mu_, linked by next_held
-  EventJoin* last_ = nullptr;
-  bool delivering_ = false;     // guarded by mu_
-  std::atomic<bool> any_{false};
-};
-
-struct CmWatch {
-  rdma_event_channel* channel = nullptr;
-  CmHandler* handler = nullptr;
-  uint32_t consumer = 0;
-  Poller* poller = nullptr;     // listener events travel through it
-  HeldEvents* held = nullptr;   // where they wait once the consumer has closed
-  int64_t limit = 0;            // events read and not yet delivered, at most
-  std::atomic<int64_t> unfinished{0};
-};
-
-// Any thread: sends `join` (kCm or kListener) to its channel's CmHandler, through the channel's
-// poller, or into HeldEvents if the CmHandler's consumer has closed. Adds the hold it takes.
-void PostToListener(EventJoin* join) noexcept;
-
 // An id's binding to the registration it was registered with, and the events routed to that
 // registration that have not left yet (see above).
-class CmBinding {
+class CmBinding final : public CmEventGate {
  public:
   CmBinding(const EventRoute& route, uint32_t qp_num) : route_(route), qp_num_(qp_num) {}
   CmBinding(const CmBinding&) = delete;
@@ -113,23 +75,15 @@ class CmBinding {
   enum class Admission { kRouted, kWaiting, kEnded };
   // Event thread: `join` was read for this binding's id. kRouted: the registration is live; the
   // join is listed (kind kCm; holds: the list's and the route's) and the caller posts it along
-  // route(). kWaiting: the
-  // binding has ended but events before it still wait for a delivery under way; it is listed
+  // route(). kWaiting: the binding has ended but events before it still wait for a delivery under way; it is listed
   // and will be handed on behind them. kEnded: the caller hands it on itself (and may forget the
   // binding).
   Admission Admit(EventJoin* join, const std::shared_ptr<CmBinding>& self, const SlotPool& slots);
-  enum class Arrival { kDeliver, kDone };
-  // The last part of listed `join` was released, by its consumer (`slot` is the registration's
-  // slot) or by a thread dropping it (`slot` null). kDeliver: the registration is live (read
-  // under the lock, seq_cst, as consumer.h requires before a handler call); the caller delivers
-  // to the QP's handler, drops the route's hold and then calls Delivered(). kDone: it had left
-  // already, or the binding ends now and it is handed on with every other event listed (or
-  // stays listed until the delivery under way returns); the caller drops the route's hold.
-  // Callers hold a reference to the binding across these calls: a join may be freed inside.
-  Arrival Arrived(EventJoin* join, const Slot* slot) noexcept;
-  void Delivered() noexcept;
-  // Runtime destruction: `join` (its last part released) leaves without being delivered.
-  void Drop(EventJoin* join) noexcept;
+  // CmEventGate (event_join.h). kDone also when the binding ends now: the join is handed on
+  // with every other event listed, or stays listed until the delivery under way returns.
+  Arrival Arrived(EventJoin* join, const Slot* slot) noexcept override;
+  void Delivered() noexcept override;
+  void Drop(EventJoin* join) noexcept override;
   // Any thread: the registration ended. Hands on every event listed, now or once the delivery
   // under way returns. Returns true if nothing waits (the binding may be forgotten).
   bool End() noexcept;
@@ -167,14 +121,14 @@ class CmRouter {
   // Any thread (Retire, with the registration already dead): ends the registration's binding,
   // if it has one. Does not run handlers.
   void Ended(uint32_t slot, uint32_t generation) noexcept;
-  enum class DrainResult { kEmpty, kFull, kBroken };
+  enum class ReadResult { kEmpty, kFull, kBroken };
   // Event thread. Reads and routes `watch`'s events until the channel is empty (kEmpty), the
   // watch's limit is reached (kFull: read again once it is below), or reading failed with
   // anything but EAGAIN/EINTR (kBroken: unwatch it).
-  DrainResult Drain(CmWatch& watch);
+  ReadResult Read(CmWatch& watch);
   // Event thread: routes `join`, an event read from join->watch and counted there (Drain's
   // second half; tests route made-up events with it).
-  void Route(EventJoin* join);
+  void RouteEvent(EventJoin* join);
 
   HeldEvents& held() { return held_; }
   uint64_t events() const { return events_.load(std::memory_order_relaxed); }

@@ -1,6 +1,5 @@
 #include "runtime/core/consumer.h"
 
-#include "runtime/core/cm_router.h"
 #include "runtime/core/teardown.h"
 #include "runtime/base/pinning.h"
 #include "runtime/base/thread_role.h"
@@ -278,14 +277,14 @@ void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
 
 void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
   // Ours: the join (and its reference) may go while the binding is in use.
-  const std::shared_ptr<CmBinding> binding = join->binding;
+  const std::shared_ptr<CmEventGate> gate = join->gate;
   HeldEvents* held = join->watch->held;  // read now: the join may go
-  if (binding->Arrived(join, &slot) == CmBinding::Arrival::kDeliver) {
+  if (gate->Arrived(join, &slot) == CmEventGate::Arrival::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCmEvent(join->cm);
     CountEvent();
     join->Finish();
     EventJoin::ReleaseHold(join);  // the route's
-    binding->Delivered();
+    gate->Delivered();
   } else {
     EventJoin::ReleaseHold(join);  // the route's
   }
@@ -328,20 +327,6 @@ void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
                                        : TeardownState::kRecvMarker);
 }
 
-void Consumer::DropEventPart(EventJoin* join, bool hand_on) noexcept {
-  if (!join->ReleasePart()) return;
-  if (join->kind != EventJoin::Kind::kCm) {
-    delete join;
-    return;
-  }
-  const std::shared_ptr<CmBinding> binding = join->binding;  // the join may go first
-  if (hand_on) {
-    binding->Arrived(join, nullptr);  // never kDeliver without a slot
-  } else {
-    binding->Drop(join);
-  }
-  EventJoin::ReleaseHold(join);  // the route's
-}
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
 
@@ -427,7 +412,7 @@ void Consumer::OrphanRemaining() noexcept {
       if (meta_[k].kind == ItemKind::kCompletion) {
         orphans_.Take({&wcs_[k], 1});
       } else if (meta_[k].kind == ItemKind::kAsyncEvent) {
-        DropEventPart(meta_[k].join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+        ReleaseEventPart(meta_[k].join, /*hand_on=*/false);  // no thread is left to run a CmHandler
       } else if (meta_[k].kind == ItemKind::kListenerEvent) {
         EventJoin::ReleaseHold(meta_[k].join);
       }

@@ -1,15 +1,15 @@
 // runtime/core/consumer.h: a consumer's queue and the dispatch of queued items to handlers.
 //
 // Producers are the pollers only: each holds a moodycamel ProducerToken per consumer and hands
-// over slices from its outbox (outbox.h) with bulk enqueues. Async events reach the consumer
+// over slices from its spill (spill.h) with bulk enqueues. Async events reach the consumer
 // through the pollers of the QP's CQs too, so that one producer's FIFO order puts an event
 // behind every completion that poller took off the QP's CQ before it. Depth is reserved before
 // enqueue (ReserveUpTo) and released after dequeue, so `depth` never undercounts and the queue
 // never holds more than `queue_capacity` items (Shutdown's final hand-over excepted): a full
-// consumer makes pollers keep items in their outboxes, never drop them. A run-to-completion
+// consumer makes pollers keep items in their spills, never drop them. A run-to-completion
 // consumer's own poller skips the queue while it is empty: it dispatches straight from its
-// outbox (LoadBatch, DispatchLoaded), and queues only what the outbox cannot hold. What it queued
-// is older than what its outbox holds, so the queue goes first and each QP's order stays.
+// spill (LoadBatch, DispatchLoaded), and queues only what the spill cannot hold. What it queued
+// is older than what its spill holds, so the queue goes first and each QP's order stays.
 //
 // Dispatch() and DispatchLoaded() run on the consumer's thread only (the owned thread, the engine
 // thread calling Drain, or for kRunToCompletion its poller's thread). Before a batch's first
@@ -38,6 +38,7 @@
 #include "runtime/observe/latency.h"
 #include "runtime/core/orphans.h"
 #include "runtime/base/parker.h"
+#include "runtime/core/event_join.h"
 #include "runtime/core/registry.h"
 
 namespace cqd::internal {
@@ -47,63 +48,6 @@ namespace cqd::internal {
 // kListenerEvent: a CM event for a channel's CmHandler (EventJoin kind kListener; slot kNoSlot).
 enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker, kListenerEvent };
 inline constexpr uint32_t kNoSlot = ~uint32_t{0};
-
-struct CmWatch;     // cm_router.h
-class CmBinding;    // cm_router.h
-class HeldEvents;   // cm_router.h
-
-// One event for one registration, travelling as one part per poller of the QP's CQs (one, or two
-// when its send and recv CQs are on different shards). Each part follows what its poller took
-// off the CQs before it; the consumer delivers the event when it dequeues the last part, so
-// after everything either poller had taken. Made by the event thread (or a teardown, for a
-// fence).
-//
-// An async event or fence is freed by whoever releases its last part (the consumer, or a poller
-// purging a dead registration's items). A CM event (kCm, kListener) has up to three holders at
-// once: its binding's list (until it leaves, cm_router.h), its route's parts (until the last is
-// released) and, once handed on to its channel's CmHandler, a listener item; `holds` counts them
-// and the last to let go frees it.
-struct EventJoin {
-  enum class Kind : uint8_t {
-    kAsync,     // `event` for QpHandler::OnAsyncEvent
-    kFence,     // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
-    kCm,        // `cm` for QpHandler::OnCmEvent (or, handed on, for the CmHandler of `watch`)
-    kListener,  // `cm` for the CmHandler of `watch`
-  };
-  EventJoin() = default;
-  EventJoin(const EventJoin&) = delete;
-  EventJoin& operator=(const EventJoin&) = delete;
-  ~EventJoin() { Finish(); }
-  Kind kind = Kind::kAsync;
-  AsyncEvent event;
-  CmEvent cm;
-  CmWatch* watch = nullptr;                // kCm, kListener: the channel the event came from
-  std::shared_ptr<CmBinding> binding;      // kCm: the id's registration, as bound
-  std::atomic<int> parts{0};
-  std::atomic<int> holds{0};               // kCm, kListener (see above)
-  // kCm, guarded by binding's lock: the binding's next event in read order; and whether this one
-  // has left the binding (delivered to the QP's handler, or handed on).
-  EventJoin* next = nullptr;
-  bool left = false;
-  EventJoin* next_held = nullptr;          // in HeldEvents (cm_router.h)
-  // kAsync, kFence: the slot's drain_epoch if it was draining when the event was posted, else 0.
-  // Only a LAST_WQE_REACHED posted during the teardown attempt still under way ends its receive
-  // side: one posted earlier caught up on the CQs before that attempt's flush (and before any
-  // completion added after it), so it proves nothing.
-  uint32_t drain_epoch = 0;
-  // Returns true for the caller that released the last part.
-  bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
-  // kCm, kListener: drops one hold; the last frees the join.
-  static void ReleaseHold(EventJoin* join) noexcept {
-    if (join->holds.fetch_sub(1, std::memory_order_acq_rel) == 1) delete join;
-  }
-  // A CM event was delivered (or dropped): it no longer counts against its channel's read-ahead.
-  // Called once, by the one thread that delivers it; the destructor calls it for events dropped.
-  void Finish() noexcept;
-
- private:
-  bool finished_ = false;
-};
 
 // One queued completion or async-event part, tagged with the registration it was routed to.
 struct Item {
@@ -210,12 +154,6 @@ class Consumer {
   static bool OnConsumerThread() noexcept;
   // Hands every queued completion to the orphan sink (destruction, no consumer left to run).
   void OrphanRemaining() noexcept;
-  // Any thread: releases an event part without delivering it (its registration is gone). The
-  // last part of a CM event is handed on to its channel's CmHandler with the rest of its binding
-  // (cm_router.h), unless `hand_on` is false (the runtime is being destroyed). Hands on to a
-  // closed consumer's CmHandler are held: the caller runs HeldEvents::DeliverAll once it holds
-  // no runtime lock.
-  static void DropEventPart(EventJoin* join, bool hand_on = true) noexcept;
   // On a thread inside a dispatch batch: notes that `held` has events for the outermost batch
   // to run once it is over, and returns true; elsewhere returns false.
   static bool DeferHeldEvents(HeldEvents* held) noexcept;
@@ -233,9 +171,9 @@ class Consumer {
   // Consumer thread: dispatches up to `max` items; returns how many.
   int Dispatch(int max) noexcept;
   // kRunToCompletion, its poller's thread, while nothing is queued (Pending() is false): the
-  // poller dispatches items straight from its outbox, skipping the queue. LoadBatch copies
+  // poller dispatches items straight from its spill, skipping the queue. LoadBatch copies
   // items[0, n) (n <= dispatch_batch()) into the batch, so the caller may drop them from the
-  // outbox before any handler runs; DispatchLoaded(n) then dispatches them as Dispatch would.
+  // spill before any handler runs; DispatchLoaded(n) then dispatches them as Dispatch would.
   void LoadBatch(const Item* items, size_t n) noexcept;
   void DispatchLoaded(size_t n) noexcept;
   size_t dispatch_batch() const { return static_cast<size_t>(options_.dispatch_batch); }

@@ -175,13 +175,13 @@ void EventLoop::Run() {
           break;
         }
         case SourceKind::kChannel:
-          DrainChannel(source);
+          ReadChannel(source);
           break;
         case SourceKind::kAsync:
-          DrainAsync(source);
+          ReadAsyncEvents(source);
           break;
         case SourceKind::kCm:
-          DrainCm(source);
+          ReadCmChannel(source);
           break;
       }
     }
@@ -203,7 +203,7 @@ void EventLoop::Run() {
   mailbox_.Close();
 }
 
-void EventLoop::DrainChannel(Source& source) {
+void EventLoop::ReadChannel(Source& source) {
   for (;;) {
     void* native = nullptr;
     if (source.channel->GetEvent(&native) != 0) {
@@ -235,7 +235,7 @@ void EventLoop::DrainChannel(Source& source) {
   }
 }
 
-void EventLoop::DrainAsync(Source& source) {
+void EventLoop::ReadAsyncEvents(Source& source) {
   DeviceRecord* device = source.device;
   for (;;) {
     backend::AsyncEventRecord record;
@@ -255,7 +255,7 @@ void EventLoop::DrainAsync(Source& source) {
       if (it != cqs_.end()) event.cq_id = it->second->id;
     }
     device->backend->AckAsyncEvent(&record);  // S13: everything needed is copied
-    Route(device, event);
+    RouteAsyncEvent(device, event);
     if (event.type == IBV_EVENT_DEVICE_FATAL) {
       // Stop reading a dead device's async fd; its CQs are no longer armed by the pollers.
       Remove(source);
@@ -265,11 +265,11 @@ void EventLoop::DrainAsync(Source& source) {
   }
 }
 
-void EventLoop::DrainCm(Source& source) {
-  switch (cm_.Drain(*source.cm)) {
-    case CmRouter::DrainResult::kEmpty:
+void EventLoop::ReadCmChannel(Source& source) {
+  switch (cm_.Read(*source.cm)) {
+    case CmRouter::ReadResult::kEmpty:
       return;
-    case CmRouter::DrainResult::kFull: {
+    case CmRouter::ReadResult::kFull: {
       // Leave the rest in the kernel until deliveries bring the count down (ResumeCm).
       epoll_event ev{};
       ev.data.ptr = &source;
@@ -278,7 +278,7 @@ void EventLoop::DrainCm(Source& source) {
       ++paused_cm_;
       return;
     }
-    case CmRouter::DrainResult::kBroken:
+    case CmRouter::ReadResult::kBroken:
       Unwatch(source);  // the channel is broken: do not spin on it
       return;
   }
@@ -299,7 +299,7 @@ void EventLoop::ResumeCm() {
   }
 }
 
-void EventLoop::Route(DeviceRecord* device, const AsyncEvent& event) {
+void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event) {
   if (backend::IsQpEvent(event.type)) {
     const Slot* slot = device->qps.Lookup(event.qp_num);
     if (slot != nullptr && DeliverToSlot(slot->index, event, device->id)) {

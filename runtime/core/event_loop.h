@@ -35,7 +35,7 @@
 #include "cqd/status.h"
 #include "runtime/core/cm_router.h"
 #include "runtime/core/consumer.h"
-#include "runtime/core/event_route.h"
+#include "runtime/core/event_join.h"
 #include "runtime/base/log.h"
 #include "runtime/base/mailbox.h"
 #include "runtime/core/poller.h"
@@ -96,12 +96,12 @@ class EventLoop {
   };
   void Run();
   Status Watch(int fd, Source source);
-  void DrainChannel(Source& source);
-  void DrainAsync(Source& source);
-  void DrainCm(Source& source);
+  void ReadChannel(Source& source);
+  void ReadAsyncEvents(Source& source);
+  void ReadCmChannel(Source& source);
   // Reads again from CM channels that were paused at their limit and are below it now.
   void ResumeCm();
-  void Route(DeviceRecord* device, const AsyncEvent& event);
+  void RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event);
   // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
   // holds a live registration of event.qp_num on `device`.
   bool DeliverToSlot(uint32_t slot, const AsyncEvent& event, DeviceId device);

@@ -24,13 +24,13 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
                          [](const ConsumerOptions& c) { return c.record_latency; })) {
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
-    outboxes_.push_back(std::make_unique<Outbox>(
+    spills_.push_back(std::make_unique<Spill>(
         static_cast<uint32_t>(options.consumers[c].spill_capacity)));
     const ConsumerOptions& co = options.consumers[c];
     if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
       consumers_[c]->RunOnPoller(&parker_);
-      owned_.push_back(consumers_[c]);
-      outboxes_.back()->direct = true;
+      hosted_.push_back(consumers_[c]);
+      spills_.back()->direct = true;
     }
   }
   listed_.reserve(consumers_.size());
@@ -63,38 +63,38 @@ void Poller::ServeMailbox(void* self) {
   if (poller->mailbox_.pending()) poller->mailbox_.RunPosted();
 }
 
-bool Poller::RunOwned() noexcept {
+bool Poller::RunHosted() noexcept {
   // Handlers may call the runtime from here (thread_role.h).
   tls_runtime_thread = false;
   tls_wait_duty = {&Poller::ServeMailbox, this};
   bool worked = false;
-  for (Consumer* consumer : owned_) {
+  for (Consumer* consumer : hosted_) {
     // A few batches per pass, so that polling goes on under a steady stream.
-    for (int round = 0; round < 4 && DispatchOwned(*consumer); ++round) worked = true;
+    for (int round = 0; round < 4 && DispatchHosted(*consumer); ++round) worked = true;
   }
   tls_wait_duty = {};
   tls_runtime_thread = true;
   return worked;
 }
 
-bool Poller::DispatchOwned(Consumer& consumer) noexcept {
-  // What this poller queued is older than its outbox: the queue goes first.
+bool Poller::DispatchHosted(Consumer& consumer) noexcept {
+  // What this poller queued is older than its spill: the queue goes first.
   if (consumer.Pending()) return consumer.Dispatch(1024) > 0;
-  Outbox& outbox = *outboxes_[consumer.index()];
-  if (outbox.empty()) return false;
+  Spill& spill = *spills_[consumer.index()];
+  if (spill.empty()) return false;
   uint32_t n;
-  const Item* items = outbox.Front(static_cast<uint32_t>(consumer.dispatch_batch()), &n);
+  const Item* items = spill.Front(static_cast<uint32_t>(consumer.dispatch_batch()), &n);
   consumer.LoadBatch(items, n);
-  // Off the outbox before any handler runs: one may purge it (Unregister runs inline here).
-  outbox.PopFront(n);
-  NoteOutbox(consumer.index());
+  // Off the spill before any handler runs: one may purge it (Unregister runs inline here).
+  spill.PopFront(n);
+  NoteSpill(consumer.index());
   consumer.DispatchLoaded(n);
   return true;
 }
 
-bool Poller::OwnedPending() const noexcept {
-  for (const Consumer* consumer : owned_) {
-    if (consumer->Pending() || !outboxes_[consumer->index()]->empty()) return true;
+bool Poller::HostedPending() const noexcept {
+  for (const Consumer* consumer : hosted_) {
+    if (consumer->Pending() || !spills_[consumer->index()]->empty()) return true;
   }
   return false;
 }
@@ -192,21 +192,21 @@ void Poller::PurgeDead(uint32_t consumer) {
       uint64_t state = slots_.slot(item.slot).state.load(std::memory_order_acquire);
       return StateLiveAs(state, item.generation);
     };
-    outboxes_[consumer]->Filter([&](const Item& item) {
+    spills_[consumer]->Filter([&](const Item& item) {
       if (live(item)) return true;
       if (item.kind == ItemKind::kCompletion) {
         orphans_.Take({&item.wc, 1});
       } else if (item.kind == ItemKind::kAsyncEvent) {
-        Consumer::DropEventPart(item.join);
+        ReleaseEventPart(item.join);
       }  // a teardown marker is the runtime's own: nobody else may see it
       return false;
     });
     std::erase_if(deferred_, [&](const PostedEvent& posted) {
       if (posted.consumer != consumer || live(posted.item)) return false;
-      Consumer::DropEventPart(posted.item.join);
+      ReleaseEventPart(posted.item.join);
       return true;
     });
-    NoteOutbox(consumer);
+    NoteSpill(consumer);
   });
 }
 
@@ -274,7 +274,7 @@ void Poller::Run() {
     if (!listed_.empty()) worked |= Flush(false);
     if (UnparkPending()) Unpark();
     if (PollAll() > 0) worked = true;
-    if (!owned_.empty()) worked |= RunOwned();
+    if (!hosted_.empty()) worked |= RunHosted();
     if (worked) {
       idle = false;
       continue;
@@ -306,10 +306,10 @@ void Poller::Run() {
   }
   // The run-to-completion consumers' last handlers run here (events posted meanwhile go straight
   // to their queues, and whatever a handler's control call routes here meanwhile is dispatched
-  // from the outbox); then they close.
-  for (Consumer* consumer : owned_) {
-    const Outbox& outbox = *outboxes_[consumer->index()];
-    while (!outbox.empty() || !consumer->CloseIfEmpty()) RunOwned();
+  // from the spill); then they close.
+  for (Consumer* consumer : hosted_) {
+    const Spill& spill = *spills_[consumer->index()];
+    while (!spill.empty() || !consumer->CloseIfEmpty()) RunHosted();
   }
   mailbox_.Close();
 }
@@ -327,7 +327,7 @@ bool Poller::PlaceEvents() {
   held_.assign(consumers_.size(), false);
   for (size_t i = 0; i < deferred_.size(); ++i) {
     PostedEvent& posted = deferred_[i];
-    if (held_[posted.consumer] || !CatchUp(posted) || outboxes_[posted.consumer]->full()) {
+    if (held_[posted.consumer] || !CatchUp(posted) || spills_[posted.consumer]->full()) {
       held_[posted.consumer] = true;
       deferred_[kept++] = posted;
       continue;
@@ -360,7 +360,7 @@ bool Poller::CatchUp(PostedEvent& posted) noexcept {
 int Poller::RoomFor(const CqRecord& cq) noexcept {
   int room = options_.poll_batch;
   for (const CqRecord::Use& use : cq.uses) {
-    room = std::min<int>(room, static_cast<int>(outboxes_[use.consumer]->room()));
+    room = std::min<int>(room, static_cast<int>(spills_[use.consumer]->room()));
   }
   return room;
 }
@@ -384,7 +384,7 @@ int Poller::PollAll() noexcept {
     if (cq->poll_failed) continue;
     int room = RoomFor(*cq);
     if (room == 0) {  // a consumer it shares is stalled: leave the completions in the CQ
-      Count(skipped_, 1);
+      Count(backpressure_stalls_, 1);
       continue;
     }
     int n = PollOne(cq, room);
@@ -466,24 +466,24 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
   Count(cq->completions, n);
   Count(completions_, n);
   if (stamp_) poll_stamp_ = NowNs32();
-  Route(cq, n);
+  RouteCompletions(cq, n);
   Flush(false);
   return n;
 }
 
 Item& Poller::AppendTo(uint32_t consumer) noexcept {
-  Outbox& outbox = *outboxes_[consumer];
-  // Route only sends a CQ's completions to consumers among its uses, whose room bounded the poll;
+  Spill& spill = *spills_[consumer];
+  // RouteCompletions only sends a CQ's completions to consumers among its uses, whose room bounded the poll;
   // this is the last line of defence should that ever not hold.
-  if (outbox.full()) FlushOne(consumer, /*force=*/true);
-  if (!outbox.listed) {
-    outbox.listed = true;
+  if (spill.full()) FlushOne(consumer, /*force=*/true);
+  if (!spill.listed) {
+    spill.listed = true;
     listed_.push_back(consumer);
   }
-  return outbox.Append();
+  return spill.Append();
 }
 
-void Poller::Route(CqRecord* cq, int n) noexcept {
+void Poller::RouteCompletions(CqRecord* cq, int n) noexcept {
   const QpTable& table = cq->device->qps;
   const DeviceId device = cq->device->id;
   for (int i = 0; i < n; ++i) {
@@ -528,15 +528,15 @@ bool Poller::Flush(bool force) noexcept {
   size_t kept = 0;
   for (size_t i = 0; i < listed_.size(); ++i) {
     uint32_t consumer = listed_[i];
-    Outbox& outbox = *outboxes_[consumer];
+    Spill& spill = *spills_[consumer];
     // A run-to-completion consumer of this thread with nothing queued is dispatched straight
-    // from the outbox (DispatchOwned), unless the outbox fills up: then the queue takes it.
-    const bool direct = outbox.direct && !force && !outbox.full() &&
+    // from the spill (DispatchHosted), unless the spill fills up: then the queue takes it.
+    const bool direct = spill.direct && !force && !spill.full() &&
                         !consumers_[consumer]->Pending();
     if (!direct) moved |= FlushOne(consumer, force);
-    NoteOutbox(consumer);
-    if (outbox.empty()) {
-      outbox.listed = false;
+    NoteSpill(consumer);
+    if (spill.empty()) {
+      spill.listed = false;
     } else {
       listed_[kept++] = consumer;
     }
@@ -546,12 +546,12 @@ bool Poller::Flush(bool force) noexcept {
 }
 
 bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
-  Outbox& outbox = *outboxes_[consumer];
+  Spill& spill = *spills_[consumer];
   Consumer& c = *consumers_[consumer];
   bool moved = false;
-  while (!outbox.empty()) {
+  while (!spill.empty()) {
     uint32_t n;
-    Item* items = outbox.Front(outbox.size(), &n);
+    Item* items = spill.Front(spill.size(), &n);
     size_t take = n;
     if (force) {
       c.Reserve(n);
@@ -560,28 +560,28 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
       if (take == 0) break;
     }
     c.Push(tokens_[consumer], items, take);
-    outbox.PopFront(static_cast<uint32_t>(take));
+    spill.PopFront(static_cast<uint32_t>(take));
     moved = true;
   }
   return moved;
 }
 
-void Poller::NoteOutbox(uint32_t consumer) noexcept {
-  Outbox& outbox = *outboxes_[consumer];
-  uint64_t size = outbox.size();
-  outbox.depth_stat.store(size, std::memory_order_relaxed);
-  if (size > outbox.high_water.load(std::memory_order_relaxed)) {
-    outbox.high_water.store(size, std::memory_order_relaxed);
+void Poller::NoteSpill(uint32_t consumer) noexcept {
+  Spill& spill = *spills_[consumer];
+  uint64_t size = spill.size();
+  spill.depth_stat.store(size, std::memory_order_relaxed);
+  if (size > spill.high_water.load(std::memory_order_relaxed)) {
+    spill.high_water.store(size, std::memory_order_relaxed);
   }
-  if (outbox.full() != outbox.stalled) {  // a stall starts or ends: rare, so read the clock
+  if (spill.full() != spill.stalled) {  // a stall starts or ends: rare, so read the clock
     Clock::time_point now = Clock::now();
-    outbox.stalled = outbox.full();
-    if (outbox.stalled) {
-      outbox.full_since = now;
-      Count(outbox.stalls, 1);
+    spill.stalled = spill.full();
+    if (spill.stalled) {
+      spill.full_since = now;
+      Count(spill.stalls, 1);
     } else {
-      Count(outbox.stalled_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   now - outbox.full_since)
+      Count(spill.stalled_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   now - spill.full_since)
                                    .count());
     }
   }
@@ -605,7 +605,7 @@ void Poller::TrySleep() noexcept {
   }
   // S6: completions that arrived before arming raise no event: poll once more.
   if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
-      OwnedPending() || UnparkPending() || stop_.load(std::memory_order_seq_cst)) {
+      HostedPending() || UnparkPending() || stop_.load(std::memory_order_seq_cst)) {
     parker_.Cancel();
     return;
   }
@@ -628,19 +628,19 @@ PollerStats Poller::stats() const {
   s.arms = arms_.load(std::memory_order_relaxed);
   s.arm_failures = arm_failures_.load(std::memory_order_relaxed);
   s.sleeps = sleeps_.load(std::memory_order_relaxed);
-  s.backpressure_stalls = skipped_.load(std::memory_order_relaxed);
+  s.backpressure_stalls = backpressure_stalls_.load(std::memory_order_relaxed);
   s.parks = parks_.load(std::memory_order_relaxed);
   s.parked_cqs = parked_count_.load(std::memory_order_relaxed);
   return s;
 }
 
 void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
-  const Outbox& outbox = *outboxes_[consumer];
-  out.spill_depth += outbox.depth_stat.load(std::memory_order_relaxed);
+  const Spill& spill = *spills_[consumer];
+  out.spill_depth += spill.depth_stat.load(std::memory_order_relaxed);
   out.spill_high_water = std::max(out.spill_high_water,
-                                  outbox.high_water.load(std::memory_order_relaxed));
-  out.stalls += outbox.stalls.load(std::memory_order_relaxed);
-  out.stalled_ns += outbox.stalled_ns.load(std::memory_order_relaxed);
+                                  spill.high_water.load(std::memory_order_relaxed));
+  out.stalls += spill.stalls.load(std::memory_order_relaxed);
+  out.stalled_ns += spill.stalled_ns.load(std::memory_order_relaxed);
 }
 
 }  // namespace cqd::internal

@@ -2,10 +2,10 @@
 //
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
 // cannot starve the others), routes each completion by qp_num through its device's QpTable into
-// the destination consumer's outbox (outbox.h; a completion whose registration does not use
-// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves outboxes into consumer queues while
+// the destination consumer's spill (spill.h; a completion whose registration does not use
+// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves spills into consumer queues while
 // they have room. Async events reach it from the event thread (PostEvent) and join the same
-// outboxes. Before it places an event, the poller catches up on the QP's CQs of its shard: it
+// spills. Before it places an event, the poller catches up on the QP's CQs of its shard: it
 // polls them until they are empty or it has taken a CQ depth's worth since the event arrived,
 // so the event follows every completion that was in those CQs when the event was read.
 //
@@ -13,14 +13,14 @@
 // Shutdown) leaves them in the CQs with whatever the QP flushed ahead of them. Until a marker
 // is polled, this poller sends every completion of that (CQ, qp_num) to the orphan sink (a later
 // QP that got the number starts behind the marker in a CQ's FIFO order) and the CQ keeps the
-// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own; Route looks
+// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own; RouteCompletions looks
 // at it only while it is not empty.
 //
-// Slow consumers: a consumer whose queue is full leaves its items in this poller's outbox. Each
+// Slow consumers: a consumer whose queue is full leaves its items in this poller's spill. Each
 // CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
-// as many completions as the fullest of those outboxes has room for, and skipped while one is
+// as many completions as the fullest of those spills has room for, and skipped while one is
 // full. CQs that a stalled consumer does not share are polled as usual. Unregistering a QP
-// purges its items from the outboxes (completions to the orphan sink), so a consumer whose QPs
+// purges its items from the spills (completions to the orphan sink), so a consumer whose QPs
 // are all gone stops holding anything back.
 //
 // Parking: a CQ found empty for `cq_park_after` while the poller stays busy is armed (S7), polled
@@ -34,7 +34,7 @@
 // Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
 // more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
 // CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while an
-// outbox holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or
+// spill holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or
 // the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification
 // costs latency, never a hang.
 //
@@ -44,7 +44,7 @@
 // Producers wake this poller instead of such a consumer, and the sleep re-checks their queues.
 // When the thread stops it dispatches what they still hold and closes them.
 //
-// Threading: the CQ list, the outboxes and CqRecord::uses belong to the poller thread. Other
+// Threading: the CQ list, the spills and CqRecord::uses belong to the poller thread. Other
 // threads change them only through the control calls below, which run on the poller thread
 // between two passes (or inline once it has stopped) and wait for it. PostEvent and Wake may be
 // called from any thread.
@@ -80,7 +80,7 @@ class Poller {
   Poller& operator=(const Poller&) = delete;
 
   void Start();
-  // Stops polling, hands everything it holds (outboxes, posted events) to the consumers, and
+  // Stops polling, hands everything it holds (spills, posted events) to the consumers, and
   // joins. Events posted afterwards go straight to their consumer.
   void Stop();
 
@@ -96,7 +96,7 @@ class Poller {
   // A registration on `consumer` starts or stops using `cq` (a CQ of this shard).
   void AddUse(CqRecord* cq, uint32_t consumer);
   void DropUse(CqRecord* cq, uint32_t consumer);
-  // Moves the items of dead registrations out of `consumer`'s outbox: completions to the orphan
+  // Moves the items of dead registrations out of `consumer`'s spill: completions to the orphan
   // sink, event parts released.
   void PurgeDead(uint32_t consumer);
   // The teardown `state` of `qp_num` ended (its registration is already dead). Each of its
@@ -129,7 +129,7 @@ class Poller {
   void NotificationsBroken() noexcept;
 
   PollerStats stats() const;
-  // Adds this poller's outbox figures for `consumer` to `out`.
+  // Adds this poller's spill figures for `consumer` to `out`.
   void AddSpillStats(uint32_t consumer, ConsumerStats& out) const;
   int index() const { return index_; }
   // The thread, for placement (placement.h); 0 when there is none.
@@ -160,29 +160,29 @@ class Poller {
   // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (or a
   // negative errno once the CQ has failed).
   int PollOne(CqRecord* cq, int room) noexcept;
-  // Polls the event's CQs until it may be placed; false while a full outbox holds it back.
+  // Polls the event's CQs until it may be placed; false while a full spill holds it back.
   bool CatchUp(PostedEvent& posted) noexcept;
   // Returns how many completions `cq` may be polled for now (0: skip it).
   int RoomFor(const CqRecord& cq) noexcept;
-  void Route(CqRecord* cq, int n) noexcept;
+  void RouteCompletions(CqRecord* cq, int n) noexcept;
   // Returns true if `wc` (polled from `cq`) is a leftover: a marker (dropped, its commitment
   // released) or a completion behind one (to the orphan sink).
   bool TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept;
-  // Moves outboxes into their consumers' queues; returns true if anything moved. With `force`,
+  // Moves spills into their consumers' queues; returns true if anything moved. With `force`,
   // everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
   bool FlushOne(uint32_t consumer, bool force) noexcept;
   Item& AppendTo(uint32_t consumer) noexcept;
-  void NoteOutbox(uint32_t consumer) noexcept;
-  // Moves posted events into outboxes that have room; returns true if any moved.
+  void NoteSpill(uint32_t consumer) noexcept;
+  // Moves posted events into spills that have room; returns true if any moved.
   bool PlaceEvents();
-  // Dispatches the run-to-completion consumers; returns true if a handler ran.
-  bool RunOwned() noexcept;
-  // One batch of `consumer` (owned): from its queue if anything is queued, else straight from
-  // this poller's outbox. Returns true if it dispatched anything.
-  bool DispatchOwned(Consumer& consumer) noexcept;
-  bool OwnedPending() const noexcept;
-  static void ServeMailbox(void* self);  // the wait duty of RunOwned's handlers
+  // Dispatches the run-to-completion consumers this poller hosts; true if a handler ran.
+  bool RunHosted() noexcept;
+  // One batch of hosted `consumer`: from its queue if anything is queued, else straight from
+  // this poller's spill. Returns true if it dispatched anything.
+  bool DispatchHosted(Consumer& consumer) noexcept;
+  bool HostedPending() const noexcept;
+  static void ServeMailbox(void* self);  // the wait duty of RunHosted's handlers
   void TrySleep() noexcept;
   void Count(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
@@ -197,7 +197,7 @@ class Poller {
   const int index_;
   const RuntimeOptions& options_;
   std::vector<Consumer*> consumers_;
-  std::vector<Consumer*> owned_;  // kRunToCompletion consumers this thread dispatches
+  std::vector<Consumer*> hosted_;  // kRunToCompletion consumers this thread dispatches
   const SlotPool& slots_;
   OrphanSink& orphans_;
   struct Leftover {
@@ -212,13 +212,13 @@ class Poller {
   const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)
   uint32_t seen_cq_events_ = 0;    // cq_events_ when parked_ was last checked
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
-  std::vector<std::unique_ptr<Outbox>> outboxes_;  // one per consumer
-  std::vector<uint32_t> listed_;                   // consumers whose outbox is not empty
+  std::vector<std::unique_ptr<Spill>> spills_;  // one per consumer
+  std::vector<uint32_t> listed_;                   // consumers whose spill is not empty
   std::unique_ptr<ibv_wc[]> wcs_;
-  std::vector<PostedEvent> deferred_;  // posted events not yet placed in an outbox
+  std::vector<PostedEvent> deferred_;  // posted events not yet placed in an spill
   std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
   bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
-  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which Route writes
+  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which RouteCompletions writes
   // into each completion's Item (latency.h).
   const bool stamp_;
   uint32_t poll_stamp_ = 0;
@@ -244,7 +244,7 @@ class Poller {
   std::atomic<uint64_t> arms_{0};
   std::atomic<uint64_t> arm_failures_{0};
   std::atomic<uint64_t> sleeps_{0};
-  std::atomic<uint64_t> skipped_{0};
+  std::atomic<uint64_t> backpressure_stalls_{0};
   std::atomic<uint64_t> parks_{0};
   std::atomic<uint64_t> parked_count_{0};  // parked_.size()
 };

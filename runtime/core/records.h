@@ -63,7 +63,7 @@ struct CqRecord {
 
   // Poller-owned (changed by the control path only through Poller's calls).
   bool poll_failed = false;
-  // Consumers of the QPs registered on this CQ, with how many QPs each: the outboxes whose room
+  // Consumers of the QPs registered on this CQ, with how many QPs each: the spills whose room
   // bounds a poll of this CQ (see poller.h).
   struct Use {
     uint32_t consumer;

@@ -1,10 +1,10 @@
 // runtime/core/spill.h: a poller's bounded FIFO of items for one consumer (its spill).
 //
-// Every item a poller routes to a consumer goes through that consumer's outbox: completions as
+// Every item a poller routes to a consumer goes through that consumer's spill: completions as
 // they are polled, async-event parts as the event thread posts them. The poller moves items from
 // the front into the consumer's queue while the queue has room, so items leave in the order they
 // arrived and the consumer's queue never holds more than its capacity. When a consumer stops
-// draining, its outbox fills up to `limit` items; the poller then skips the CQs that consumer
+// draining, its spill fills up to `limit` items; the poller then skips the CQs that consumer
 // shares (see Poller), and only those.
 //
 // Threading: the ring and its positions belong to the owning poller thread. The stats are
@@ -23,16 +23,16 @@
 
 namespace cqd::internal {
 
-class Outbox {
+class Spill {
  public:
-  explicit Outbox(uint32_t limit)
+  explicit Spill(uint32_t limit)
       : limit_(limit),
         mask_(std::bit_ceil(limit) - 1),
         ring_(std::make_unique<Item[]>(std::bit_ceil(limit))) {}
 
   uint32_t size() const noexcept { return static_cast<uint32_t>(tail_ - head_); }
   bool empty() const noexcept { return tail_ == head_; }
-  // Returns how many more items fit before the outbox is full.
+  // Returns how many more items fit before the spill is full.
   uint32_t room() const noexcept { return limit_ - size(); }
   bool full() const noexcept { return size() >= limit_; }
 
@@ -69,9 +69,9 @@ class Outbox {
   std::atomic<uint64_t> stalled_ns{0};       // time spent full, summed over stalls that ended
   std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
   bool stalled = false;                                  // poller-owned
-  bool listed = false;  // poller-owned: in the poller's list of non-empty outboxes
+  bool listed = false;  // poller-owned: in the poller's list of non-empty spills
   // poller-owned, set once: for a run-to-completion consumer of this poller, which dispatches
-  // straight from the outbox while the consumer's queue is empty (Poller::DispatchOwned).
+  // straight from the spill while the consumer's queue is empty (Poller::DispatchHosted).
   bool direct = false;
 
  private:

@@ -81,7 +81,7 @@ Result<DeviceId> Runtime::AddVerbsDevice(ibv_context* context, DeviceEventHandle
   return Guarded("AddVerbsDevice", [&] {
     return impl_->AddDevice(
         "AddVerbsDevice",
-        std::make_unique<verbs_internal::VerbsBackend>(context, /*owned=*/false), events);
+        std::make_unique<verbs_internal::VerbsBackend>(context, /*close_on_destroy=*/false), events);
   });
 }
 Result<DeviceId> Runtime::OpenVerbsDevice(const std::string& name, DeviceEventHandler* events) {
@@ -91,7 +91,7 @@ Result<DeviceId> Runtime::OpenVerbsDevice(const std::string& name, DeviceEventHa
       return Status(context.status().code(), "OpenVerbsDevice: " + context.status().message());
     }
     // Owned from here: the backend closes the context, on failure too.
-    auto device = std::make_unique<verbs_internal::VerbsBackend>(*context, /*owned=*/true);
+    auto device = std::make_unique<verbs_internal::VerbsBackend>(*context, /*close_on_destroy=*/true);
     return impl_->AddDevice("OpenVerbsDevice", std::move(device), events);
   });
 }

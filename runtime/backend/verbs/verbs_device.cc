@@ -19,11 +19,11 @@ Status VerbsCq::Resize(int depth) {
   return Status::Ok();
 }
 
-VerbsBackend::VerbsBackend(ibv_context* context, bool owned)
-    : context_(context), owned_(owned), name_(ibv_get_device_name(context->device)) {}
+VerbsBackend::VerbsBackend(ibv_context* context, bool close_on_destroy)
+    : context_(context), close_on_destroy_(close_on_destroy), name_(ibv_get_device_name(context->device)) {}
 
 VerbsBackend::~VerbsBackend() {
-  if (owned_) ibv_close_device(context_);
+  if (close_on_destroy_) ibv_close_device(context_);
 }
 
 Result<backend::Channel*> VerbsBackend::CreateChannel() {

@@ -47,8 +47,8 @@ class VerbsChannel final : public backend::Channel {
 
 class VerbsBackend final : public backend::Device {
  public:
-  // `owned`: close the context when the backend is destroyed.
-  VerbsBackend(ibv_context* context, bool owned);
+  // `close_on_destroy`: close the context when the backend is destroyed.
+  VerbsBackend(ibv_context* context, bool close_on_destroy);
   ~VerbsBackend() override;
 
   const std::string& name() const override { return name_; }
@@ -82,7 +82,7 @@ class VerbsBackend final : public backend::Device {
 
  private:
   ibv_context* const context_;
-  const bool owned_;
+  const bool close_on_destroy_;
   const std::string name_;
   std::mutex mu_;
   // Wrappers of released (adopted) CQs: the runtime may still ack a late event through one.

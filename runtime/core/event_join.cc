@@ -1,0 +1,138 @@
+#include "runtime/core/event_join.h"
+
+#include <new>
+
+#include "runtime/core/consumer.h"
+#include "runtime/core/poller.h"
+
+namespace cqd::internal {
+
+void EventJoin::Finish() noexcept {
+  if (finished_ || watch == nullptr) return;
+  finished_ = true;
+  watch->unfinished.fetch_sub(1, std::memory_order_release);
+}
+
+void PostToListener(EventJoin* join) noexcept {
+  join->holds.fetch_add(1, std::memory_order_relaxed);
+  join->cm.qp_num = 0;
+  Item item;
+  item.join = join;
+  item.slot = kNoSlot;
+  item.kind = ItemKind::kListenerEvent;
+  CmWatch* watch = join->watch;
+  if (!watch->poller->PostEvent(watch->consumer, item, 0, 0)) watch->held->Push(join);
+}
+
+// ---- HeldEvents ----
+
+void HeldEvents::Push(EventJoin* join) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  join->next_held = nullptr;
+  (last_ != nullptr ? last_->next_held : first_) = join;
+  last_ = join;
+  any_.store(true, std::memory_order_release);
+}
+
+void HeldEvents::DeliverAll() noexcept {
+  if (!any_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (delivering_) return;  // that thread runs ours too, before it stops
+  delivering_ = true;
+  while (first_ != nullptr) {
+    EventJoin* join = first_;
+    first_ = join->next_held;
+    if (first_ == nullptr) last_ = nullptr;
+    lock.unlock();
+    join->watch->handler->OnCmEvent(join->cm);
+    join->Finish();
+    EventJoin::ReleaseHold(join);
+    lock.lock();
+  }
+  any_.store(false, std::memory_order_relaxed);
+  delivering_ = false;
+}
+
+void HeldEvents::DeliverAllOrAfterBatch() noexcept {
+  if (!any_.load(std::memory_order_acquire)) return;
+  if (Consumer::DeferHeldEvents(this)) return;
+  DeliverAll();
+}
+
+void HeldEvents::DropAll() noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (first_ != nullptr) {
+    EventJoin* join = first_;
+    first_ = join->next_held;
+    EventJoin::ReleaseHold(join);
+  }
+  last_ = nullptr;
+  any_.store(false, std::memory_order_relaxed);
+}
+
+bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
+                 const AsyncEvent& event, DeviceId device, bool fence) {
+  const Slot& slot = slots.slot(index);
+  const uint64_t state = slot.state.load(std::memory_order_acquire);
+  if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
+  auto* join = new (std::nothrow) EventJoin;
+  if (join == nullptr) return false;  // out of memory: the device handler gets it instead
+  join->kind = fence ? EventJoin::Kind::kFence : EventJoin::Kind::kAsync;
+  join->event = event;
+  if (StateDraining(state)) join->drain_epoch = slot.drain_epoch.load(std::memory_order_relaxed);
+  PostAlong(RouteOf(slot, index, state), join, pollers);
+  return true;
+}
+
+EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state) {
+  EventRoute route;
+  route.slot = index;
+  route.generation = StateGeneration(state);
+  route.consumer = StateConsumer(state);
+  route.send_shard = slot.send_shard.load(std::memory_order_relaxed);
+  route.recv_shard = slot.recv_shard.load(std::memory_order_relaxed);
+  route.send_cq = slot.send_cq.load(std::memory_order_relaxed);
+  route.recv_cq = slot.recv_cq.load(std::memory_order_relaxed);
+  return route;
+}
+
+void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Poller*>& pollers) {
+  const EventRoute r = route;  // a copy: the join (which may hold the route) can go once posted
+  const bool one = r.send_shard == r.recv_shard;
+  join->parts.store(one ? 1 : 2, std::memory_order_relaxed);
+  Item item;
+  item.join = join;
+  item.slot = r.slot;
+  item.generation = r.generation;
+  item.kind = ItemKind::kAsyncEvent;
+  if (one) {
+    if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq,
+                                          r.recv_cq == r.send_cq ? 0 : r.recv_cq)) {
+      ReleaseEventPart(item.join);
+    }
+    return;
+  }
+  if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq, 0)) {
+    ReleaseEventPart(item.join);
+  }
+  if (!pollers[r.recv_shard]->PostEvent(r.consumer, item, r.recv_cq, 0)) {
+    ReleaseEventPart(item.join);
+  }
+}
+
+void ReleaseEventPart(EventJoin* join, bool hand_on) noexcept {
+  if (!join->ReleasePart()) return;
+  if (join->kind != EventJoin::Kind::kCm) {
+    delete join;
+    return;
+  }
+  const std::shared_ptr<CmEventGate> gate = join->gate;  // the join may go first
+  if (hand_on) {
+    gate->Arrived(join, nullptr);  // never kDeliver without a slot
+  } else {
+    gate->Drop(join);
+  }
+  EventJoin::ReleaseHold(join);  // the route's
+}
+
+}  // namespace cqd::internal
