@@ -10,7 +10,8 @@
 //    "cq_events":N,"cq_acked_events":N,"cq_ack_calls":N,"placement_cpus":"0-3",
 //    "devices":[{"id":1,"name":"mlx5_0","numa_node":0,"comp_vectors":8},...],
 //    "pollers":[{"index":0,"cpu":-1,"numa_node":-1,"polls":N,"empty_polls":N,"completions":N,
-//                "arms":N,"arm_failures":N,"sleeps":N,"backpressure_stalls":N},...],
+//                "arms":N,"arm_failures":N,"sleeps":N,"backpressure_stalls":N,"parks":N,
+//                "parked_cqs":N},...],
 //    "cqs":[{"id":1,"shard":0,"comp_vector":0,"completions":N,"events":N,"acked_events":N,
 //            "ack_calls":N,"poll_errors":N},...],
 //    "consumers":[{"index":0,"name":"consumer0","cpu":-1,"numa_node":-1,"delivered":N,
@@ -21,6 +22,9 @@
 //                             "p99_ns":N,"p999_ns":N,"max_ns":N,
 //                             "buckets":[[upper_ns,count],...]}},...]}
 // Fields may be added later; readers should ignore keys they do not know.
+//
+// Both come from one table of fields (runtime/observe/stats_format.cc), so every number above has
+// a Prometheus family too, except "index", "id" and "shard", which are labels there.
 //
 // Prometheus text exposition format 0.0.4: metric names start with "cqd_", every family has
 // HELP and TYPE lines; counters end in "_total"; labels poller="<index>", cq="<id>" (with

@@ -2,7 +2,10 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <span>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "runtime/base/utf8.h"
 
@@ -230,16 +233,206 @@ std::string PowerOfTwoSeconds(int k) {
   return s;
 }
 
+// ---- The field table: every plain number of a Stats row, once, for both formats ----
+
+// How a field prints: unsigned (counts, depths), signed (-1 for none), or nanoseconds (JSON keeps
+// nanoseconds, Prometheus prints seconds).
+enum class Unit { kUnsigned, kSigned, kNanoseconds };
+
+template <typename Row>
+struct Field {
+  const char* json;    // its key in the row's JSON object
+  const char* metric;  // its Prometheus family, or nullptr when it is only a label there
+  const char* type;    // "counter" or "gauge"
+  const char* help;
+  Unit unit;
+  uint64_t Row::*u64 = nullptr;  // kUnsigned, kNanoseconds
+  int Row::*i32 = nullptr;       // kSigned
+};
+
+template <typename Row>
+constexpr Field<Row> U(const char* json, const char* metric, const char* type, const char* help,
+                       uint64_t Row::*field) {
+  return {json, metric, type, help, Unit::kUnsigned, field, nullptr};
+}
+template <typename Row>
+constexpr Field<Row> I(const char* json, const char* metric, const char* help, int Row::*field) {
+  return {json, metric, "gauge", help, Unit::kSigned, nullptr, field};
+}
+template <typename Row>
+constexpr Field<Row> Ns(const char* json, const char* metric, const char* type, const char* help,
+                        uint64_t Row::*field) {
+  return {json, metric, type, help, Unit::kNanoseconds, field, nullptr};
+}
+
+// The runtime's totals, before the rows (in JSON, in this order).
+constexpr Field<Stats> kTotalFields[] = {
+    Ns<Stats>("uptime_ns", "cqd_uptime_seconds", "gauge", "Time since the runtime was created.",
+              &Stats::uptime_ns),
+    U<Stats>("orphans", "cqd_orphans_total", "counter",
+             "Completions given to the orphan handler (or dropped if none).", &Stats::orphans),
+    U<Stats>("async_events", "cqd_async_events_total", "counter",
+             "Async events read from devices.", &Stats::async_events),
+    U<Stats>("failed_fds", "cqd_failed_fds_total", "counter",
+             "Channel or async fds the event thread stopped watching because reads kept failing.",
+             &Stats::failed_fds),
+    U<Stats>("cm_events", "cqd_cm_events_total", "counter",
+             "Connection-manager events read from watched channels.", &Stats::cm_events),
+    U<Stats>("cq_events", "cqd_cq_events_all_total", "counter",
+             "Completion events read, over every CQ including destroyed.", &Stats::cq_events),
+    U<Stats>("cq_acked_events", "cqd_cq_acked_events_all_total", "counter",
+             "Completion events acknowledged, over every CQ including destroyed.",
+             &Stats::cq_acked_events),
+    U<Stats>("cq_ack_calls", "cqd_cq_ack_calls_all_total", "counter",
+             "ibv_ack_cq_events calls, over every CQ including destroyed.", &Stats::cq_ack_calls),
+};
+
+constexpr Field<DeviceStats> kDeviceFields[] = {
+    I<DeviceStats>("numa_node", "cqd_device_numa_node",
+                   "NUMA node of the device, -1 if unknown or none.", &DeviceStats::numa_node),
+    I<DeviceStats>("comp_vectors", "cqd_device_comp_vectors", "Completion vectors of the device.",
+                   &DeviceStats::comp_vectors),
+};
+
+constexpr Field<PollerStats> kPollerFields[] = {
+    I<PollerStats>("cpu", "cqd_poller_cpu", "CPU the poller is pinned to, -1 if not pinned.",
+                   &PollerStats::cpu),
+    I<PollerStats>("numa_node", "cqd_poller_numa_node",
+                   "NUMA node whose CPUs auto_placement confined the poller to, -1 if none.",
+                   &PollerStats::numa_node),
+    U<PollerStats>("polls", "cqd_poller_polls_total", "counter", "Poll calls on CQs.",
+                   &PollerStats::polls),
+    U<PollerStats>("empty_polls", "cqd_poller_empty_polls_total", "counter",
+                   "Poll calls that returned nothing.", &PollerStats::empty_polls),
+    U<PollerStats>("completions", "cqd_poller_completions_total", "counter",
+                   "Completions taken off CQs.", &PollerStats::completions),
+    U<PollerStats>("arms", "cqd_poller_arms_total", "counter", "ibv_req_notify_cq calls.",
+                   &PollerStats::arms),
+    U<PollerStats>("arm_failures", "cqd_poller_arm_failures_total", "counter",
+                   "ibv_req_notify_cq calls that failed.", &PollerStats::arm_failures),
+    U<PollerStats>("sleeps", "cqd_poller_sleeps_total", "counter",
+                   "Times the poller went to sleep.", &PollerStats::sleeps),
+    U<PollerStats>("backpressure_stalls", "cqd_poller_backpressure_stalls_total", "counter",
+                   "CQ polls skipped because a consumer the CQ serves was full.",
+                   &PollerStats::backpressure_stalls),
+    U<PollerStats>("parks", "cqd_poller_parks_total", "counter",
+                   "Times an idle CQ was armed and left out of the passes.", &PollerStats::parks),
+    U<PollerStats>("parked_cqs", "cqd_poller_parked_cqs", "gauge",
+                   "CQs parked now: armed, not polled until an event.", &PollerStats::parked_cqs),
+};
+
+constexpr Field<CqStats> kCqFields[] = {
+    I<CqStats>("shard", nullptr, nullptr, &CqStats::shard),  // a label in Prometheus
+    I<CqStats>("comp_vector", "cqd_cq_comp_vector",
+               "Completion vector the CQ was created on, -1 if the engine created it.",
+               &CqStats::comp_vector),
+    U<CqStats>("completions", "cqd_cq_completions_total", "counter",
+               "Completions polled from this CQ.", &CqStats::completions),
+    U<CqStats>("events", "cqd_cq_events_total", "counter", "Completion events read for this CQ.",
+               &CqStats::events),
+    U<CqStats>("acked_events", "cqd_cq_acked_events_total", "counter",
+               "Completion events of this CQ acknowledged.", &CqStats::acked_events),
+    U<CqStats>("ack_calls", "cqd_cq_ack_calls_total", "counter",
+               "ibv_ack_cq_events calls for this CQ.", &CqStats::ack_calls),
+    U<CqStats>("poll_errors", "cqd_cq_poll_errors_total", "counter",
+               "Negative poll returns of this CQ.", &CqStats::poll_errors),
+};
+
+constexpr Field<ConsumerStats> kConsumerFields[] = {
+    I<ConsumerStats>("cpu", "cqd_consumer_cpu",
+                     "CPU the consumer's thread is pinned to, -1 if none.", &ConsumerStats::cpu),
+    I<ConsumerStats>("numa_node", "cqd_consumer_numa_node",
+                     "NUMA node whose CPUs auto_placement confined the consumer to, -1 if none.",
+                     &ConsumerStats::numa_node),
+    U<ConsumerStats>("delivered", "cqd_consumer_delivered_total", "counter",
+                     "Completions handed to handlers.", &ConsumerStats::delivered),
+    U<ConsumerStats>("async_events", "cqd_consumer_async_events_total", "counter",
+                     "Async and CM events handed to handlers.", &ConsumerStats::async_events),
+    U<ConsumerStats>("queue_depth", "cqd_consumer_queue_depth", "gauge", "Items queued now.",
+                     &ConsumerStats::queue_depth),
+    U<ConsumerStats>("high_water", "cqd_consumer_queue_high_water", "gauge",
+                     "Most items ever queued at once.", &ConsumerStats::high_water),
+    U<ConsumerStats>("spill_depth", "cqd_consumer_spill_depth", "gauge",
+                     "Items held in pollers' spills now.", &ConsumerStats::spill_depth),
+    U<ConsumerStats>("spill_high_water", "cqd_consumer_spill_high_water", "gauge",
+                     "Most items one poller held at once.", &ConsumerStats::spill_high_water),
+    U<ConsumerStats>("stalls", "cqd_consumer_stalls_total", "counter",
+                     "Times a poller's spill for this consumer filled up.", &ConsumerStats::stalls),
+    Ns<ConsumerStats>("stalled_ns", "cqd_consumer_stalled_seconds_total", "counter",
+                      "Time spent stalled, over stalls that have ended.",
+                      &ConsumerStats::stalled_ns),
+};
+
+template <typename Row, size_t N>
+void AppendJsonFields(JsonObject& o, const Row& row, const Field<Row> (&fields)[N]) {
+  for (const Field<Row>& f : fields) {
+    if (f.unit == Unit::kSigned) {
+      o.I64(f.json, row.*f.i32);
+    } else {
+      o.U64(f.json, row.*f.u64);
+    }
+  }
+}
+
+// Writes one family per field of `fields` that has a metric, one sample per row (labels(i)).
+template <typename Row, size_t N, typename Labels>
+void AppendPromFamilies(PromWriter& w, std::type_identity_t<std::span<const Row>> rows,
+                        const Field<Row> (&fields)[N], Labels&& labels) {
+  for (const Field<Row>& f : fields) {
+    if (f.metric == nullptr) continue;
+    w.Family(f.metric, f.type, f.help);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& row = rows[i];
+      switch (f.unit) {
+        case Unit::kUnsigned: w.U64(f.metric, labels(i), row.*f.u64); break;
+        case Unit::kSigned: w.I64(f.metric, labels(i), row.*f.i32); break;
+        case Unit::kNanoseconds: w.Seconds(f.metric, labels(i), row.*f.u64); break;
+      }
+    }
+  }
+}
+
+void AppendLatencyHistograms(PromWriter& w, const std::vector<ConsumerStats>& consumers) {
+  bool any_latency = false;
+  for (const ConsumerStats& c : consumers) any_latency |= c.latency.enabled;
+  if (!any_latency) return;
+  constexpr int kFirstPow = 4;   // 16 ns
+  constexpr int kLastPow = 32;   // 4.29 s, the most a 32-bit stamp can tell
+  w.Family("cqd_consumer_latency_seconds", "histogram",
+           "Time from a poller taking a completion off its CQ to the consumer dispatching it.");
+  for (size_t i = 0; i < consumers.size(); ++i) {
+    const ConsumerStats& c = consumers[i];
+    if (!c.latency.enabled) continue;
+    const std::vector<Label> base = ConsumerLabels(c, i);
+    size_t next = 0;
+    uint64_t cumulative = 0;
+    for (int k = kFirstPow; k <= kLastPow; ++k) {
+      const uint64_t le = uint64_t{1} << k;
+      while (next < c.latency.buckets.size() && c.latency.buckets[next].upper_ns <= le) {
+        cumulative += c.latency.buckets[next++].count;
+      }
+      std::vector<Label> labels = base;
+      labels.push_back({"le", PowerOfTwoSeconds(k)});
+      w.U64("cqd_consumer_latency_seconds_bucket", labels, cumulative);
+    }
+    std::vector<Label> labels = base;
+    labels.push_back({"le", "+Inf"});
+    w.U64("cqd_consumer_latency_seconds_bucket", labels, c.latency.count);
+    w.Seconds("cqd_consumer_latency_seconds_sum", base, c.latency.sum_ns);
+    w.U64("cqd_consumer_latency_seconds_count", base, c.latency.count);
+  }
+  w.Family("cqd_consumer_latency_max_seconds", "gauge",
+           "Longest poll to dispatch time recorded since the runtime started.");
+  for (size_t i = 0; i < consumers.size(); ++i) {
+    if (!consumers[i].latency.enabled) continue;
+    w.Seconds("cqd_consumer_latency_max_seconds", ConsumerLabels(consumers[i], i),
+              consumers[i].latency.max_ns);
+  }
+}
+
 void AppendStatsJson(std::string& out, const Stats& s) {
   JsonObject root(out);
-  root.U64("uptime_ns", s.uptime_ns);
-  root.U64("orphans", s.orphans);
-  root.U64("async_events", s.async_events);
-  root.U64("failed_fds", s.failed_fds);
-  root.U64("cm_events", s.cm_events);
-  root.U64("cq_events", s.cq_events);
-  root.U64("cq_acked_events", s.cq_acked_events);
-  root.U64("cq_ack_calls", s.cq_ack_calls);
+  AppendJsonFields(root, s, kTotalFields);
   AppendJsonString(root.Key("placement_cpus"), s.placement_cpus);
   root.Key("devices") += '[';
   for (size_t i = 0; i < s.devices.size(); ++i) {
@@ -248,42 +441,23 @@ void AppendStatsJson(std::string& out, const Stats& s) {
     JsonObject o(out);
     o.U64("id", d.id);
     AppendJsonString(o.Key("name"), d.name);
-    o.I64("numa_node", d.numa_node);
-    o.I64("comp_vectors", d.comp_vectors);
+    AppendJsonFields(o, d, kDeviceFields);
   }
   out += ']';
   root.Key("pollers") += '[';
   for (size_t i = 0; i < s.pollers.size(); ++i) {
     if (i > 0) out += ',';
-    const PollerStats& p = s.pollers[i];
     JsonObject o(out);
     o.U64("index", i);
-    o.I64("cpu", p.cpu);
-    o.I64("numa_node", p.numa_node);
-    o.U64("polls", p.polls);
-    o.U64("empty_polls", p.empty_polls);
-    o.U64("completions", p.completions);
-    o.U64("arms", p.arms);
-    o.U64("arm_failures", p.arm_failures);
-    o.U64("sleeps", p.sleeps);
-    o.U64("backpressure_stalls", p.backpressure_stalls);
-    o.U64("parks", p.parks);
-    o.U64("parked_cqs", p.parked_cqs);
+    AppendJsonFields(o, s.pollers[i], kPollerFields);
   }
   out += ']';
   root.Key("cqs") += '[';
   for (size_t i = 0; i < s.cqs.size(); ++i) {
     if (i > 0) out += ',';
-    const CqStats& c = s.cqs[i];
     JsonObject o(out);
-    o.U64("id", c.id);
-    o.I64("shard", c.shard);
-    o.I64("comp_vector", c.comp_vector);
-    o.U64("completions", c.completions);
-    o.U64("events", c.events);
-    o.U64("acked_events", c.acked_events);
-    o.U64("ack_calls", c.ack_calls);
-    o.U64("poll_errors", c.poll_errors);
+    o.U64("id", s.cqs[i].id);
+    AppendJsonFields(o, s.cqs[i], kCqFields);
   }
   out += ']';
   root.Key("consumers") += '[';
@@ -293,16 +467,7 @@ void AppendStatsJson(std::string& out, const Stats& s) {
     JsonObject o(out);
     o.U64("index", i);
     AppendJsonString(o.Key("name"), c.name);
-    o.I64("cpu", c.cpu);
-    o.I64("numa_node", c.numa_node);
-    o.U64("delivered", c.delivered);
-    o.U64("async_events", c.async_events);
-    o.U64("queue_depth", c.queue_depth);
-    o.U64("high_water", c.high_water);
-    o.U64("spill_depth", c.spill_depth);
-    o.U64("spill_high_water", c.spill_high_water);
-    o.U64("stalls", c.stalls);
-    o.U64("stalled_ns", c.stalled_ns);
+    AppendJsonFields(o, c, kConsumerFields);
     o.Key("latency");
     AppendLatencyJson(out, c.latency);
   }
@@ -323,196 +488,18 @@ std::string StatsToPrometheus(const Stats& s) {
   std::string out;
   out.reserve(4096 + 600 * (s.pollers.size() + s.cqs.size()) + 3000 * s.consumers.size());
   PromWriter w(out);
-
-  w.Family("cqd_uptime_seconds", "gauge", "Time since the runtime was created.");
-  w.Seconds("cqd_uptime_seconds", {}, s.uptime_ns);
-
-  // Pollers.
-  struct PollerCounter {
-    const char* name;
-    const char* help;
-    uint64_t PollerStats::*field;
-  };
-  static const PollerCounter kPollerCounters[] = {
-      {"cqd_poller_polls_total", "Poll calls on CQs.", &PollerStats::polls},
-      {"cqd_poller_empty_polls_total", "Poll calls that returned nothing.",
-       &PollerStats::empty_polls},
-      {"cqd_poller_completions_total", "Completions taken off CQs.", &PollerStats::completions},
-      {"cqd_poller_arms_total", "ibv_req_notify_cq calls.", &PollerStats::arms},
-      {"cqd_poller_arm_failures_total", "ibv_req_notify_cq calls that failed.",
-       &PollerStats::arm_failures},
-      {"cqd_poller_sleeps_total", "Times the poller went to sleep.", &PollerStats::sleeps},
-      {"cqd_poller_backpressure_stalls_total",
-       "CQ polls skipped because a consumer the CQ serves was full.",
-       &PollerStats::backpressure_stalls},
-      {"cqd_poller_parks_total", "Times an idle CQ was armed and left out of the passes.",
-       &PollerStats::parks},
-  };
-  w.Family("cqd_poller_cpu", "gauge", "CPU the poller is pinned to, -1 if not pinned.");
-  for (size_t i = 0; i < s.pollers.size(); ++i) {
-    w.I64("cqd_poller_cpu", PollerLabels(i), s.pollers[i].cpu);
-  }
-  w.Family("cqd_poller_numa_node", "gauge",
-           "NUMA node whose CPUs auto_placement confined the poller to, -1 if none.");
-  for (size_t i = 0; i < s.pollers.size(); ++i) {
-    w.I64("cqd_poller_numa_node", PollerLabels(i), s.pollers[i].numa_node);
-  }
-  w.Family("cqd_poller_parked_cqs", "gauge", "CQs parked now: armed, not polled until an event.");
-  for (size_t i = 0; i < s.pollers.size(); ++i) {
-    w.U64("cqd_poller_parked_cqs", PollerLabels(i), s.pollers[i].parked_cqs);
-  }
-  for (const PollerCounter& c : kPollerCounters) {
-    w.Family(c.name, "counter", c.help);
-    for (size_t i = 0; i < s.pollers.size(); ++i) {
-      w.U64(c.name, PollerLabels(i), s.pollers[i].*c.field);
-    }
-  }
-
-  // CQs.
-  struct CqCounter {
-    const char* name;
-    const char* help;
-    uint64_t CqStats::*field;
-  };
-  static const CqCounter kCqCounters[] = {
-      {"cqd_cq_completions_total", "Completions polled from this CQ.", &CqStats::completions},
-      {"cqd_cq_events_total", "Completion events read for this CQ.", &CqStats::events},
-      {"cqd_cq_acked_events_total", "Completion events of this CQ acknowledged.",
-       &CqStats::acked_events},
-      {"cqd_cq_ack_calls_total", "ibv_ack_cq_events calls for this CQ.", &CqStats::ack_calls},
-      {"cqd_cq_poll_errors_total", "Negative poll returns of this CQ.", &CqStats::poll_errors},
-  };
-  for (const CqCounter& c : kCqCounters) {
-    w.Family(c.name, "counter", c.help);
-    for (const CqStats& cq : s.cqs) w.U64(c.name, CqLabels(cq), cq.*c.field);
-  }
-  w.Family("cqd_cq_comp_vector", "gauge",
-           "Completion vector the CQ was created on, -1 if the engine created it.");
-  for (const CqStats& cq : s.cqs) w.I64("cqd_cq_comp_vector", CqLabels(cq), cq.comp_vector);
-
-  // Consumers.
-  struct ConsumerField {
-    const char* name;
-    const char* type;
-    const char* help;
-    uint64_t ConsumerStats::*field;
-  };
-  static const ConsumerField kConsumerFields[] = {
-      {"cqd_consumer_delivered_total", "counter", "Completions handed to handlers.",
-       &ConsumerStats::delivered},
-      {"cqd_consumer_async_events_total", "counter", "Async and CM events handed to handlers.",
-       &ConsumerStats::async_events},
-      {"cqd_consumer_queue_depth", "gauge", "Items queued now.", &ConsumerStats::queue_depth},
-      {"cqd_consumer_queue_high_water", "gauge", "Most items ever queued at once.",
-       &ConsumerStats::high_water},
-      {"cqd_consumer_spill_depth", "gauge", "Items held in pollers' spills now.",
-       &ConsumerStats::spill_depth},
-      {"cqd_consumer_spill_high_water", "gauge", "Most items one poller held at once.",
-       &ConsumerStats::spill_high_water},
-      {"cqd_consumer_stalls_total", "counter",
-       "Times a poller's spill for this consumer filled up.", &ConsumerStats::stalls},
-  };
-  for (const ConsumerField& f : kConsumerFields) {
-    w.Family(f.name, f.type, f.help);
-    for (size_t i = 0; i < s.consumers.size(); ++i) {
-      w.U64(f.name, ConsumerLabels(s.consumers[i], i), s.consumers[i].*f.field);
-    }
-  }
-  w.Family("cqd_consumer_cpu", "gauge", "CPU the consumer's thread is pinned to, -1 if none.");
-  for (size_t i = 0; i < s.consumers.size(); ++i) {
-    w.I64("cqd_consumer_cpu", ConsumerLabels(s.consumers[i], i), s.consumers[i].cpu);
-  }
-  w.Family("cqd_consumer_numa_node", "gauge",
-           "NUMA node whose CPUs auto_placement confined the consumer to, -1 if none.");
-  for (size_t i = 0; i < s.consumers.size(); ++i) {
-    w.I64("cqd_consumer_numa_node", ConsumerLabels(s.consumers[i], i), s.consumers[i].numa_node);
-  }
-  w.Family("cqd_consumer_stalled_seconds_total", "counter",
-           "Time spent stalled, over stalls that have ended.");
-  for (size_t i = 0; i < s.consumers.size(); ++i) {
-    w.Seconds("cqd_consumer_stalled_seconds_total", ConsumerLabels(s.consumers[i], i),
-              s.consumers[i].stalled_ns);
-  }
-
-  bool any_latency = false;
-  for (const ConsumerStats& c : s.consumers) any_latency |= c.latency.enabled;
-  if (any_latency) {
-    constexpr int kFirstPow = 4;   // 16 ns
-    constexpr int kLastPow = 32;   // 4.29 s, the most a 32-bit stamp can tell
-    const char* kName = "cqd_consumer_latency_seconds";
-    w.Family(kName, "histogram",
-             "Time from a poller taking a completion off its CQ to the consumer dispatching it.");
-    for (size_t i = 0; i < s.consumers.size(); ++i) {
-      const ConsumerStats& c = s.consumers[i];
-      if (!c.latency.enabled) continue;
-      const std::vector<Label> base = ConsumerLabels(c, i);
-      size_t next = 0;
-      uint64_t cumulative = 0;
-      for (int k = kFirstPow; k <= kLastPow; ++k) {
-        const uint64_t le = uint64_t{1} << k;
-        while (next < c.latency.buckets.size() && c.latency.buckets[next].upper_ns <= le) {
-          cumulative += c.latency.buckets[next++].count;
-        }
-        std::vector<Label> labels = base;
-        labels.push_back({"le", PowerOfTwoSeconds(k)});
-        w.U64("cqd_consumer_latency_seconds_bucket", labels, cumulative);
-      }
-      std::vector<Label> labels = base;
-      labels.push_back({"le", "+Inf"});
-      w.U64("cqd_consumer_latency_seconds_bucket", labels, c.latency.count);
-      w.Seconds("cqd_consumer_latency_seconds_sum", base, c.latency.sum_ns);
-      w.U64("cqd_consumer_latency_seconds_count", base, c.latency.count);
-    }
-    w.Family("cqd_consumer_latency_max_seconds", "gauge",
-             "Longest poll to dispatch time recorded since the runtime started.");
-    for (size_t i = 0; i < s.consumers.size(); ++i) {
-      if (!s.consumers[i].latency.enabled) continue;
-      w.Seconds("cqd_consumer_latency_max_seconds", ConsumerLabels(s.consumers[i], i),
-                s.consumers[i].latency.max_ns);
-    }
-  }
-
-  // Devices and placement.
-  w.Family("cqd_device_numa_node", "gauge", "NUMA node of the device, -1 if unknown or none.");
-  for (const DeviceStats& d : s.devices) {
-    w.I64("cqd_device_numa_node", DeviceLabels(d), d.numa_node);
-  }
-  w.Family("cqd_device_comp_vectors", "gauge", "Completion vectors of the device.");
-  for (const DeviceStats& d : s.devices) {
-    w.I64("cqd_device_comp_vectors", DeviceLabels(d), d.comp_vectors);
-  }
+  AppendPromFamilies(w, {&s, 1}, kTotalFields, [](size_t) { return std::vector<Label>{}; });
+  AppendPromFamilies(w, s.pollers, kPollerFields, PollerLabels);
+  AppendPromFamilies(w, s.cqs, kCqFields, [&](size_t i) { return CqLabels(s.cqs[i]); });
+  AppendPromFamilies(w, s.consumers, kConsumerFields,
+                     [&](size_t i) { return ConsumerLabels(s.consumers[i], i); });
+  AppendLatencyHistograms(w, s.consumers);
+  AppendPromFamilies(w, s.devices, kDeviceFields,
+                     [&](size_t i) { return DeviceLabels(s.devices[i]); });
   if (!s.placement_cpus.empty()) {
     w.Family("cqd_placement_info", "gauge",
              "Always 1; cpus is the cpulist auto_placement confined threads to.");
     w.U64("cqd_placement_info", {{"cpus", s.placement_cpus}}, 1);
-  }
-
-  // Runtime totals.
-  struct Total {
-    const char* name;
-    const char* help;
-    uint64_t Stats::*field;
-  };
-  static const Total kTotals[] = {
-      {"cqd_orphans_total", "Completions given to the orphan handler (or dropped if none).",
-       &Stats::orphans},
-      {"cqd_async_events_total", "Async events read from devices.", &Stats::async_events},
-      {"cqd_failed_fds_total",
-       "Channel or async fds the event thread stopped watching because reads kept failing.",
-       &Stats::failed_fds},
-      {"cqd_cm_events_total", "Connection-manager events read from watched channels.",
-       &Stats::cm_events},
-      {"cqd_cq_events_all_total", "Completion events read, over every CQ including destroyed.",
-       &Stats::cq_events},
-      {"cqd_cq_acked_events_all_total",
-       "Completion events acknowledged, over every CQ including destroyed.",
-       &Stats::cq_acked_events},
-      {"cqd_cq_ack_calls_all_total", "ibv_ack_cq_events calls, over every CQ including destroyed.",
-       &Stats::cq_ack_calls},
-  };
-  for (const Total& t : kTotals) {
-    w.Family(t.name, "counter", t.help);
-    w.U64(t.name, {}, s.*t.field);
   }
   return out;
 }
