@@ -27,6 +27,7 @@ PACKAGES=(
   gnuplot-nox            # benchmark plots
   clang-14               # the libFuzzer build (--config=fuzz, tests/fuzz/run_fuzz.sh)
   libclang-rt-14-dev     # ... its libFuzzer and sanitizer runtimes
+  clang-format-14        # tools/check_format.sh (.clang-format)
 )
 # ------------------------------------------------
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The full test pass (README's test command, what CI runs): installs what is missing, runs every
-# test, then every test but the rxe ones again under ThreadSanitizer and under AddressSanitizer
-# (with UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on
+# The full test pass (README's test command, what CI runs): installs what is missing, checks the
+# formatting (tools/check_format.sh), runs every test, then every test but the rxe ones again
+# under ThreadSanitizer and under AddressSanitizer (with UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on
 # rule for half that, and prints one summary line counting GoogleTest cases: "cqd tests: N
 # passed, M failed, K skipped" (a case is skipped only where a sanitizer cannot run it, e.g.
 # under an address-space limit). The exit status is non-zero if anything failed.
@@ -45,6 +45,13 @@ run() {  # run <label> <options...> -- <targets...>
     status=1
   fi
 }
+
+# Formatting first (a second): every C++ file as .clang-format says.
+echo "== format: tools/check_format.sh"
+if ! tools/check_format.sh; then
+  echo "== format: FAILED"
+  status=1
+fi
 
 run "all tests" -- //...
 run "tests under TSan" --config=tsan --build_tests_only --test_tag_filters=-rxe -- //...
