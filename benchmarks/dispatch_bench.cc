@@ -52,7 +52,9 @@ uint64_t NowNs() {
       .count();
 }
 
-void SleepFor(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+void SleepFor(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
 
 // Pins the calling thread to `cpu` (latency runs: one side on CPU 0, the other on CPU 1).
 void PinTo(int cpu) {
@@ -91,9 +93,9 @@ void Progress(const std::string& line) {
 struct ThroughputRow {
   std::string part;  // "dispatch", "cqs" or "qps"
   PipelineConfig config;
-  double mcps = 0;          // million completions per second delivered to handlers
-  double cpu_ns = 0;        // CPU time of every thread of the process per delivered completion
-  double cpu_cores = 0;     // CPU time / wall time over the window: cores kept busy
+  double mcps = 0;       // million completions per second delivered to handlers
+  double cpu_ns = 0;     // CPU time of every thread of the process per delivered completion
+  double cpu_cores = 0;  // CPU time / wall time over the window: cores kept busy
   std::map<std::string, uint64_t> threads;  // per-thread CPU over the window, ns
 };
 
@@ -185,7 +187,9 @@ struct Percentiles {
 
 Percentiles Summarize(std::vector<uint64_t> v) {
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return static_cast<double>(v[std::min(v.size() - 1, size_t(q * v.size()))]); };
+  auto at = [&](double q) {
+    return static_cast<double>(v[std::min(v.size() - 1, size_t(q * v.size()))]);
+  };
   return {at(0.50), at(0.99), at(0.999), static_cast<double>(v.front()),
           static_cast<double>(v.back())};
 }
@@ -212,7 +216,7 @@ class LatencyHandler : public QpHandler {
 
 struct LatencyResult {
   std::string mode;
-  std::vector<uint64_t> samples;  // poll -> handler entry
+  std::vector<uint64_t> samples;     // poll -> handler entry
   std::vector<uint64_t> end_to_end;  // completion added -> handler entry
   Percentiles p, e2e;
   double idle_cpu = -1;  // % of one core over the idle window after traffic
@@ -311,8 +315,8 @@ LatencyResult RunCqdLatency(bool busy, bool rtc, size_t samples, double rate, do
   double c0 = CpuSeconds();
   Clock::time_point t0 = Clock::now();
   SleepFor(idle_seconds);
-  result.idle_cpu = 100.0 * (CpuSeconds() - c0) /
-                    std::chrono::duration<double>(Clock::now() - t0).count();
+  result.idle_cpu =
+      100.0 * (CpuSeconds() - c0) / std::chrono::duration<double>(Clock::now() - t0).count();
   reg.Unregister();
   (void)sim->DestroyQp(qp);
   (void)rt->DestroyCq(cq);
@@ -444,8 +448,8 @@ OpenLoopRow RunOpenLoop(double load, double saturation_mcps, double seconds) {
   std::vector<ibv_wc> pattern;
   for (int i = 0; i < kQps; ++i) {
     qps.push_back(sim->CreateQp(cq.sim(), cq.sim()).value());
-    regs.push_back(rt->RegisterQp(*qps.back(), handler, 0, QpOptions{.send_wrs = 0, .recv_wrs = 0})
-                       .value());
+    regs.push_back(
+        rt->RegisterQp(*qps.back(), handler, 0, QpOptions{.send_wrs = 0, .recv_wrs = 0}).value());
     ibv_wc wc{};
     wc.opcode = IBV_WC_RECV;
     wc.byte_len = 64;
@@ -559,8 +563,7 @@ void WriteJson(const std::string& dir, const std::string& command,
          << ", \"delivered\": " << o.delivered << ", \"samples\": " << o.samples
          << ", \"added_to_handler_ns\": {\"p50\": " << o.lat.p50 << ", \"p99\": " << o.lat.p99
          << ", \"p999\": " << o.lat.p999 << ", \"max\": " << o.lat.max
-         << "}, \"cpu_cores\": " << o.cpu_cores << "}" << (i + 1 < open.size() ? "," : "")
-         << "\n";
+         << "}, \"cpu_cores\": " << o.cpu_cores << "}" << (i + 1 < open.size() ? "," : "") << "\n";
   }
   json << "  ],\n  \"acks\": [\n";
   for (size_t i = 0; i < acks.size(); ++i) {
@@ -576,8 +579,8 @@ void WriteJson(const std::string& dir, const std::string& command,
 const ThroughputRow* Find(const std::vector<ThroughputRow>& rows, const std::string& part,
                           const std::string& impl, int batch, int qps, int cqs = 1) {
   for (const auto& r : rows) {
-    if (r.part == part && r.config.impl == impl && r.config.batch == batch &&
-        r.config.qps == qps && r.config.cqs == cqs && r.config.consumers == 1) {
+    if (r.part == part && r.config.impl == impl && r.config.batch == batch && r.config.qps == qps &&
+        r.config.cqs == cqs && r.config.consumers == 1) {
       return &r;
     }
   }
@@ -650,9 +653,11 @@ int main(int argc, char** argv) {
   const double rate = 5000;  // completions per second
   std::vector<LatencyResult> lat;
   lat.push_back(RunCqdLatency(/*busy=*/true, /*rtc=*/false, samples, rate, 1.0));
-  lat.push_back(RunCqdLatency(/*busy=*/false, /*rtc=*/false, samples, rate, flags.quick ? 1.0 : 3.0));
+  lat.push_back(
+      RunCqdLatency(/*busy=*/false, /*rtc=*/false, samples, rate, flags.quick ? 1.0 : 3.0));
   lat.push_back(RunCqdLatency(/*busy=*/true, /*rtc=*/true, samples, rate, 1.0));
-  lat.push_back(RunCqdLatency(/*busy=*/false, /*rtc=*/true, samples, rate, flags.quick ? 1.0 : 3.0));
+  lat.push_back(
+      RunCqdLatency(/*busy=*/false, /*rtc=*/true, samples, rate, flags.quick ? 1.0 : 3.0));
   Progress("latency eventfd ping-pong");
   lat.push_back(RunEventfdPingPong(samples, rate));
   Progress("latency spin handoff");
@@ -694,18 +699,20 @@ int main(int argc, char** argv) {
       printf("\n");
     }
   }
-  printf("\nlatency, ns: poll -> handler entry | completion added -> handler entry\n"
-         "%-18s %8s %8s %8s | %8s %8s %8s %10s\n",
-         "mode", "p50", "p99", "p99.9", "p50", "p99", "p99.9", "idle CPU");
+  printf(
+      "\nlatency, ns: poll -> handler entry | completion added -> handler entry\n"
+      "%-18s %8s %8s %8s | %8s %8s %8s %10s\n",
+      "mode", "p50", "p99", "p99.9", "p50", "p99", "p99.9", "idle CPU");
   for (const auto& r : lat) {
     printf("%-18s %8.0f %8.0f %8.0f | %8.0f %8.0f %8.0f", r.mode.c_str(), r.p.p50, r.p.p99,
            r.p.p999, r.e2e.p50, r.e2e.p99, r.e2e.p999);
     if (r.idle_cpu >= 0) printf(" %9.2f%%", r.idle_cpu);
     printf("\n");
   }
-  printf("\nopen loop, default options (saturation %.2f M/s): added -> handler, ns\n"
-         "%-6s %10s %10s %8s %8s %8s %10s\n",
-         saturation, "load", "offered", "delivered", "p50", "p99", "p99.9", "CPU cores");
+  printf(
+      "\nopen loop, default options (saturation %.2f M/s): added -> handler, ns\n"
+      "%-6s %10s %10s %8s %8s %8s %10s\n",
+      saturation, "load", "offered", "delivered", "p50", "p99", "p99.9", "CPU cores");
   for (const auto& o : open) {
     printf("%5.0f%% %10.2f %10.2f %8.0f %8.0f %8.0f %10.2f%s\n", o.load * 100, o.offered_mcps,
            o.delivered_mcps, o.lat.p50, o.lat.p99, o.lat.p999, o.cpu_cores,
@@ -722,13 +729,15 @@ int main(int argc, char** argv) {
          c32 / Mcps(Find(tput, "dispatch", "mutex", 32, 1000)),
          c32 / Mcps(Find(tput, "dispatch", "tbb", 32, 1000)),
          c32 / Mcps(Find(tput, "dispatch", "ceph", 32, 1000)));
-  printf("1000 CQs (10 active) / 10 CQs: %.2f; 100000 QPs / 1000 QPs (random order): %.2f\n",
-         Mcps(Find(tput, "cqs", "cqd", 32, 1000, 1000)) / Mcps(Find(tput, "cqs", "cqd", 32, 1000, 10)),
-         Mcps(Find(tput, "qps", "cqd", 32, 100000)) / Mcps(Find(tput, "qps", "cqd", 32, 1000)));
-  printf("busy p50 / spin floor p50: %.2f, p99 / floor p99: %.2f; event end-to-end p50 / eventfd "
-         "wake p50: handoff %.2f, run-to-completion %.2f\n",
-         lat[0].p.p50 / lat[5].p.p50, lat[0].p.p99 / lat[5].p.p99, lat[1].e2e.p50 / lat[4].p.p50,
-         lat[3].e2e.p50 / lat[4].p.p50);
+  printf(
+      "1000 CQs (10 active) / 10 CQs: %.2f; 100000 QPs / 1000 QPs (random order): %.2f\n",
+      Mcps(Find(tput, "cqs", "cqd", 32, 1000, 1000)) / Mcps(Find(tput, "cqs", "cqd", 32, 1000, 10)),
+      Mcps(Find(tput, "qps", "cqd", 32, 100000)) / Mcps(Find(tput, "qps", "cqd", 32, 1000)));
+  printf(
+      "busy p50 / spin floor p50: %.2f, p99 / floor p99: %.2f; event end-to-end p50 / eventfd "
+      "wake p50: handoff %.2f, run-to-completion %.2f\n",
+      lat[0].p.p50 / lat[5].p.p50, lat[0].p.p99 / lat[5].p.p99, lat[1].e2e.p50 / lat[4].p.p50,
+      lat[3].e2e.p50 / lat[4].p.p50);
   printf("wrote %s/dispatch.json\n", flags.out.c_str());
   return 0;
 }

@@ -76,7 +76,8 @@ std::string TopologyJson() {
   std::string model = "unknown", flags;
   std::ifstream cpuinfo("/proc/cpuinfo");
   for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0 && model == "unknown") model = line.substr(line.find(':') + 2);
+    if (line.rfind("model name", 0) == 0 && model == "unknown")
+      model = line.substr(line.find(':') + 2);
     if (line.rfind("flags", 0) == 0 && flags.empty()) flags = line;
   }
   const bool guest = flags.find(" hypervisor") != std::string::npos;

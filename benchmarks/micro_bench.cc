@@ -6,11 +6,11 @@
 //   ack counter       AckCounter::Add from one and two threads
 //
 //   bazel run -c opt //benchmarks:micro
-#include <algorithm>
 #include <benchmark/benchmark.h>
 #include <oneapi/tbb/concurrent_hash_map.h>
 #include <oneapi/tbb/concurrent_queue.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <random>

@@ -1,21 +1,20 @@
 #include "benchmarks/pipelines.h"
 
 #include <oneapi/tbb/concurrent_queue.h>
-
 #include <pthread.h>
 #include <sched.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <map>
-#include <random>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "benchmarks/machine.h"
 #include "cqd/runtime.h"
-#include "runtime/base/parker.h"
 #include "runtime/backend/sim/sim_device.h"
+#include "runtime/base/parker.h"
 
 namespace cqd::bench {
 namespace {
@@ -230,8 +229,8 @@ bool SpinThenBlock(std::mutex& mu, std::condition_variable& cv, bool& waiting,
 struct alignas(64) MutexLane {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<ibv_wc> items;     // guarded by mu; capacity reserved up front
-  bool waiting = false;          // guarded by mu
+  std::vector<ibv_wc> items;                // guarded by mu; capacity reserved up front
+  bool waiting = false;                     // guarded by mu
   alignas(64) std::atomic<size_t> size{0};  // items.size(), for the consumer's spin
 };
 

@@ -42,10 +42,10 @@ class CountingHandler : public QpHandler {
 };
 
 struct PipelineConfig {
-  std::string impl;     // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph
-  int batch = 32;       // completions per poll
+  std::string impl;  // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph
+  int batch = 32;    // completions per poll
   int qps = 1;
-  int consumers = 1;    // handoff pipelines only
+  int consumers = 1;  // handoff pipelines only
   // cqd only: CQs on the one poller, of which `active_cqs` replay traffic (the QPs spread over
   // them); the rest are registered, armed and idle.
   int cqs = 1;

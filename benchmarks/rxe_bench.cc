@@ -67,8 +67,8 @@ struct Link {
     if (pd == nullptr) Die("ibv_alloc_pd");
     Check(buffers.Register(pd, kSlots, 4096), "register memory");
     client_cq = Check(rt->CreateCq(dev, 0, CqOptions{.depth = 1024}), "CreateCq");
-    server_cq = Check(rt->CreateCq(dev, options.pollers > 1 ? 1 : 0, CqOptions{.depth = 1024}),
-                      "CreateCq");
+    server_cq =
+        Check(rt->CreateCq(dev, options.pollers > 1 ? 1 : 0, CqOptions{.depth = 1024}), "CreateCq");
     client = Check(rxe::CreateRcQp(pd, client_cq.verbs(), client_cq.verbs(), 2 * kWindow), "qp");
     server = Check(rxe::CreateRcQp(pd, server_cq.verbs(), server_cq.verbs(), 2 * kWindow), "qp");
     int gid = rxe::FindGidIndex(context);

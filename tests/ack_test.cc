@@ -69,7 +69,6 @@ TEST(Acks, DestroyRacingEvents) {
   EXPECT_EQ(s.cq_acked_events, s.cq_events);
 }
 
-
 // An event is counted before it is acked, and a Stats snapshot taken while events stream in
 // never shows more acked than read (per CQ and in total). (Found by the fuzzer: GetStats read
 // the two counters in the other order.)

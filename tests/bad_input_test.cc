@@ -11,7 +11,6 @@
 namespace cqd {
 namespace {
 
-
 void ExpectCreateFails(const RuntimeOptions& options, const std::string& mentions) {
   auto rt = Runtime::Create(options);
   ASSERT_FALSE(rt.ok());
@@ -116,7 +115,8 @@ TEST_F(BadCalls, Cqs) {
   auto adopted = rt_->AdoptCq(dev_, 0, *engine_cq);
   ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
   EXPECT_EQ(rt_->AdoptCq(dev_, 0, *engine_cq).status().code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(rt_->AdoptCq(dev_, 0, static_cast<SimCq*>(nullptr)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt_->AdoptCq(dev_, 0, static_cast<SimCq*>(nullptr)).status().code(),
+            StatusCode::kInvalidArgument);
   CQD_ASSERT_OK(rt_->DestroyCq(*adopted));
   CQD_ASSERT_OK(sim_->DestroyCq(*engine_cq));  // the engine destroys what it created
 }
@@ -207,8 +207,8 @@ TEST_F(BadCalls, ConnectionManagement) {
 }
 
 TEST_F(BadCalls, ConsumersAndShutdown) {
-  EXPECT_EQ(rt_->Drain(0, 10), -EINVAL);   // runtime-owned
-  EXPECT_EQ(rt_->Drain(9, 10), -EINVAL);   // no such consumer
+  EXPECT_EQ(rt_->Drain(0, 10), -EINVAL);  // runtime-owned
+  EXPECT_EQ(rt_->Drain(9, 10), -EINVAL);  // no such consumer
   EXPECT_EQ(rt_->NotifyFd(0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(rt_->NotifyFd(9).status().code(), StatusCode::kInvalidArgument);
   CQD_ASSERT_OK(rt_->Shutdown());

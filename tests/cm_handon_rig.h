@@ -1,5 +1,5 @@
-// A rig for the CM hand-on rule (runtime/core/cm_router.h) without rdma_cm: the runtime's own pollers
-// and consumers, a CmRouter, one watched (made-up) channel whose CmHandler runs on an owned
+// A rig for the CM hand-on rule (runtime/core/cm_router.h) without rdma_cm: the runtime's own
+// pollers and consumers, a CmRouter, one watched (made-up) channel whose CmHandler runs on an owned
 // consumer, and made-up ids, each with an engine-driven consumer for its QP. The caller plays
 // the event thread (Route), the engine threads (Drain), the control path (Register, End, as
 // RegisterQp(rdma_cm_id*) and Unregister do it) and Shutdown (StopLikeShutdown); Check says
@@ -103,8 +103,8 @@ class HandOnRig {
     uint32_t slot = 0;
     uint32_t generation = 0;
     int routed = 0;
-    std::deque<QpSide> qp;     // one per registration, the last one current
-    std::vector<Seen> to_cm;   // guarded by the rig's mu_
+    std::deque<QpSide> qp;    // one per registration, the last one current
+    std::vector<Seen> to_cm;  // guarded by the rig's mu_
   };
 
   const Options options_;

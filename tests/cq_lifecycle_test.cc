@@ -150,7 +150,8 @@ TEST(CqLifecycle, StatsCountEventsOfReleasedCqs) {
   ASSERT_TRUE(WaitFor([&] {
     Stats s = rt->GetStats();
     return s.cq_events == before.cq_events + 1 && s.cq_acked_events == before.cq_acked_events + 1;
-  })) << "events " << rt->GetStats().cq_events << ", acked " << rt->GetStats().cq_acked_events;
+  })) << "events "
+      << rt->GetStats().cq_events << ", acked " << rt->GetStats().cq_acked_events;
   CQD_ASSERT_OK(sim->DestroyCq(engine_cq));  // would block if the event were not acked (S2)
 }
 

@@ -203,7 +203,7 @@ TEST(CqParking, NeverParkedWhereAnEventCouldNotWakeIt) {
     Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
     for (int round = 0; round < 3; ++round) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));  // 50 times cq_park_after
-      ASSERT_TRUE(InjectRecvs(one.qp, round * 5, 5));  // unsolicited
+      ASSERT_TRUE(InjectRecvs(one.qp, round * 5, 5));              // unsolicited
       ASSERT_TRUE(WaitFor([&] { return handler.received() == (round + 1) * 5u; })) << c.name;
     }
     Stats stats = one.rt->GetStats();
@@ -226,8 +226,8 @@ TEST(CqParking, AFailedArmKeepsTheCqPolled) {
   // Its event unparks it; the next three arms fail.
   one.sim->FailRequestNotify(one.cq.sim(), EIO, 3);
   ASSERT_TRUE(InjectRecvs(one.qp, 0, 1));
-  ASSERT_TRUE(WaitFor(
-      [&] { return SumPollers(one.rt->GetStats(), &PollerStats::arm_failures) >= 3; }));
+  ASSERT_TRUE(
+      WaitFor([&] { return SumPollers(one.rt->GetStats(), &PollerStats::arm_failures) >= 3; }));
   ASSERT_TRUE(InjectRecvs(one.qp, 1, 4));  // into a CQ that could not be armed: still polled
   ASSERT_TRUE(WaitFor([&] { return handler.received() == 5; }));
   ASSERT_TRUE(WaitFor([&] { return Parked(*one.rt) == 1; }));

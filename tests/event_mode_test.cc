@@ -26,7 +26,8 @@ TEST(EventMode, IdlePollersSleepAndWakeForTraffic) {
   ASSERT_TRUE(WaitForPollersAsleep(*topo.rt));
   uint64_t polls = SumPollers(topo.rt->GetStats(), &PollerStats::polls);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  EXPECT_EQ(SumPollers(topo.rt->GetStats(), &PollerStats::polls), polls) << "an idle poller kept polling";
+  EXPECT_EQ(SumPollers(topo.rt->GetStats(), &PollerStats::polls), polls)
+      << "an idle poller kept polling";
   uint64_t sleeps = SumPollers(topo.rt->GetStats(), &PollerStats::sleeps);
 
   for (int round = 0; round < 3; ++round) {
@@ -56,13 +57,18 @@ TEST(EventMode, NoLostWakeups) {
     // Land in different phases of the poller's idle path: right away, after a spin, or after a
     // short sleep (poller likely parked).
     switch (rng() % 3) {
-      case 0: break;
-      case 1: for (int k = rng() % 2000; k > 0; --k) asm volatile(""); break;
-      case 2: std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50)); break;
+      case 0:
+        break;
+      case 1:
+        for (int k = rng() % 2000; k > 0; --k) asm volatile("");
+        break;
+      case 2:
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 50));
+        break;
     }
     ASSERT_EQ(topo.qps[q]->Complete(next[q]++), 1);
-    ASSERT_TRUE(WaitFor([&] { return topo.received() == uint64_t(i) + 1; },
-                        std::chrono::seconds(20)))
+    ASSERT_TRUE(
+        WaitFor([&] { return topo.received() == uint64_t(i) + 1; }, std::chrono::seconds(20)))
         << "lost wakeup: completion " << i << " never delivered";
   }
   for (const auto& h : topo.handlers) EXPECT_EQ(h->out_of_order(), 0u);

@@ -46,9 +46,8 @@ TEST(EventOrder, EventFollowsCompletionsPolledBeforeIt) {
     ASSERT_TRUE(InjectRecvs(qp, 0, 8));  // fills the queue
     ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[0].queue_depth == 8; }));
     ASSERT_TRUE(InjectRecvs(qp, 8, 20));  // polled, but held by the poller
-    ASSERT_TRUE(WaitFor([&] {
-      return SumPollers(rt->GetStats(), &PollerStats::completions) == 28;
-    }));
+    ASSERT_TRUE(
+        WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::completions) == 28; }));
     CQD_ASSERT_OK(bed.sim->RaiseQpEvent(qp, type));
     ASSERT_TRUE(WaitFor([&] { return rt->GetStats().async_events == 1; }));
 
@@ -99,14 +98,11 @@ TEST(EventOrder, EventFollowsCompletionsOfBothShards) {
 
   for (uint64_t i = 0; i < 20; ++i) ASSERT_EQ(qp->Complete(i, IBV_WC_SEND), 1);
   for (uint64_t i = 100; i < 120; ++i) ASSERT_EQ(qp->Complete(i, IBV_WC_RECV), 1);
-  ASSERT_TRUE(WaitFor([&] {
-    return SumPollers(rt->GetStats(), &PollerStats::completions) == 40;
-  }));
+  ASSERT_TRUE(WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::completions) == 40; }));
   CQD_ASSERT_OK(sim->RaiseQpEvent(qp, IBV_EVENT_QP_FATAL));
   ASSERT_TRUE(WaitFor([&] { return rt->GetStats().async_events == 1; }));
-  ASSERT_TRUE(DrainUntil(*rt, 0, [&] {
-    return handler.events() == 1 && handler.completions() == 40;
-  }));
+  ASSERT_TRUE(
+      DrainUntil(*rt, 0, [&] { return handler.events() == 1 && handler.completions() == 40; }));
   std::vector<RecordingHandler::Entry> log = handler.log();
   ASSERT_EQ(log.size(), 41u);
   EXPECT_EQ(FirstEvent(log), 40u);
@@ -138,13 +134,13 @@ TEST(EventOrder, InterleavedUnderTraffic) {
         std::this_thread::yield();
       }
     }
-    ASSERT_TRUE(WaitFor([&] {
-      return SumPollers(rt->GetStats(), &PollerStats::completions) == next;
-    }));
+    ASSERT_TRUE(
+        WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::completions) == next; }));
     polled_before[e] = next;
     CQD_ASSERT_OK(sim->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
   }
-  ASSERT_TRUE(WaitFor([&] { return handler.events() == kEvents && handler.completions() == next; }));
+  ASSERT_TRUE(
+      WaitFor([&] { return handler.events() == kEvents && handler.completions() == next; }));
   std::vector<RecordingHandler::Entry> log = handler.log();
   uint64_t completions_seen = 0;
   int events_seen = 0;

@@ -38,9 +38,7 @@ TEST(Faults, FailedArmIsRetried) {
   handler.qp_num = qp->qp_num();
   CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, handler, 0));
 
-  ASSERT_TRUE(WaitFor([&] {
-    return SumPollers(rt->GetStats(), &PollerStats::arm_failures) >= 1;
-  }));
+  ASSERT_TRUE(WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::arm_failures) >= 1; }));
   // A later sleep arms it again, for real; then a completion must wake the poller.
   ASSERT_TRUE(WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::arms) >= 2; }));
   ASSERT_TRUE(testing::WaitForPollersAsleep(*rt));

@@ -448,10 +448,11 @@ TEST(StatsFormat, JsonIsWellFormedAndCarriesEveryField) {
 }
 
 TEST(StatsFormat, TheValidatorIsStrict) {
-  for (const char* bad : {"", "{", "{\"a\":1,}", "[1,]", "01", "-", "1.", "1e", "+1", "'a'",
-                          "{\"a\" 1}", "\"\x01\"", "\"\\x\"", "\"\\ud800\"", "\"\\udc00\"",
-                          "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"", "{} {}", "nul",
-                          "[1 2]", "{1:2}"}) {
+  for (const char* bad :
+       {"",        "{",           "{\"a\":1,}",  "[1,]",     "01",           "-",
+        "1.",      "1e",          "+1",          "'a'",      "{\"a\" 1}",    "\"\x01\"",
+        "\"\\x\"", "\"\\ud800\"", "\"\\udc00\"", "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",
+        "{} {}",   "nul",         "[1 2]",       "{1:2}"}) {
     EXPECT_FALSE(json::Parse(bad)) << "accepted: " << bad;
   }
   for (const char* good : {"0", "-0.5e+3", "[]", "{}", " {\"a\" : [true, false, null]} ",
@@ -507,10 +508,10 @@ TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   for (const Sample& b : samples["cqd_consumer_latency_seconds_bucket"]) {
     by_le[LabelOf(b, "le")] = b.value;
   }
-  EXPECT_EQ(by_le["0.000000016"], 1);    // the bucket ending at 16 ns
+  EXPECT_EQ(by_le["0.000000016"], 1);  // the bucket ending at 16 ns
   EXPECT_EQ(by_le["0.000000512"], 1);
-  EXPECT_EQ(by_le["0.000001024"], 3);    // + the two ending at 1024 ns
-  EXPECT_EQ(by_le["0.000002048"], 6);    // + the three ending at 1088 ns
+  EXPECT_EQ(by_le["0.000001024"], 3);  // + the two ending at 1024 ns
+  EXPECT_EQ(by_le["0.000002048"], 6);  // + the three ending at 1088 ns
   EXPECT_EQ(by_le["4.294967296"], 6);
   EXPECT_EQ(by_le["+Inf"], 6);
   EXPECT_EQ(samples["cqd_consumer_latency_max_seconds"][0].value_text, "0.000001070");
@@ -692,8 +693,8 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   EXPECT_EQ(samples["cqd_consumer_latency_seconds_count"].size(), 1u);
 
   // HTTP, as curl --unix-socket sends it.
-  const std::string http = Ask(options.stats_socket,
-                               "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
+  const std::string http =
+      Ask(options.stats_socket, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
   ASSERT_EQ(http.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << http.substr(0, 200);
   EXPECT_NE(http.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
   const size_t header_end = http.find("\r\n\r\n");

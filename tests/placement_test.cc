@@ -26,14 +26,14 @@ TEST(CpuList, Parses) {
   EXPECT_EQ(ParseCpuList("0-3,8-11\n"), V({0, 1, 2, 3, 8, 9, 10, 11}));
   EXPECT_EQ(ParseCpuList("5"), V({5}));
   EXPECT_EQ(ParseCpuList("3,1-2,2"), V({1, 2, 3}));  // sorted, once each
-  EXPECT_EQ(ParseCpuList(""), V());                   // a node without CPUs
+  EXPECT_EQ(ParseCpuList(""), V());                  // a node without CPUs
   EXPECT_EQ(ParseCpuList("\n"), V());
   EXPECT_EQ(ParseCpuList("7-7"), V({7}));
 }
 
 TEST(CpuList, RefusesMalformed) {
-  for (const char* bad : {"a", "3-1", "0-", "-1", "0,,1", "0-3,", ",0", "1 2", "0x1", "1-2-3",
-                          "99999999"}) {
+  for (const char* bad :
+       {"a", "3-1", "0-", "-1", "0,,1", "0-3,", ",0", "1 2", "0x1", "1-2-3", "99999999"}) {
     EXPECT_EQ(ParseCpuList(bad), std::nullopt) << bad;
   }
 }
@@ -103,10 +103,10 @@ TEST(Sysfs, NodeCpus) {
 TEST(Placement, LocalCpus) {
   EXPECT_EQ(LocalCpus({0, 1, 2, 3, 8, 9, 10, 11}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}),
             V({0, 1, 2, 3, 8, 9, 10, 11}));
-  EXPECT_EQ(LocalCpus({1, 2}, {0, 1}), V({1}));   // only CPUs the process may use
-  EXPECT_EQ(LocalCpus({4, 5}, {0, 1}), V());      // none of them: leave the threads alone
-  EXPECT_EQ(LocalCpus({0, 1}, {0, 1}), V());      // one node: nothing to gain
-  EXPECT_EQ(LocalCpus({0, 1, 2}, {0, 1}), V());   // every allowed CPU is local
+  EXPECT_EQ(LocalCpus({1, 2}, {0, 1}), V({1}));  // only CPUs the process may use
+  EXPECT_EQ(LocalCpus({4, 5}, {0, 1}), V());     // none of them: leave the threads alone
+  EXPECT_EQ(LocalCpus({0, 1}, {0, 1}), V());     // one node: nothing to gain
+  EXPECT_EQ(LocalCpus({0, 1, 2}, {0, 1}), V());  // every allowed CPU is local
   EXPECT_EQ(LocalCpus({}, {0, 1}), V());
   EXPECT_EQ(LocalCpus({0}, {}), V());
 }
@@ -115,11 +115,11 @@ TEST(Placement, ChooseCompVector) {
   uint32_t next = 0;
   std::vector<int> got;
   for (int i = 0; i < 4; ++i) got.push_back(ChooseCompVector(-1, 3, true, next).value());
-  EXPECT_EQ(got, V({0, 1, 2, 0}));  // round robin
+  EXPECT_EQ(got, V({0, 1, 2, 0}));                            // round robin
   EXPECT_EQ(ChooseCompVector(2, 3, true, next).value(), 2);   // explicit wins...
   EXPECT_EQ(ChooseCompVector(-1, 3, true, next).value(), 1);  // ... and takes no turn
   EXPECT_EQ(ChooseCompVector(-1, 3, false, next).value(), 0);
-  EXPECT_EQ(ChooseCompVector(0, 0, true, next).value(), 0);   // a device reporting none
+  EXPECT_EQ(ChooseCompVector(0, 0, true, next).value(), 0);  // a device reporting none
   for (int bad : {3, 7, -2}) {
     Result<int> r = ChooseCompVector(bad, 3, true, next);
     ASSERT_FALSE(r.ok()) << bad;
@@ -180,8 +180,8 @@ TEST_F(PlacementOnFakeNode, ConfinesThreadsWithoutExplicitCpus) {
   RuntimeOptions options;
   options.pollers = 2;
   options.consumers.resize(3);
-  options.consumers[1].cpu = allowed_[1];                      // explicit: stays
-  options.consumers[2].kind = ConsumerKind::kEngineDriven;     // not the runtime's thread
+  options.consumers[1].cpu = allowed_[1];                   // explicit: stays
+  options.consumers[2].kind = ConsumerKind::kEngineDriven;  // not the runtime's thread
   Placement placement(options, sys_.root());
   Parked threads(4);
   Placement::Threads handles{{threads.handle(0), threads.handle(1)},
@@ -240,8 +240,8 @@ TEST_F(PlacementOnFakeNode, ExplicitPollerCpusWin) {
   Parked threads(2);
   const V before = AffinityOf(threads.handle(0));
   placement.OnDeviceAdded(1, "mlx5_0", true, 1, {{threads.handle(0)}, {threads.handle(1)}});
-  EXPECT_EQ(AffinityOf(threads.handle(0)), before);          // the poller: explicit CPU
-  EXPECT_EQ(AffinityOf(threads.handle(1)), V({local_}));     // the consumer: placed
+  EXPECT_EQ(AffinityOf(threads.handle(0)), before);       // the poller: explicit CPU
+  EXPECT_EQ(AffinityOf(threads.handle(1)), V({local_}));  // the consumer: placed
 }
 
 TEST_F(PlacementOnFakeNode, OffMovesNothingAndUsesVectorZero) {

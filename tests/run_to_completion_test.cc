@@ -317,9 +317,8 @@ TEST(RunToCompletion, HandlerUnregistersItself) {
   ASSERT_TRUE(InjectRecvs(qp, 0, 10));
   ASSERT_TRUE(InjectRecvs(qp, 10, 1, /*solicited=*/true));
   ASSERT_TRUE(WaitFor([&] { return handler.calls.load() >= 1; }));
-  ASSERT_TRUE(WaitFor([&] {
-    return rt->GetStats().consumers[0].delivered + orphans.count.load() == 11;
-  }));
+  ASSERT_TRUE(
+      WaitFor([&] { return rt->GetStats().consumers[0].delivered + orphans.count.load() == 11; }));
   EXPECT_EQ(handler.calls.load(), 1);
   CQD_ASSERT_OK(sim->DestroyQp(qp));
   CQD_ASSERT_OK(rt->DestroyCq(cq));

@@ -1,12 +1,13 @@
 // The runtime's behaviour on the simulated device: engine-driven consumers, adopted CQs, orphans,
 // async event routing (S14), unregistering from a handler, and injected faults.
+#include "cqd/runtime.h"
+
 #include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <set>
 
-#include "cqd/runtime.h"
 #include "cqd/sim.h"
 #include "tests/test_util.h"
 
@@ -100,7 +101,7 @@ TEST(Runtime, AdoptedCqIsPolledAndReleased) {
     }
   }
   CQD_ASSERT_OK(sim->DestroyQp(qp));
-  CQD_ASSERT_OK(rt->DestroyCq(cq));        // releases: acks what the runtime read
+  CQD_ASSERT_OK(rt->DestroyCq(cq));          // releases: acks what the runtime read
   CQD_ASSERT_OK(sim->DestroyCq(engine_cq));  // would hang on an unacked event (S2)
 }
 
@@ -282,19 +283,19 @@ TEST(Runtime, AsyncEventsAreRouted) {
   CQD_ASSERT_OK_AND_ASSIGN(reg_a, rt->RegisterQp(*qp_a, a, 0));
   CQD_ASSERT_OK_AND_ASSIGN(reg_b, rt->RegisterQp(*qp_b, b, 1));
 
-  const ibv_event_type qp_events[] = {
-      IBV_EVENT_QP_FATAL,  IBV_EVENT_QP_REQ_ERR, IBV_EVENT_QP_ACCESS_ERR,
-      IBV_EVENT_COMM_EST,  IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG,
-      IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED};
+  const ibv_event_type qp_events[] = {IBV_EVENT_QP_FATAL,      IBV_EVENT_QP_REQ_ERR,
+                                      IBV_EVENT_QP_ACCESS_ERR, IBV_EVENT_COMM_EST,
+                                      IBV_EVENT_SQ_DRAINED,    IBV_EVENT_PATH_MIG,
+                                      IBV_EVENT_PATH_MIG_ERR,  IBV_EVENT_QP_LAST_WQE_REACHED};
   for (ibv_event_type type : qp_events) CQD_ASSERT_OK(sim->RaiseQpEvent(qp_a, type));
   ASSERT_TRUE(WaitFor([&] { return a.events().size() == std::size(qp_events); }));
   for (ibv_event_type type : qp_events) EXPECT_TRUE(HandlerSaw(a, type)) << type;
   EXPECT_TRUE(b.events().empty()) << "another QP's event reached b";
 
   const ibv_event_type device_types[] = {
-      IBV_EVENT_PORT_ACTIVE,  IBV_EVENT_PORT_ERR, IBV_EVENT_LID_CHANGE,
-      IBV_EVENT_PKEY_CHANGE,  IBV_EVENT_GID_CHANGE, IBV_EVENT_SM_CHANGE,
-      IBV_EVENT_CLIENT_REREGISTER, IBV_EVENT_SRQ_ERR, IBV_EVENT_SRQ_LIMIT_REACHED};
+      IBV_EVENT_PORT_ACTIVE,       IBV_EVENT_PORT_ERR,   IBV_EVENT_LID_CHANGE,
+      IBV_EVENT_PKEY_CHANGE,       IBV_EVENT_GID_CHANGE, IBV_EVENT_SM_CHANGE,
+      IBV_EVENT_CLIENT_REREGISTER, IBV_EVENT_SRQ_ERR,    IBV_EVENT_SRQ_LIMIT_REACHED};
   for (ibv_event_type type : device_types) CQD_ASSERT_OK(sim->RaiseDeviceEvent(type, 1));
   ASSERT_TRUE(WaitFor([&] {
     for (ibv_event_type type : device_types) {
@@ -370,10 +371,18 @@ TEST(Runtime, SurvivesInjectedFaults) {
   CQD_ASSERT_OK_AND_ASSIGN(channel, topo.rt->SimChannelFor(topo.device, 0));
   for (uint64_t i = 0; i < 200; ++i) {
     switch (i % 4) {
-      case 0: topo.sim->FailGetEvent(channel, EINTR, 2); break;
-      case 1: topo.sim->FailGetEvent(channel, EAGAIN, 1); break;
-      case 2: topo.sim->AddSpuriousEvent(topo.cqs[0].sim()); break;
-      case 3: topo.sim->FailGetAsyncEvent(EINTR, 1); break;
+      case 0:
+        topo.sim->FailGetEvent(channel, EINTR, 2);
+        break;
+      case 1:
+        topo.sim->FailGetEvent(channel, EAGAIN, 1);
+        break;
+      case 2:
+        topo.sim->AddSpuriousEvent(topo.cqs[0].sim());
+        break;
+      case 3:
+        topo.sim->FailGetAsyncEvent(EINTR, 1);
+        break;
     }
     ASSERT_EQ(qp->Complete(i), 1);
     ASSERT_TRUE(WaitFor([&] { return topo.handlers[0]->received() == i + 1; }))

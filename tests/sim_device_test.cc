@@ -1,5 +1,7 @@
 // The simulated device beyond the S1-S13 suite: what it adds to verbs (fault injection) and the
 // verbs misuse it reports instead of hanging.
+#include "runtime/backend/sim/sim_device.h"
+
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "cqd/sim.h"
-#include "runtime/backend/sim/sim_device.h"
 #include "tests/test_util.h"
 
 namespace cqd {

@@ -119,9 +119,8 @@ TEST_F(SlowConsumer, AsyncEventsRespectTheBound) {
   CQD_ASSERT_OK_AND_ASSIGN(qp, sim_->CreateQp(cq.sim(), cq.sim()));
   Registration reg = rt_->RegisterQp(*qp, handler, 0).value();
   ASSERT_TRUE(InjectRecvs(qp, 0, 20));
-  ASSERT_TRUE(WaitFor([&] {
-    return testing::SumPollers(rt_->GetStats(), &PollerStats::completions) == 20;
-  }));
+  ASSERT_TRUE(WaitFor(
+      [&] { return testing::SumPollers(rt_->GetStats(), &PollerStats::completions) == 20; }));
   for (int i = 0; i < 5; ++i) CQD_ASSERT_OK(sim_->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
   ASSERT_TRUE(WaitFor([&] { return rt_->GetStats().async_events == 5; }));
   ASSERT_TRUE(WaitFor([&] { return Slow(rt_->GetStats()).spill_depth == 20 + 5 - kCapacity; }));

@@ -69,7 +69,9 @@ struct Sim {
     rt = Runtime::Create(options).value();
     dev = rt->AddSimDevice(sim).value();
   }
-  CqHandle Cq(int shard, CqOptions options = {}) { return rt->CreateCq(dev, shard, options).value(); }
+  CqHandle Cq(int shard, CqOptions options = {}) {
+    return rt->CreateCq(dev, shard, options).value();
+  }
   SimQp* Qp(CqHandle cq, SimQpOptions options = {}) {
     return sim->CreateQp(cq.sim(), cq.sim(), options).value();
   }
@@ -366,7 +368,8 @@ TEST(TeardownWaits, CallsFromTheLogSinkAreRefused) {
   CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, forever));
   pending = teardown;
   runtime.store(s.rt.get());
-  auto added = std::async(std::launch::async, [&] { return s.rt->AddSimDevice(SimDevice::Create()); });
+  auto added =
+      std::async(std::launch::async, [&] { return s.rt->AddSimDevice(SimDevice::Create()); });
   ASSERT_EQ(added.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   ASSERT_TRUE(added.get().ok());
   ASSERT_EQ(sink_checks.load(), 1);

@@ -421,7 +421,6 @@ TEST(Teardown, LastWqeReachedFromBeforeTheTeardownDoesNotEndIt) {
   CQD_ASSERT_OK(sim->DestroyQp(qp));
 }
 
-
 // A LAST_WQE_REACHED the runtime reads while a TeardownQp is failing (the send CQ has no room for
 // its marker: the registration is draining for a moment) belongs to that failed attempt. Still
 // queued when a later TeardownQp succeeds, it must not end that one's receive side: receive

@@ -33,8 +33,8 @@ inline bool WaitFor(const std::function<bool()>& done,
     ASSERT_TRUE(_s.ok()) << #expr << ": " << _s.ToString(); \
   } while (0)
 
-#define CQD_ASSERT_OK_AND_ASSIGN(lhs, expr)                                     \
-  auto lhs##_result = (expr);                                                   \
+#define CQD_ASSERT_OK_AND_ASSIGN(lhs, expr)                                            \
+  auto lhs##_result = (expr);                                                          \
   ASSERT_TRUE(lhs##_result.ok()) << #expr << ": " << lhs##_result.status().ToString(); \
   auto lhs = std::move(lhs##_result).value()
 

@@ -161,8 +161,8 @@ bool Extract(const cqd::json::Value& root, Snapshot* s, std::string* error) {
   const Value* cqs = root.Get("cqs");
   const Value* consumers = root.Get("consumers");
   if (!root.is(Value::Type::kObject) || pollers == nullptr || cqs == nullptr ||
-      consumers == nullptr || !pollers->is(Value::Type::kArray) ||
-      !cqs->is(Value::Type::kArray) || !consumers->is(Value::Type::kArray)) {
+      consumers == nullptr || !pollers->is(Value::Type::kArray) || !cqs->is(Value::Type::kArray) ||
+      !consumers->is(Value::Type::kArray)) {
     *error = "not a cqd stats document";
     return false;
   }
@@ -180,16 +180,24 @@ bool Extract(const cqd::json::Value& root, Snapshot* s, std::string* error) {
                           p.U64("sleeps"), p.U64("backpressure_stalls")});
   }
   for (const Value& c : cqs->items) {
-    s->cqs[c.U64("id")] = {c.I64("shard"), c.U64("completions"), c.U64("events"),
-                           c.U64("acked_events"), c.U64("ack_calls"), c.U64("poll_errors")};
+    s->cqs[c.U64("id")] = {c.I64("shard"),        c.U64("completions"), c.U64("events"),
+                           c.U64("acked_events"), c.U64("ack_calls"),   c.U64("poll_errors")};
   }
   for (const Value& c : consumers->items) {
-    Snapshot::Consumer out{c.Str("name"),        c.U64("delivered"),   c.U64("async_events"),
-                           c.U64("queue_depth"), c.U64("high_water"),  c.U64("spill_depth"),
-                           c.U64("spill_high_water"), c.U64("stalls"), c.U64("stalled_ns"),
-                           false, 0, {}};
-    if (const Value* l = c.Get("latency"); l != nullptr && l->Get("enabled") != nullptr &&
-                                           l->Get("enabled")->boolean) {
+    Snapshot::Consumer out{c.Str("name"),
+                           c.U64("delivered"),
+                           c.U64("async_events"),
+                           c.U64("queue_depth"),
+                           c.U64("high_water"),
+                           c.U64("spill_depth"),
+                           c.U64("spill_high_water"),
+                           c.U64("stalls"),
+                           c.U64("stalled_ns"),
+                           false,
+                           0,
+                           {}};
+    if (const Value* l = c.Get("latency");
+        l != nullptr && l->Get("enabled") != nullptr && l->Get("enabled")->boolean) {
       out.latency = true;
       out.latency_max_ns = l->U64("max_ns");
       if (const Value* b = l->Get("buckets"); b != nullptr) {
@@ -296,9 +304,8 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
          Rate(cur.cq_acked_events, prev.cq_acked_events, dt).c_str(),
          Rate(cur.cq_ack_calls, prev.cq_ack_calls, dt).c_str());
 
-  std::vector<std::vector<std::string>> rows = {{"POLLER", "CPU", "COMPL/s", "POLLS/s",
-                                                 "EMPTY/s", "SLEEPS/s", "ARMS/s", "ARM_FAIL/s",
-                                                 "SKIPPED/s"}};
+  std::vector<std::vector<std::string>> rows = {{"POLLER", "CPU", "COMPL/s", "POLLS/s", "EMPTY/s",
+                                                 "SLEEPS/s", "ARMS/s", "ARM_FAIL/s", "SKIPPED/s"}};
   for (size_t i = 0; i < cur.pollers.size(); ++i) {
     const Snapshot::Poller& c = cur.pollers[i];
     const Snapshot::Poller p = i < prev.pollers.size() ? prev.pollers[i] : c;
@@ -327,8 +334,7 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
   for (size_t k = 0; k < order.size() && k < flags.cqs; ++k) {
     const Snapshot::Cq& c = cur.cqs.at(order[k].id);
     auto it = prev.cqs.find(order[k].id);
-    const Snapshot::Cq p = it == prev.cqs.end() ? Snapshot::Cq{c.shard, 0, 0, 0, 0, 0}
-                                                : it->second;
+    const Snapshot::Cq p = it == prev.cqs.end() ? Snapshot::Cq{c.shard, 0, 0, 0, 0, 0} : it->second;
     rows.push_back({Num(order[k].id), std::to_string(c.shard),
                     Rate(c.completions, p.completions, dt), Rate(c.events, p.events, dt),
                     Rate(c.acked_events, p.acked_events, dt), Rate(c.ack_calls, p.ack_calls, dt),
@@ -342,8 +348,8 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
     printf("\n");
   }
 
-  rows = {{"CONSUMER", "DELIV/s", "EVENTS/s", "QUEUE", "QUEUE_HW", "SPILL", "SPILL_HW",
-           "STALLS/s", "STALLED/s", "P50", "P99", "P99.9", "MAX_EVER"}};
+  rows = {{"CONSUMER", "DELIV/s", "EVENTS/s", "QUEUE", "QUEUE_HW", "SPILL", "SPILL_HW", "STALLS/s",
+           "STALLED/s", "P50", "P99", "P99.9", "MAX_EVER"}};
   for (size_t i = 0; i < cur.consumers.size(); ++i) {
     const Snapshot::Consumer& c = cur.consumers[i];
     const Snapshot::Consumer& p = i < prev.consumers.size() ? prev.consumers[i] : c;

@@ -71,8 +71,8 @@ uint64_t Sum(const std::vector<std::unique_ptr<DemoHandler>>& hs) {
   return n;
 }
 
-void Progress(const char* phase, double elapsed, uint64_t delivered, uint64_t last,
-              double interval, const cqd::Stats& s) {
+void Progress(const char* phase, double elapsed, uint64_t delivered, uint64_t last, double interval,
+              const cqd::Stats& s) {
   uint64_t depth = 0, sleeps = 0;
   for (const auto& c : s.consumers) depth += c.queue_depth;
   for (const auto& p : s.pollers) sleeps += p.sleeps;
@@ -202,8 +202,8 @@ int main(int argc, char** argv) {
   for (const auto& h : slow_handlers) disorder += h->out_of_order();
 
   cqd::Stats s = rt->GetStats();
-  printf("\n%-10s %6s %12s %12s %12s %8s %8s\n", "poller", "cpu", "polls", "empty",
-         "completions", "arms", "sleeps");
+  printf("\n%-10s %6s %12s %12s %12s %8s %8s\n", "poller", "cpu", "polls", "empty", "completions",
+         "arms", "sleeps");
   for (size_t i = 0; i < s.pollers.size(); ++i) {
     const auto& p = s.pollers[i];
     printf("%-10zu %6d %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n", i,
@@ -215,8 +215,8 @@ int main(int argc, char** argv) {
     printf("%-10u %6d %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %10" PRIu64 "\n", c.id, c.shard,
            c.completions, c.events, c.acked_events, c.ack_calls);
   }
-  printf("\n%-10s %12s %8s %10s %10s %10s %10s\n", "consumer", "delivered", "queued",
-         "high-water", "p50 ns", "p99 ns", "max ns");
+  printf("\n%-10s %12s %8s %10s %10s %10s %10s\n", "consumer", "delivered", "queued", "high-water",
+         "p50 ns", "p99 ns", "max ns");
   for (const auto& c : s.consumers) {
     printf("%-10s %12" PRIu64 " %8" PRIu64 " %10" PRIu64, c.name.c_str(), c.delivered,
            c.queue_depth, c.high_water);

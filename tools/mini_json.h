@@ -25,8 +25,8 @@ struct Value {
   enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
   Type type = Type::kNull;
   bool boolean = false;
-  std::string text;  // kString: the decoded string; kNumber: the number as written
-  std::vector<Value> items;                           // kArray
+  std::string text;          // kString: the decoded string; kNumber: the number as written
+  std::vector<Value> items;  // kArray
   std::vector<std::pair<std::string, Value>> fields;  // kObject, in document order
 
   bool is(Type t) const { return type == t; }
@@ -185,7 +185,6 @@ class Parser {
     return true;
   }
 
-
   // A raw UTF-8 sequence starting at pos_ (its first byte >= 0x80): copied if valid.
   bool Utf8(std::string& out) {
     const auto b0 = static_cast<unsigned char>(s_[pos_]);
@@ -236,14 +235,30 @@ class Parser {
       if (++pos_ >= s_.size()) return Fail("unterminated escape");
       const char e = s_[pos_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp;
           if (!Hex4(&cp)) return false;

@@ -29,19 +29,18 @@
 //
 // Checking, with O(1) memory per QP incarnation (no per-completion state, so
 // --completions=1000000000 runs in bounded memory): completion k of a QP's stream (one QP on one
-// CQ) carries wr_id k (bit 63 marks the send-CQ stream, bits 48..62 the incarnation). The handler expects k == next; anything
-// else counts as out of order. Orphans (the OrphanHandler) are counted per stream with the sum and
-// sum of squares of their wr_ids: after a QP is unregistered, what it did not get must be exactly
-// the orphaned range [delivered, injected). A retired QP's books are closed as soon as they
-// balance, so memory does not grow with churn. At the end: lost = injected - delivered - orphaned
-// (if positive), duplicated = the excess (if negative), and any orphan-range mismatch, late
-// handler call (after Unregister returned), wrong-QP delivery, orphan of a QP that was never
-// unregistered, Stats::cq_events != cq_acked_events after the CQs are destroyed, a teardown that
-// was refused or returned neither OK nor DEADLINE_EXCEEDED, a handler's Wait that returned
-// anything but its refusal or an ended teardown's result, or a consumer queue (spill) above
-// queue_capacity
-// (spill_capacity) fails the run. The progress line and the summary show the consumers' spill
-// and stall figures (ConsumerStats).
+// CQ) carries wr_id k (bit 63 marks the send-CQ stream, bits 48..62 the incarnation). The handler
+// expects k == next; anything else counts as out of order. Orphans (the OrphanHandler) are counted
+// per stream with the sum and sum of squares of their wr_ids: after a QP is unregistered, what it
+// did not get must be exactly the orphaned range [delivered, injected). A retired QP's books are
+// closed as soon as they balance, so memory does not grow with churn. At the end: lost = injected -
+// delivered - orphaned (if positive), duplicated = the excess (if negative), and any orphan-range
+// mismatch, late handler call (after Unregister returned), wrong-QP delivery, orphan of a QP that
+// was never unregistered, Stats::cq_events != cq_acked_events after the CQs are destroyed, a
+// teardown that was refused or returned neither OK nor DEADLINE_EXCEEDED, a handler's Wait that
+// returned anything but its refusal or an ended teardown's result, or a consumer queue (spill)
+// above queue_capacity (spill_capacity) fails the run. The progress line and the summary show the
+// consumers' spill and stall figures (ConsumerStats).
 #include <errno.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -77,7 +76,7 @@ constexpr int kTagShift = 48;
 constexpr uint64_t kTagMask = 0x7fff;
 constexpr uint64_t kIndexMask = (uint64_t{1} << kTagShift) - 1;
 uint64_t BooksKey(uint32_t qp_num, uint64_t tag) { return uint64_t{qp_num} << 16 | tag; }
-constexpr int kConsumers = 3;      // 0 owned, 1 engine (LT, pauses), 2 engine (ET)
+constexpr int kConsumers = 3;  // 0 owned, 1 engine (LT, pauses), 2 engine (ET)
 constexpr int kPausingConsumer = 1;
 constexpr int kMaxBurst = 32;
 
@@ -85,25 +84,25 @@ constexpr int kMaxBurst = 32;
 
 struct Flags {
   uint64_t completions = 50'000'000;
-  double seconds = 0;          // 0: no time limit; else stop injecting after this long
-  double rate = 0;             // completions per second in all; 0: as fast as possible
+  double seconds = 0;  // 0: no time limit; else stop injecting after this long
+  double rate = 0;     // completions per second in all; 0: as fast as possible
   int qps = 96;
   int cqs = 6;
-  int depth = 1024;            // CQ depth
+  int depth = 1024;  // CQ depth
   uint64_t queue_capacity = 8192;
   uint64_t spill_capacity = 4096;
-  int qp_wrs = 512;            // work requests per queue of each QP (outstanding completions)
-  int teardown_permille = 500; // churns that tear the QP down drained (TeardownQp)
+  int qp_wrs = 512;             // work requests per queue of each QP (outstanding completions)
+  int teardown_permille = 500;  // churns that tear the QP down drained (TeardownQp)
   int injectors = 2;
-  int error_permille = 10;     // error completions per 1000
+  int error_permille = 10;  // error completions per 1000
   int solicited_permille = 100;
-  double churn_ms = 5;         // 0: no churn
-  double fault_ms = 10;        // 0: no faults
-  double pause_every = 4;      // seconds; 0: never pause
+  double churn_ms = 5;     // 0: no churn
+  double fault_ms = 10;    // 0: no faults
+  double pause_every = 4;  // seconds; 0: never pause
   double pause_ms = 1500;
   double teardown_timeout_ms = 0;  // 0: 5000 + pause_ms
-  int split_every = 4;         // every Nth QP gets a send CQ on the other shard; 0: none
-  double drain_timeout = 60;   // seconds to wait for the last completions
+  int split_every = 4;             // every Nth QP gets a send CQ on the other shard; 0: none
+  double drain_timeout = 60;       // seconds to wait for the last completions
   uint64_t seed = 1;
   bool progress = true;
 };
@@ -140,8 +139,8 @@ std::vector<FlagSpec> Specs(Flags& f) {
       {"pause_ms", "... for M ms", FlagSpec::kDouble, &f.pause_ms},
       {"teardown_timeout_ms", "TeardownOptions::timeout (0: 5000 + pause_ms)", FlagSpec::kDouble,
        &f.teardown_timeout_ms},
-      {"split_every", "every Nth QP has its send CQ on the other shard (0: none)",
-       FlagSpec::kInt, &f.split_every},
+      {"split_every", "every Nth QP has its send CQ on the other shard (0: none)", FlagSpec::kInt,
+       &f.split_every},
       {"drain_timeout", "seconds to wait for the last completions", FlagSpec::kDouble,
        &f.drain_timeout},
       {"seed", "random seed", FlagSpec::kU64, &f.seed},
@@ -176,7 +175,10 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
     if (ok) {
       switch (spec->type) {
         case FlagSpec::kU64: {
-          if (*value == '-') { ok = false; break; }
+          if (*value == '-') {
+            ok = false;
+            break;
+          }
           // Accepts 1000000000 and 1e9.
           double d = strtod(value, &end);
           ok = *end == '\0' && d >= 0 && d <= 1.8e19;
@@ -207,10 +209,9 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       return false;
     }
   }
-  if (f.qps < 1 || f.cqs < 2 || f.depth < kMaxBurst || f.injectors < 1 ||
-      f.error_permille > 1000 || f.solicited_permille > 1000 || f.queue_capacity < 1 ||
-      f.spill_capacity < 1 || f.spill_capacity > (1 << 20) || f.qp_wrs < 1 ||
-      f.teardown_permille > 1000) {
+  if (f.qps < 1 || f.cqs < 2 || f.depth < kMaxBurst || f.injectors < 1 || f.error_permille > 1000 ||
+      f.solicited_permille > 1000 || f.queue_capacity < 1 || f.spill_capacity < 1 ||
+      f.spill_capacity > (1 << 20) || f.qp_wrs < 1 || f.teardown_permille > 1000) {
     fprintf(stderr,
             "soak: need --qps>=1, --cqs>=2, --depth>=%d, --injectors>=1, "
             "--queue_capacity>=1, --spill_capacity in 1..2^20, --qp_wrs>=1, permille values "
@@ -243,8 +244,8 @@ uint64_t RangeSumSq(uint64_t a, uint64_t b) {
 
 // One QP's completions on one CQ.
 struct Stream {
-  uint64_t injected = 0;                // under QpSlot::mu (the injectors)
-  std::atomic<uint64_t> next{0};        // the handler's expected wr_id (its consumer only)
+  uint64_t injected = 0;          // under QpSlot::mu (the injectors)
+  std::atomic<uint64_t> next{0};  // the handler's expected wr_id (its consumer only)
   std::atomic<uint64_t> delivered{0};
   std::atomic<uint64_t> out_of_order{0};  // arrivals with wr_id != next
   std::atomic<uint64_t> backwards{0};     // ... of which wr_id < next (duplicate or reordered)
@@ -276,7 +277,7 @@ struct Track {
   std::atomic<bool> unregistered{false};   // set after Unregister returned: no handler call
   std::atomic<uint64_t> late_calls{0};
   std::atomic<uint64_t> wrong_qp{0};
-  std::atomic<uint64_t> errors{0};         // error completions delivered
+  std::atomic<uint64_t> errors{0};  // error completions delivered
   std::atomic<uint64_t> async_events{0};
   // A plainly unregistered QP stays alive until its books balance: destroying it earlier would
   // let the device give its qp_num to a new QP while its completions are still on their way.
@@ -352,8 +353,8 @@ void SoakHandler::OnAsyncEvent(const cqd::AsyncEvent& event) noexcept {
 struct OrphanBooks final : public cqd::OrphanHandler {
   std::mutex mu;
   std::unordered_map<uint64_t, Track*> open;
-  uint64_t unknown = 0;      // orphans of a qp_num with no open books (closed or never made)
-  uint64_t of_live_qp = 0;   // orphans of a QP nobody started to unregister
+  uint64_t unknown = 0;     // orphans of a qp_num with no open books (closed or never made)
+  uint64_t of_live_qp = 0;  // orphans of a QP nobody started to unregister
   std::atomic<uint64_t> total{0};
 
   void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
@@ -426,11 +427,11 @@ struct Verdict {
 // ---- the run ----
 
 struct QpSlot {
-  std::mutex mu;              // injectors, churn and chaos take it to use the QP
+  std::mutex mu;  // injectors, churn and chaos take it to use the QP
   cqd::SimQp* qp = nullptr;
   std::unique_ptr<Track> track;
   int recv_cq = 0, send_cq = 0;
-  bool draining = false;      // under mu: a teardown runs, the QP takes no new work
+  bool draining = false;  // under mu: a teardown runs, the QP takes no new work
 };
 
 struct Soak {
@@ -447,7 +448,7 @@ struct Soak {
 
   Clock::time_point start;
   std::atomic<bool> stop_injecting{false};
-  std::atomic<bool> stop_side{false};     // churn and chaos
+  std::atomic<bool> stop_side{false};  // churn and chaos
   std::atomic<bool> stop_engines{false};
   std::atomic<uint64_t> injected{0};
   std::atomic<uint64_t> budget_taken{0};
@@ -456,10 +457,10 @@ struct Soak {
   std::atomic<uint64_t> inject_failures{0};  // Inject returned -1: must never happen
   std::atomic<uint64_t> churns{0};
   std::atomic<uint64_t> next_tag{0};
-  std::atomic<uint64_t> teardowns{0};          // drained teardowns that returned OK
-  std::atomic<uint64_t> teardowns_undrained{0};  // ended at the deadline (DEADLINE_EXCEEDED)
-  std::atomic<uint64_t> teardown_failures{0};  // refused, or Wait() neither OK nor the deadline
-  std::atomic<uint64_t> teardown_retries{0};   // refused for want of room for a marker: retried
+  std::atomic<uint64_t> teardowns{0};             // drained teardowns that returned OK
+  std::atomic<uint64_t> teardowns_undrained{0};   // ended at the deadline (DEADLINE_EXCEEDED)
+  std::atomic<uint64_t> teardown_failures{0};     // refused, or Wait() neither OK nor the deadline
+  std::atomic<uint64_t> teardown_retries{0};      // refused for want of room for a marker: retried
   std::atomic<uint64_t> teardown_undelivered{0};  // completions an OK teardown did not deliver
   std::atomic<uint64_t> teardown_wait_ns{0};
   std::atomic<uint64_t> teardown_wait_max_ns{0};
@@ -738,8 +739,8 @@ struct Soak {
         // No more completions outstanding than the QP has work requests (the capacity guard
         // sized the CQs for that).
         const uint64_t outstanding = st.injected - st.delivered.load(std::memory_order_relaxed);
-        const uint64_t room = outstanding >= static_cast<uint64_t>(flags.qp_wrs)
-                                  ? 0 : flags.qp_wrs - outstanding;
+        const uint64_t room =
+            outstanding >= static_cast<uint64_t>(flags.qp_wrs) ? 0 : flags.qp_wrs - outstanding;
         if (room < static_cast<uint64_t>(burst)) {
           ReturnBudget(burst - room);
           burst = static_cast<int>(room);
@@ -831,9 +832,9 @@ struct Soak {
     std::mt19937_64 rng(flags.seed * 31337);
     auto period = std::chrono::duration<double, std::milli>(flags.fault_ms);
     Clock::time_point next = Clock::now();
-    static const ibv_event_type kQpEvents[] = {
-        IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED, IBV_EVENT_PATH_MIG,
-        IBV_EVENT_QP_LAST_WQE_REACHED, IBV_EVENT_QP_REQ_ERR};
+    static const ibv_event_type kQpEvents[] = {IBV_EVENT_COMM_EST, IBV_EVENT_SQ_DRAINED,
+                                               IBV_EVENT_PATH_MIG, IBV_EVENT_QP_LAST_WQE_REACHED,
+                                               IBV_EVENT_QP_REQ_ERR};
     static const ibv_event_type kPortEvents[] = {IBV_EVENT_PORT_ACTIVE, IBV_EVENT_LID_CHANGE,
                                                  IBV_EVENT_PORT_ERR, IBV_EVENT_GID_CHANGE};
     while (!stop_side.load()) {
@@ -853,11 +854,13 @@ struct Soak {
             ControlError("SimChannelFor", ch.status());
             break;
           }
-          sim->FailGetEvent(*ch, (r >> 12) & 1 ? EINTR : EAGAIN, 1 + static_cast<int>((r >> 16) % 64));
+          sim->FailGetEvent(*ch, (r >> 12) & 1 ? EINTR : EAGAIN,
+                            1 + static_cast<int>((r >> 16) % 64));
           break;
         }
         case 3:  // ... on the async fd
-          sim->FailGetAsyncEvent((r >> 12) & 1 ? EINTR : EAGAIN, 1 + static_cast<int>((r >> 16) % 64));
+          sim->FailGetAsyncEvent((r >> 12) & 1 ? EINTR : EAGAIN,
+                                 1 + static_cast<int>((r >> 16) % 64));
           break;
         case 4: {  // a QP async event
           QpSlot& slot = *slots[(r >> 8) % slots.size()];
@@ -958,8 +961,8 @@ struct Soak {
     cqd::Stats s = rt->GetStats();
     uint64_t stalls = 0;
     for (const auto& p : s.pollers) stalls += p.backpressure_stalls;
-    printf("%6.1fs inj %11" PRIu64 " dlv %11" PRIu64 " %7.3f M/s orph %8" PRIu64 " q[",
-           elapsed, injected.load(), delivered, (delivered - last) / interval / 1e6, s.orphans);
+    printf("%6.1fs inj %11" PRIu64 " dlv %11" PRIu64 " %7.3f M/s orph %8" PRIu64 " q[", elapsed,
+           injected.load(), delivered, (delivered - last) / interval / 1e6, s.orphans);
     for (size_t c = 0; c < s.consumers.size(); ++c) {
       printf("%s%" PRIu64, c ? " " : "", s.consumers[c].queue_depth);
     }
@@ -974,8 +977,8 @@ struct Soak {
     }
     printf("] pstalls %9" PRIu64 " churn %6" PRIu64 " td %5" PRIu64 " faults %6" PRIu64
            " ev %8" PRIu64 "/%8" PRIu64 "%s\n",
-           stalls, churns.load(), teardowns.load(), faults.load(), s.cq_acked_events,
-           s.cq_events, paused.load() ? " PAUSED" : "");
+           stalls, churns.load(), teardowns.load(), faults.load(), s.cq_acked_events, s.cq_events,
+           paused.load() ? " PAUSED" : "");
     fflush(stdout);
   }
 };
@@ -1001,7 +1004,8 @@ int main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, soak.flags)) return 2;
   const Flags& f = soak.flags;
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  printf("soak: %" PRIu64 " completions%s%s, %d QPs on %d CQs over 2 shards, 3 consumers "
+  printf("soak: %" PRIu64
+         " completions%s%s, %d QPs on %d CQs over 2 shards, 3 consumers "
          "(owned, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d "
          "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
          ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns), faults every %.1f "
@@ -1009,9 +1013,8 @@ int main(int argc, char** argv) {
          f.completions,
          f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
          f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
-         f.qps, f.cqs, f.pause_ms, f.pause_every, f.injectors, f.depth, f.qp_wrs,
-         f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms, f.teardown_permille,
-         f.fault_ms);
+         f.qps, f.cqs, f.pause_ms, f.pause_every, f.injectors, f.depth, f.qp_wrs, f.queue_capacity,
+         f.spill_capacity, f.error_permille, f.churn_ms, f.teardown_permille, f.fault_ms);
   if (!soak.Setup()) return 1;
 
   soak.start = Clock::now();
@@ -1029,8 +1032,8 @@ int main(int argc, char** argv) {
   Clock::time_point last_t = soak.start;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    bool budget_done = soak.budget_taken.load() >= f.completions &&
-                       soak.injected.load() >= f.completions;
+    bool budget_done =
+        soak.budget_taken.load() >= f.completions && soak.injected.load() >= f.completions;
     bool time_done = f.seconds > 0 && Since(soak.start) >= f.seconds;
     bool failed = soak.inject_failures.load() > 0 || soak.control_errors.load() > 0;
     if (Since(last_t) >= 1.0 || budget_done || time_done || failed) {
@@ -1060,10 +1063,12 @@ int main(int argc, char** argv) {
       if (Since(wait_start) > f.drain_timeout) {
         stuck = true;
         cqd::Stats s = soak.rt->GetStats();
-        fprintf(stderr, "\nsoak: STUCK: %" PRIu64 " of %" PRIu64
-                        " completions neither delivered nor orphaned after %.0f s; queue depths",
+        fprintf(stderr,
+                "\nsoak: STUCK: %" PRIu64 " of %" PRIu64
+                " completions neither delivered nor orphaned after %.0f s; queue depths",
                 n - d - o, n, f.drain_timeout);
-        for (const auto& c : s.consumers) fprintf(stderr, " %s=%" PRIu64, c.name.c_str(), c.queue_depth);
+        for (const auto& c : s.consumers)
+          fprintf(stderr, " %s=%" PRIu64, c.name.c_str(), c.queue_depth);
         fprintf(stderr, "; CQ sizes");
         for (const auto& cq : soak.cqs) fprintf(stderr, " %d", cq.sim()->size());
         fprintf(stderr, "\n");
@@ -1123,8 +1128,8 @@ int main(int argc, char** argv) {
   printf("\nsoak: injected %.2f s (%.3f M/s), all accounted for after %.2f s\n", inject_seconds,
          v.injected / inject_seconds / 1e6, drain_seconds);
   printf("  completions injected    %14" PRIu64 "\n", v.injected);
-  printf("  delivered               %14" PRIu64 "  (%" PRIu64 " with error status)\n",
-         v.delivered, v.errors);
+  printf("  delivered               %14" PRIu64 "  (%" PRIu64 " with error status)\n", v.delivered,
+         v.errors);
   printf("  orphans                 %14" PRIu64 "  (runtime counted %" PRIu64 ")\n", v.orphans,
          runtime_orphans);
   printf("  lost                    %14" PRIu64 "\n", v.lost);
@@ -1138,29 +1143,27 @@ int main(int argc, char** argv) {
   printf("  orphans of unknown QPs  %14" PRIu64 "\n", g_orphans.unknown);
   printf("  QP incarnations         %14" PRIu64 "  (%" PRIu64 " churned)\n", v.qps,
          soak.churns.load());
-  printf("  QP async events         %14" PRIu64 "  (device events %" PRIu64 ")\n",
-         v.async_events, g_device_events.count.load());
+  printf("  QP async events         %14" PRIu64 "  (device events %" PRIu64 ")\n", v.async_events,
+         g_device_events.count.load());
   printf("  faults injected         %14" PRIu64 "  (%" PRIu64 " consumer pauses)\n",
          soak.faults.load(), soak.pauses.load());
-  const uint64_t ended = soak.teardowns.load() + soak.teardowns_undrained.load() +
-                         soak.teardown_failures.load();
-  printf("  drained teardowns       %14" PRIu64 "  (ended at the deadline %" PRIu64 ", failed %" PRIu64
-         ", put off for a full CQ %" PRIu64
+  const uint64_t ended =
+      soak.teardowns.load() + soak.teardowns_undrained.load() + soak.teardown_failures.load();
+  printf("  drained teardowns       %14" PRIu64 "  (ended at the deadline %" PRIu64
+         ", failed %" PRIu64 ", put off for a full CQ %" PRIu64
          ", completions not delivered by an OK one %" PRIu64 "; Wait %.2f ms mean, %.2f ms max)\n",
          soak.teardowns.load(), soak.teardowns_undrained.load(), soak.teardown_failures.load(),
          soak.teardown_retries.load(), soak.teardown_undelivered.load(),
          ended ? soak.teardown_wait_ns.load() / 1e6 / ended : 0.0,
          soak.teardown_wait_max_ns.load() / 1e6);
-  printf("  waits from handlers     %14" PRIu64 "  (refused %" PRIu64 ", of one over %" PRIu64
-         ", wrong %" PRIu64 ")\n",
-         g_handler_waits.refused.load() + g_handler_waits.over.load() +
-             g_handler_waits.wrong.load(),
-         g_handler_waits.refused.load(), g_handler_waits.over.load(),
-         g_handler_waits.wrong.load());
+  printf(
+      "  waits from handlers     %14" PRIu64 "  (refused %" PRIu64 ", of one over %" PRIu64
+      ", wrong %" PRIu64 ")\n",
+      g_handler_waits.refused.load() + g_handler_waits.over.load() + g_handler_waits.wrong.load(),
+      g_handler_waits.refused.load(), g_handler_waits.over.load(), g_handler_waits.wrong.load());
   printf("  full-CQ retries         %14" PRIu64 "  (all WRs outstanding: %" PRIu64 ")\n",
          soak.full_retries.load(), soak.wr_waits.load());
-  printf("  backpressure stalls     %14" PRIu64 "  (poller sleeps %" PRIu64 ")\n", stalls,
-         sleeps);
+  printf("  backpressure stalls     %14" PRIu64 "  (poller sleeps %" PRIu64 ")\n", stalls, sleeps);
   printf("  engine wakeups          %14" PRIu64 " / %" PRIu64 "  (epoll timeouts %" PRIu64
          " / %" PRIu64 ")\n",
          soak.engine_wakeups[1].load(), soak.engine_wakeups[2].load(),
@@ -1184,11 +1187,10 @@ int main(int argc, char** argv) {
   }
   const bool ok = v.lost == 0 && v.duplicated == 0 && v.out_of_order == 0 && bounds_ok &&
                   soak.teardown_failures.load() == 0 && soak.teardown_undelivered.load() == 0 &&
-                  g_handler_waits.wrong.load() == 0 &&
-                  v.orphan_mismatch == 0 && v.wrong_qp == 0 && v.late_calls == 0 &&
-                  g_orphans.of_live_qp == 0 && g_orphans.unknown == 0 && ack_ok && !stuck &&
-                  soak.inject_failures.load() == 0 && soak.control_errors.load() == 0 &&
-                  v.injected == soak.injected.load();
+                  g_handler_waits.wrong.load() == 0 && v.orphan_mismatch == 0 && v.wrong_qp == 0 &&
+                  v.late_calls == 0 && g_orphans.of_live_qp == 0 && g_orphans.unknown == 0 &&
+                  ack_ok && !stuck && soak.inject_failures.load() == 0 &&
+                  soak.control_errors.load() == 0 && v.injected == soak.injected.load();
   printf("soak: %s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

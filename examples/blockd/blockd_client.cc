@@ -48,7 +48,11 @@ class Client;
 class Conn : public QpHandler {
  public:
   Conn(Client& client, uint32_t index, uint64_t first, uint64_t count, int window, int rounds)
-      : client_(client), index_(index), first_(first), count_(count), window_(window),
+      : client_(client),
+        index_(index),
+        first_(first),
+        count_(count),
+        window_(window),
         rounds_(rounds) {}
   bool Connect(rdma_event_channel* channel, const sockaddr_in& server);
   void OnSetupEvent(const CmEvent& event) noexcept;  // via the channel's CmHandler
@@ -77,7 +81,7 @@ class Conn : public QpHandler {
   const int window_, rounds_;
   rdma_cm_id* id_ = nullptr;
   void* context_ = nullptr;  // the id's context (SetupRouter::Track)
-  Region buffers_;   // window data slots of kMaxRead blocks, then window request slots
+  Region buffers_;           // window data slots of kMaxRead blocks, then window request slots
   Registration registration_;
   uint32_t block_size_ = 0;
   size_t slot_bytes_ = 0;
@@ -159,9 +163,9 @@ void Conn::OnCmEvent(const CmEvent& event) noexcept {
   block_size_ = geometry.block_size;
   slot_bytes_ = static_cast<size_t>(block_size_) * kMaxRead;
   const size_t data = slot_bytes_ * window_;
-  if (!buffers_.Register(client_.engine.pd, data + window_ * sizeof(Request),
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
-                             IBV_ACCESS_REMOTE_WRITE)) {
+  if (!buffers_.Register(
+          client_.engine.pd, data + window_ * sizeof(Request),
+          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)) {
     return Fail("ibv_reg_mr");
   }
   slots_.assign(window_, Slot{});
@@ -228,8 +232,8 @@ void Conn::OnReply(uint32_t imm) noexcept {
     std::vector<char> expected(block_size_);
     for (uint32_t b = 0; b < s.blocks; ++b) {
       Pattern(expected.data(), block_size_, s.block + b, round_);
-      if (memcmp(Data(slot) + static_cast<size_t>(b) * block_size_, expected.data(),
-                 block_size_) != 0) {
+      if (memcmp(Data(slot) + static_cast<size_t>(b) * block_size_, expected.data(), block_size_) !=
+          0) {
         fprintf(stderr, "blockd_client: block %" PRIu64 " read back wrong\n", s.block + b);
         return Fail("verification");
       }
@@ -286,8 +290,7 @@ int Client::Run() {
   const int window = std::clamp<int>(static_cast<int>(flags_.Int("window", 4)), 1, 15);
   std::vector<std::unique_ptr<Conn>> conns;
   for (int i = 0; i < connections; ++i) {
-    conns.push_back(
-        std::make_unique<Conn>(*this, i, first + i * per, per, window, rounds));
+    conns.push_back(std::make_unique<Conn>(*this, i, first + i * per, per, window, rounds));
     if (!conns.back()->Connect(channel, server)) return 1;
   }
   uint64_t verified = 0, ok = 0;
@@ -299,8 +302,8 @@ int Client::Run() {
     if (conn->Finish()) ++ok;
   }
   const uint64_t expected = static_cast<uint64_t>(connections) * per * rounds;
-  printf("blockd_client: connections=%d verified_blocks=%" PRIu64 " of %" PRIu64
-         " clean=%" PRIu64 "\n",
+  printf("blockd_client: connections=%d verified_blocks=%" PRIu64 " of %" PRIu64 " clean=%" PRIu64
+         "\n",
          connections, verified, expected, ok);
   WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
   (void)engine.runtime->Shutdown();

@@ -35,11 +35,11 @@
 namespace cqd::examples::blockd {
 namespace {
 
-constexpr int kSlots = 16;                // receives per connection
+constexpr int kSlots = 16;  // receives per connection
 constexpr uint32_t kRpingBuffer = 64 * 1024;
 // wr_id: what a send-queue completion was, and the receive slot it serves.
 constexpr uint64_t kRdmaRead = 1ull << 32;
-constexpr uint64_t kReply = 2ull << 32;   // WRITE WITH IMM, or rping's go-ahead SEND
+constexpr uint64_t kReply = 2ull << 32;  // WRITE WITH IMM, or rping's go-ahead SEND
 constexpr uint64_t kKindMask = 3ull << 32;
 
 struct Totals {
@@ -70,7 +70,7 @@ class Conn : public QpHandler {
   void Destroy();
 
  private:
-  void OnRequest(int slot) noexcept;     // blockd
+  void OnRequest(int slot) noexcept;  // blockd
   void OnRpingInfo(int slot, uint32_t bytes) noexcept;
   void OnSendDone(uint64_t wr_id) noexcept;
   bool PostRecv(int slot);
@@ -83,8 +83,8 @@ class Conn : public QpHandler {
   Server& server_;
   rdma_cm_id* id_;
   const bool rping_;
-  const int read_depth_;     // RDMA READs the peer lets us have outstanding
-  Region buffers_;           // receive slots; for rping also the go-ahead and the data buffer
+  const int read_depth_;  // RDMA READs the peer lets us have outstanding
+  Region buffers_;        // receive slots; for rping also the go-ahead and the data buffer
   Registration registration_;
   int reads_out_ = 0;
   std::deque<int> waiting_;  // blockd write requests waiting for a read credit
@@ -143,9 +143,8 @@ bool Conn::PostRecv(int slot) {
 }
 
 bool Conn::PostRead(int slot, uint64_t remote, uint32_t rkey, char* local, uint32_t bytes) {
-  ibv_mr* mr = local >= buffers_.data && local < buffers_.data + buffers_.size
-                   ? buffers_.mr
-                   : server_.store.mr;
+  ibv_mr* mr = local >= buffers_.data && local < buffers_.data + buffers_.size ? buffers_.mr
+                                                                               : server_.store.mr;
   ibv_sge sge{reinterpret_cast<uintptr_t>(local), bytes, mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = kRdmaRead | static_cast<uint64_t>(slot);
@@ -159,8 +158,7 @@ bool Conn::PostRead(int slot, uint64_t remote, uint32_t rkey, char* local, uint3
   return ibv_post_send(id_->qp, &wr, &bad) == 0;
 }
 
-bool Conn::PostReply(int slot, const Request& request, uint32_t imm, char* data,
-                     uint32_t bytes) {
+bool Conn::PostReply(int slot, const Request& request, uint32_t imm, char* data, uint32_t bytes) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(data), bytes, server_.store.mr->lkey};
   ibv_send_wr wr{};
   wr.wr_id = kReply | static_cast<uint64_t>(slot);

@@ -36,10 +36,10 @@ struct Request {
   uint32_t magic;
   uint8_t op;
   uint8_t pad[3];
-  uint32_t tag;     // < kRefused
-  uint32_t count;   // blocks, 1..kMaxBlocksPerRequest
-  uint64_t block;   // first block
-  uint64_t addr;    // the client's buffer
+  uint32_t tag;    // < kRefused
+  uint32_t count;  // blocks, 1..kMaxBlocksPerRequest
+  uint64_t block;  // first block
+  uint64_t addr;   // the client's buffer
   uint32_t rkey;
   uint32_t pad2;
 };

@@ -174,8 +174,7 @@ bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registratio
   return drained;
 }
 
-bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes,
-              uint64_t wr_id) {
+bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes, uint64_t wr_id) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(addr), bytes, region.mr->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;

@@ -89,8 +89,7 @@ struct Engine {
 bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration);
 
 // Posts one receive of `bytes` at `addr` (inside `region`) as `wr_id`; false if refused.
-bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes,
-              uint64_t wr_id);
+bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes, uint64_t wr_id);
 
 // A client's CmHandler: routes the setup events of its connections (ADDR_RESOLVED,
 // ROUTE_RESOLVED, errors before a QP is registered) to `Conn::OnSetupEvent`. An event may name an

@@ -17,8 +17,8 @@ inline void WriteStats(Runtime& rt, const std::string& path) {
   Stats stats = rt.GetStats();
   uint64_t completions = 0;
   for (const PollerStats& p : stats.pollers) completions += p.completions;
-  printf("stats: completions=%" PRIu64 " cm_events=%" PRIu64 " orphans=%" PRIu64 "\n",
-         completions, stats.cm_events, stats.orphans);
+  printf("stats: completions=%" PRIu64 " cm_events=%" PRIu64 " orphans=%" PRIu64 "\n", completions,
+         stats.cm_events, stats.orphans);
   if (path.empty()) return;
   const std::string json = StatsToJson(stats);
   if (path == "-") {

@@ -67,7 +67,7 @@ class Conn : public QpHandler {
   const uint32_t requests_;
   rdma_cm_id* id_ = nullptr;
   void* context_ = nullptr;  // the id's context (SetupRouter::Track)
-  Region buffers_;  // window receive slots, then window send slots
+  Region buffers_;           // window receive slots, then window send slots
   Registration registration_;
   uint32_t sent_ = 0;
   uint32_t received_ = 0;

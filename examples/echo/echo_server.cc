@@ -37,19 +37,19 @@ namespace {
 volatile sig_atomic_t told_no_more_clients = 0;  // SIGUSR1, with --exit-when-told
 
 using Clock = std::chrono::steady_clock;
-constexpr int kSlots = 32;        // receives posted per connection
+constexpr int kSlots = 32;  // receives posted per connection
 constexpr uint32_t kSlotBytes = 64;
 constexpr uint64_t kSendBit = 1ull << 32;
 constexpr uint64_t kKeepalive = 1ull << 33;
 
 struct Totals {
-  uint64_t connections = 0;   // connect requests accepted
+  uint64_t connections = 0;  // connect requests accepted
   uint64_t established = 0;
   uint64_t echoed = 0;
-  uint64_t failed = 0;        // ended by an error rather than a disconnect
+  uint64_t failed = 0;  // ended by an error rather than a disconnect
   uint64_t teardowns_ok = 0;
   uint64_t teardowns_late = 0;
-  uint64_t cm_other = 0;      // events on the listener's channel for no live connection
+  uint64_t cm_other = 0;  // events on the listener's channel for no live connection
 };
 
 class Server;
@@ -288,8 +288,8 @@ int Server::Run() {
   }
   printf("echo_server: connections=%" PRIu64 " established=%" PRIu64 " echoed=%" PRIu64
          " failed=%" PRIu64 " teardowns_ok=%" PRIu64 " teardowns_late=%" PRIu64 "\n",
-         totals.connections, totals.established, totals.echoed, totals.failed,
-         totals.teardowns_ok, totals.teardowns_late);
+         totals.connections, totals.established, totals.echoed, totals.failed, totals.teardowns_ok,
+         totals.teardowns_late);
   WriteStats(rt, flags_.Str("stats-json", ""));
   rdma_destroy_id(listener);
   (void)rt.Shutdown();

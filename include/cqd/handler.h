@@ -1,9 +1,10 @@
 // cqd/handler.h: the callbacks an engine implements.
 //
 // QpHandler receives one QP's completions, async events and (for a QP registered with its
-// rdma_cm_id) connection events on the consumer the QP was registered with. A handler never runs on two threads at once and never runs after its Registration was
-// unregistered (see runtime.h). All callbacks are `noexcept`: an override that is not noexcept does
-// not compile, so an exception can never unwind through a poller or consumer.
+// rdma_cm_id) connection events on the consumer the QP was registered with. A handler never runs on
+// two threads at once and never runs after its Registration was unregistered (see runtime.h). All
+// callbacks are `noexcept`: an override that is not noexcept does not compile, so an exception can
+// never unwind through a poller or consumer.
 #ifndef CQD_HANDLER_H_
 #define CQD_HANDLER_H_
 
@@ -19,10 +20,10 @@ namespace cqd {
 // holds numbers rather than pointers to objects that may already be gone.
 struct AsyncEvent {
   ibv_event_type type = IBV_EVENT_DEVICE_FATAL;
-  uint32_t qp_num = 0;   // QP events, and the per-QP copies of CQ_ERR and DEVICE_FATAL
-  uint32_t cq_id = 0;    // CQ_ERR (and its per-QP copies): the runtime's CqHandle::id()
-  uint32_t device = 0;   // the runtime's DeviceId
-  int port_num = 0;      // port events
+  uint32_t qp_num = 0;  // QP events, and the per-QP copies of CQ_ERR and DEVICE_FATAL
+  uint32_t cq_id = 0;   // CQ_ERR (and its per-QP copies): the runtime's CqHandle::id()
+  uint32_t device = 0;  // the runtime's DeviceId
+  int port_num = 0;     // port events
 };
 
 // A connection-manager event, copied out of `rdma_cm_event` and acked before delivery, so that
@@ -37,7 +38,7 @@ struct CmEvent {
   // by a new id) by the time a CmHandler gets the event: give each id a context that is never
   // reused (a connection serial, say) and match events by it, not by `id`.
   void* context = nullptr;
-  uint32_t qp_num = 0;              // the registered QP it was routed to; 0 if none
+  uint32_t qp_num = 0;  // the registered QP it was routed to; 0 if none
   // Connected port spaces (RDMA_PS_TCP, RDMA_PS_IB): connection parameters of CONNECT_REQUEST,
   // CONNECT_RESPONSE, ESTABLISHED and REJECTED.
   // conn.private_data is null: the bytes are copied into `private_data` below.

@@ -30,7 +30,7 @@ enum class ConsumerKind {
 
 struct ConsumerOptions {
   ConsumerKind kind = ConsumerKind::kOwnedThread;
-  std::string name;                  // shown in stats and thread names; defaults to "consumer<i>"
+  std::string name;  // shown in stats and thread names; defaults to "consumer<i>"
   // kOwnedThread: CPU to pin to; -1: none (then RuntimeOptions::auto_placement may confine the
   // thread to the CPUs of the device's NUMA node). kEngineDriven: ignored. kRunToCompletion: must
   // be -1 (the poller's CPU applies, RuntimeOptions::poller_cpus).
@@ -46,7 +46,7 @@ struct ConsumerOptions {
   // held back. Memory: pollers * spill_capacity * 64 bytes. kRunToCompletion: its poller
   // dispatches straight from here while the queue is empty, and queues only what does not fit.
   std::size_t spill_capacity = 4096;
-  int dispatch_batch = 64;           // items taken off the queue at once (1..1024)
+  int dispatch_batch = 64;  // items taken off the queue at once (1..1024)
   // kOwnedThread: spin this long on an empty queue before sleeping (0..24 h).
   std::chrono::microseconds idle_spin{20};
   // Record each completion's poll -> dispatch latency in a histogram (ConsumerStats::latency).
@@ -62,14 +62,14 @@ enum class LogLevel { kDebug, kInfo, kWarning, kError };
 std::string_view LogLevelName(LogLevel level);
 
 struct RuntimeOptions {
-  int pollers = 1;                   // poller threads = CQ shards (1..256)
+  int pollers = 1;  // poller threads = CQ shards (1..256)
   // Empty: not pinned (but see auto_placement); else one CPU per poller.
   std::vector<int> poller_cpus;
-  int poll_batch = 32;               // completions per ibv_poll_cq call (1..1024)
+  int poll_batch = 32;  // completions per ibv_poll_cq call (1..1024)
   // A poller that found nothing for this long arms its CQs, polls once more, and sleeps
   // (0..24 h; to never sleep, use busy_poll).
   std::chrono::microseconds idle_budget{50};
-  bool busy_poll = false;            // never arm or sleep: poll until shutdown
+  bool busy_poll = false;  // never arm or sleep: poll until shutdown
   // A CQ that a poller found empty for this long (while the poller itself stayed busy with
   // others) is armed, polled once more, and left out of the poller's passes until its next
   // completion event: a shard with many idle CQs costs what its active ones cost. 0: never
@@ -77,9 +77,9 @@ struct RuntimeOptions {
   // failed. The price: the first completion on a parked CQ waits for its event (one wake of
   // the event thread). 0..24 h.
   std::chrono::microseconds cq_park_after{1000};
-  uint32_t ack_threshold = 64;       // CQ events acked per ibv_ack_cq_events call (>= 1)
+  uint32_t ack_threshold = 64;  // CQ events acked per ibv_ack_cq_events call (>= 1)
   std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  // at least one
-  uint32_t max_registrations = 1 << 16;  // concurrently registered QPs (1..1<<24)
+  uint32_t max_registrations = 1 << 16;     // concurrently registered QPs (1..1<<24)
   OrphanHandler* orphan_handler = nullptr;  // optional; orphans are counted either way
   // When the first verbs device whose NUMA node is known is added (sysfs numa_node), confine
   // the pollers and owned consumers that have no CPU of their own to that node's CPUs (those
@@ -98,9 +98,9 @@ struct RuntimeOptions {
   std::function<void(LogLevel level, std::string_view message)> log;
   // Optional: a Unix socket path (at most 107 bytes) on which a thread of the runtime serves
   // GetStats() to whoever connects: JSON by default, Prometheus text on request (see
-  // runtime/observe/stats_server.h for the protocol). Empty: off. A stale socket file there is replaced;
-  // any other file, or a socket someone serves, fails Runtime::Create. The file is removed at
-  // Shutdown.
+  // runtime/observe/stats_server.h for the protocol). Empty: off. A stale socket file there is
+  // replaced; any other file, or a socket someone serves, fails Runtime::Create. The file is
+  // removed at Shutdown.
   std::string stats_socket;
   // The socket file's permission bits, set exactly (the umask does not apply): connecting needs
   // write permission, so the default 0600 lets only the runtime's user read the stats. 0660
@@ -110,8 +110,8 @@ struct RuntimeOptions {
 
 // Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.
 struct CqOptions {
-  int depth = 4096;            // completions the CQ holds; posting more overflows it (S11)
-  bool solicited_only = false; // arm for solicited receives and errors only (S8)
+  int depth = 4096;             // completions the CQ holds; posting more overflows it (S11)
+  bool solicited_only = false;  // arm for solicited receives and errors only (S8)
   // RegisterQp adds up the work requests each QP may have outstanding on this CQ (QpOptions).
   // When the sum would exceed the depth: true grows the CQ first (ibv_resize_cq), false refuses
   // the registration with kResourceExhausted.

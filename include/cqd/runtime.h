@@ -148,8 +148,8 @@ class Teardown {
   // (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
   // Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
   // the RuntimeOptions::log sink, and the thread that last called Drain on the QP's
-  // engine-driven consumer (nothing else would deliver its markers). Those use on_done, or check done() without waiting on it.
-  // kFailedPrecondition also on a default-constructed Teardown.
+  // engine-driven consumer (nothing else would deliver its markers). Those use on_done, or check
+  // done() without waiting on it. kFailedPrecondition also on a default-constructed Teardown.
   Status Wait() const;
 
  private:
@@ -191,10 +191,8 @@ class Runtime {
   Result<SimChannel*> SimChannelFor(DeviceId device, int shard);
   // Polls a CQ the engine created on SimChannelFor(device, shard); kInvalidArgument if the CQ
   // uses another channel ("wrong shard"), kAlreadyExists if already polled.
-  Result<CqHandle> AdoptCq(DeviceId device, int shard, ibv_cq* cq,
-                           const CqOptions& options = {});
-  Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq,
-                           const CqOptions& options = {});
+  Result<CqHandle> AdoptCq(DeviceId device, int shard, ibv_cq* cq, const CqOptions& options = {});
+  Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq, const CqOptions& options = {});
   // Stops polling the CQ, acks its remaining events, and destroys it if the runtime created it
   // (an adopted CQ is only released: the engine destroys it after this returns). Fails with
   // kFailedPrecondition while QPs using it are registered.

@@ -76,7 +76,7 @@ class SimCq {
 struct SimQpOptions {
   int max_send_wr = 0;  // what Runtime::RegisterQp's CQ capacity guard reads
   int max_recv_wr = 0;
-  bool srq = false;     // receives come from an SRQ: its teardown has no receive marker
+  bool srq = false;  // receives come from an SRQ: its teardown has no receive marker
 };
 
 class SimQp {
@@ -143,8 +143,8 @@ class SimDevice {
 struct SimTrafficOptions {
   std::vector<SimQp*> qps;
   uint64_t completions_per_qp = 1000;
-  double rate_per_sec = 0;     // total completions per second; 0: as fast as possible
-  int burst = 16;              // completions injected into one CQ at once (1..1024)
+  double rate_per_sec = 0;  // total completions per second; 0: as fast as possible
+  int burst = 16;           // completions injected into one CQ at once (1..1024)
   ibv_wc_opcode opcode = IBV_WC_RECV;
   uint32_t byte_len = 64;
   bool solicited = false;
@@ -161,8 +161,8 @@ class SimTrafficSource {
   SimTrafficSource& operator=(const SimTrafficSource&) = delete;
 
   void Start();
-  void Stop();           // asks the thread to finish early; returns at once
-  void Join();           // waits for the thread to finish
+  void Stop();  // asks the thread to finish early; returns at once
+  void Join();  // waits for the thread to finish
   uint64_t injected() const { return injected_.load(std::memory_order_relaxed); }
   uint64_t total() const { return options_.completions_per_qp * options_.qps.size(); }
 

@@ -1,8 +1,8 @@
 // runtime/backend/device.h: the narrow seam between the runtime and a verbs implementation.
 //
 // Two implementations: the simulated device (sim_device.h) and libibverbs. Every call mirrors one
-// verbs call and keeps its contract (docs/DESIGN.md rules S1-S14); the conformance suite checks both.
-// Objects are owned by their Device, as verbs objects are owned by their context: create and
+// verbs call and keeps its contract (docs/DESIGN.md rules S1-S14); the conformance suite checks
+// both. Objects are owned by their Device, as verbs objects are owned by their context: create and
 // destroy through the Device. The hot-path calls (Cq::Poll, Cq::RequestNotify) are one virtual
 // call per batch, next to the indirect call ibv_poll_cq itself makes.
 //

@@ -1,4 +1,5 @@
-// runtime/base/parker.h: puts one thread to sleep until another has work for it, without lost wakeups.
+// runtime/base/parker.h: puts one thread to sleep until another has work for it, without lost
+// wakeups.
 //
 // One sleeper, any number of wakers. The sleeper calls Prepare(), re-checks for work, then either
 // Cancel()s or Park()s; a waker publishes work with a seq_cst operation and then calls Wake().
@@ -15,10 +16,10 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
-#include <ctime>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
+#include <ctime>
 
 namespace cqd::internal {
 

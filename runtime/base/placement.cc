@@ -90,8 +90,8 @@ int DeviceNumaNode(const std::string& sysfs_root, const std::string& device) {
 
 std::vector<int> NodeCpus(const std::string& sysfs_root, int node) {
   if (node < 0) return {};
-  std::optional<std::string> text = ReadFile(sysfs_root + "/devices/system/node/node" +
-                                             std::to_string(node) + "/cpulist");
+  std::optional<std::string> text =
+      ReadFile(sysfs_root + "/devices/system/node/node" + std::to_string(node) + "/cpulist");
   if (!text) return {};
   std::optional<std::vector<int>> cpus = ParseCpuList(*text);
   return cpus ? *cpus : std::vector<int>();
@@ -187,8 +187,8 @@ Result<int> Placement::CompVector(uint32_t id, int requested) {
   auto it = devices_.find(id);
   if (it == devices_.end()) return NotFound("no device " + std::to_string(id));
   Device& device = it->second;
-  Result<int> vector = ChooseCompVector(requested, device.comp_vectors, enabled_,
-                                        device.next_vector);
+  Result<int> vector =
+      ChooseCompVector(requested, device.comp_vectors, enabled_, device.next_vector);
   if (!vector.ok()) {
     return InvalidArgument(vector.status().message() + ": device " + device.name + " has " +
                            std::to_string(device.comp_vectors) + " completion vector(s)");

@@ -103,17 +103,17 @@ class Placement {
     uint32_t next_vector = 0;
   };
   const bool enabled_;
-  const std::vector<int> poller_cpus_;     // RuntimeOptions::poller_cpus
-  std::vector<int> consumer_cpus_;         // ConsumerOptions::cpu
+  const std::vector<int> poller_cpus_;  // RuntimeOptions::poller_cpus
+  std::vector<int> consumer_cpus_;      // ConsumerOptions::cpu
   const std::string sysfs_root_;
   const std::optional<std::vector<int>> allowed_;
   mutable std::mutex mu_;
-  std::map<uint32_t, Device> devices_;     // guarded by mu_
-  bool placed_ = false;                    // guarded by mu_: a device was considered for it
-  int node_ = -1;                          // guarded by mu_: the node threads were placed on
-  std::vector<int> cpus_;                  // guarded by mu_: ... and the CPUs, empty if none
-  std::vector<bool> poller_placed_;        // guarded by mu_
-  std::vector<bool> consumer_placed_;      // guarded by mu_
+  std::map<uint32_t, Device> devices_;  // guarded by mu_
+  bool placed_ = false;                 // guarded by mu_: a device was considered for it
+  int node_ = -1;                       // guarded by mu_: the node threads were placed on
+  std::vector<int> cpus_;               // guarded by mu_: ... and the CPUs, empty if none
+  std::vector<bool> poller_placed_;     // guarded by mu_
+  std::vector<bool> consumer_placed_;   // guarded by mu_
 };
 
 }  // namespace cqd::internal

@@ -35,7 +35,6 @@ void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
 
 }  // namespace
 
-
 // ---- CmBinding ----
 
 bool CmBinding::LiveIn(const Slot& slot) const noexcept {

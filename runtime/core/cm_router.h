@@ -1,4 +1,5 @@
-// runtime/core/cm_router.h: connection-manager (librdmacm) events, read on the event thread and routed.
+// runtime/core/cm_router.h: connection-manager (librdmacm) events, read on the event thread and
+// routed.
 //
 // The event loop epolls each watched rdma_event_channel and calls Drain when it is readable.
 // Drain copies each event into an EventJoin (CmEvent), acks it at once (so the engine's
@@ -75,9 +76,9 @@ class CmBinding final : public CmEventGate {
   enum class Admission { kRouted, kWaiting, kEnded };
   // Event thread: `join` was read for this binding's id. kRouted: the registration is live; the
   // join is listed (kind kCm; holds: the list's and the route's) and the caller posts it along
-  // route(). kWaiting: the binding has ended but events before it still wait for a delivery under way; it is listed
-  // and will be handed on behind them. kEnded: the caller hands it on itself (and may forget the
-  // binding).
+  // route(). kWaiting: the binding has ended but events before it still wait for a delivery under
+  // way; it is listed and will be handed on behind them. kEnded: the caller hands it on itself (and
+  // may forget the binding).
   Admission Admit(EventJoin* join, const std::shared_ptr<CmBinding>& self, const SlotPool& slots);
   // CmEventGate (event_join.h). kDone also when the binding ends now: the join is handed on
   // with every other event listed, or stays listed until the delivery under way returns.
@@ -98,9 +99,9 @@ class CmBinding final : public CmEventGate {
   std::mutex mu_;
   EventJoin* first_ = nullptr;  // guarded by mu_: listed events, read order, linked by `next`
   EventJoin* last_ = nullptr;
-  bool ended_ = false;          // guarded by mu_
-  bool delivering_ = false;     // guarded by mu_: a consumer is in the QP handler with an event
-  bool end_pending_ = false;    // guarded by mu_: End waits for that delivery
+  bool ended_ = false;        // guarded by mu_
+  bool delivering_ = false;   // guarded by mu_: a consumer is in the QP handler with an event
+  bool end_pending_ = false;  // guarded by mu_: End waits for that delivery
 };
 
 class CmRouter {
@@ -134,7 +135,6 @@ class CmRouter {
   uint64_t events() const { return events_.load(std::memory_order_relaxed); }
 
  private:
-
   const SlotPool& slots_;
   const std::vector<Poller*>& pollers_;
   HeldEvents held_;

@@ -1,9 +1,5 @@
 #include "runtime/core/consumer.h"
 
-#include "runtime/core/teardown.h"
-#include "runtime/base/pinning.h"
-#include "runtime/base/thread_role.h"
-
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -12,6 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+
+#include "runtime/base/pinning.h"
+#include "runtime/base/thread_role.h"
+#include "runtime/core/teardown.h"
 
 namespace cqd::internal {
 namespace {
@@ -326,7 +326,6 @@ void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
                                        ? TeardownState::kSendMarker
                                        : TeardownState::kRecvMarker);
 }
-
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
 

@@ -23,8 +23,6 @@
 #ifndef CQD_RUNTIME_CORE_CONSUMER_H_
 #define CQD_RUNTIME_CORE_CONSUMER_H_
 
-#include "concurrentqueue/concurrentqueue.h"
-
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -32,14 +30,15 @@
 #include <string>
 #include <thread>
 
+#include "concurrentqueue/concurrentqueue.h"
 #include "cqd/handler.h"
 #include "cqd/options.h"
 #include "cqd/status.h"
-#include "runtime/observe/latency.h"
-#include "runtime/core/orphans.h"
 #include "runtime/base/parker.h"
 #include "runtime/core/event_join.h"
+#include "runtime/core/orphans.h"
 #include "runtime/core/registry.h"
+#include "runtime/observe/latency.h"
 
 namespace cqd::internal {
 

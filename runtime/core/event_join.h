@@ -37,9 +37,9 @@ struct CmWatch {
   rdma_event_channel* channel = nullptr;
   CmHandler* handler = nullptr;
   uint32_t consumer = 0;
-  Poller* poller = nullptr;     // listener events travel through it
-  HeldEvents* held = nullptr;   // where they wait once the consumer has closed
-  int64_t limit = 0;            // events read and not yet delivered, at most
+  Poller* poller = nullptr;    // listener events travel through it
+  HeldEvents* held = nullptr;  // where they wait once the consumer has closed
+  int64_t limit = 0;           // events read and not yet delivered, at most
   std::atomic<int64_t> unfinished{0};
 };
 
@@ -89,15 +89,15 @@ struct EventJoin {
   Kind kind = Kind::kAsync;
   AsyncEvent event;
   CmEvent cm;
-  CmWatch* watch = nullptr;                // kCm, kListener: the channel the event came from
-  std::shared_ptr<CmEventGate> gate;       // kCm: the id's binding (cm_router.h)
+  CmWatch* watch = nullptr;           // kCm, kListener: the channel the event came from
+  std::shared_ptr<CmEventGate> gate;  // kCm: the id's binding (cm_router.h)
   std::atomic<int> parts{0};
-  std::atomic<int> holds{0};               // kCm, kListener (see above)
+  std::atomic<int> holds{0};  // kCm, kListener (see above)
   // kCm, guarded by the gate's lock: the binding's next event in read order; and whether this one
   // has left the binding (delivered to the QP's handler, or handed on).
   EventJoin* next = nullptr;
   bool left = false;
-  EventJoin* next_held = nullptr;          // in HeldEvents
+  EventJoin* next_held = nullptr;  // in HeldEvents
   // kAsync, kFence: the slot's drain_epoch if it was draining when the event was posted, else 0.
   // Only a LAST_WQE_REACHED posted during the teardown attempt still under way ends its receive
   // side: one posted earlier caught up on the CQs before that attempt's flush (and before any
@@ -137,7 +137,7 @@ class HeldEvents {
   std::mutex mu_;
   EventJoin* first_ = nullptr;  // guarded by mu_, linked by next_held
   EventJoin* last_ = nullptr;
-  bool delivering_ = false;     // guarded by mu_
+  bool delivering_ = false;  // guarded by mu_
   std::atomic<bool> any_{false};
 };
 

@@ -320,8 +320,8 @@ void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event) {
     const Slot& slot = slots_.slot(i);
     if (!StateLive(slot.state.load(std::memory_order_acquire))) continue;
     if (slot.device.load(std::memory_order_relaxed) != device->id) continue;
-    if (event.type == IBV_EVENT_CQ_ERR && slot.send_cq.load(std::memory_order_relaxed) !=
-                                              event.cq_id &&
+    if (event.type == IBV_EVENT_CQ_ERR &&
+        slot.send_cq.load(std::memory_order_relaxed) != event.cq_id &&
         slot.recv_cq.load(std::memory_order_relaxed) != event.cq_id) {
       continue;
     }

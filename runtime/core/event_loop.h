@@ -33,11 +33,11 @@
 #include <vector>
 
 #include "cqd/status.h"
+#include "runtime/base/log.h"
+#include "runtime/base/mailbox.h"
 #include "runtime/core/cm_router.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/event_join.h"
-#include "runtime/base/log.h"
-#include "runtime/base/mailbox.h"
 #include "runtime/core/poller.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
@@ -65,8 +65,7 @@ class EventLoop {
   Status WatchDevice(DeviceRecord* device);  // its async fd and all its channels
   // Starts reading a CM channel (kAlreadyExists if it is read already); see cm_router.h.
   // `limit`: events read ahead of their delivery at most (cm_router.h).
-  Status WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer,
-                 int64_t limit);
+  Status WatchCm(rdma_event_channel* channel, CmHandler* handler, uint32_t consumer, int64_t limit);
   // Stops reading a CM channel; kNotFound if it was not read.
   Status UnwatchCm(rdma_event_channel* channel);
   CmRouter& cm() { return cm_; }

@@ -34,8 +34,8 @@ Status CheckCpu(const char* what, int cpu) {
 Status CheckWait(const char* what, std::chrono::microseconds wait) {
   constexpr std::chrono::microseconds kMax = std::chrono::hours(24);
   if (wait.count() < 0 || wait > kMax) {
-    return InvalidArgument(std::string(what) + " is " + Str(wait.count()) +
-                           " us, must be in 0.." + Str(kMax.count()) + " (one day)");
+    return InvalidArgument(std::string(what) + " is " + Str(wait.count()) + " us, must be in 0.." +
+                           Str(kMax.count()) + " (one day)");
   }
   return Status::Ok();
 }

@@ -24,8 +24,8 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
                          [](const ConsumerOptions& c) { return c.record_latency; })) {
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
-    spills_.push_back(std::make_unique<Spill>(
-        static_cast<uint32_t>(options.consumers[c].spill_capacity)));
+    spills_.push_back(
+        std::make_unique<Spill>(static_cast<uint32_t>(options.consumers[c].spill_capacity)));
     const ConsumerOptions& co = options.consumers[c];
     if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
       consumers_[c]->RunOnPoller(&parker_);
@@ -473,8 +473,8 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
 
 Item& Poller::AppendTo(uint32_t consumer) noexcept {
   Spill& spill = *spills_[consumer];
-  // RouteCompletions only sends a CQ's completions to consumers among its uses, whose room bounded the poll;
-  // this is the last line of defence should that ever not hold.
+  // RouteCompletions only sends a CQ's completions to consumers among its uses, whose room bounded
+  // the poll; this is the last line of defence should that ever not hold.
   if (spill.full()) FlushOne(consumer, /*force=*/true);
   if (!spill.listed) {
     spill.listed = true;
@@ -505,9 +505,9 @@ void Poller::RouteCompletions(CqRecord* cq, int n) noexcept {
           const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
           if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
             kind = ItemKind::kTeardownMarker;
-            teardown->polled.fetch_or(wc.wr_id == marker ? TeardownState::kSendMarker
-                                                         : TeardownState::kRecvMarker,
-                                      std::memory_order_relaxed);
+            teardown->polled.fetch_or(
+                wc.wr_id == marker ? TeardownState::kSendMarker : TeardownState::kRecvMarker,
+                std::memory_order_relaxed);
           }
         }
         Item& item = AppendTo(StateConsumer(state));
@@ -531,8 +531,7 @@ bool Poller::Flush(bool force) noexcept {
     Spill& spill = *spills_[consumer];
     // A run-to-completion consumer of this thread with nothing queued is dispatched straight
     // from the spill (DispatchHosted), unless the spill fills up: then the queue takes it.
-    const bool direct = spill.direct && !force && !spill.full() &&
-                        !consumers_[consumer]->Pending();
+    const bool direct = spill.direct && !force && !spill.full() && !consumers_[consumer]->Pending();
     if (!direct) moved |= FlushOne(consumer, force);
     NoteSpill(consumer);
     if (spill.empty()) {
@@ -580,9 +579,8 @@ void Poller::NoteSpill(uint32_t consumer) noexcept {
       spill.full_since = now;
       Count(spill.stalls, 1);
     } else {
-      Count(spill.stalled_ns, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   now - spill.full_since)
-                                   .count());
+      Count(spill.stalled_ns,
+            std::chrono::duration_cast<std::chrono::nanoseconds>(now - spill.full_since).count());
     }
   }
 }
@@ -637,8 +635,8 @@ PollerStats Poller::stats() const {
 void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
   const Spill& spill = *spills_[consumer];
   out.spill_depth += spill.depth_stat.load(std::memory_order_relaxed);
-  out.spill_high_water = std::max(out.spill_high_water,
-                                  spill.high_water.load(std::memory_order_relaxed));
+  out.spill_high_water =
+      std::max(out.spill_high_water, spill.high_water.load(std::memory_order_relaxed));
   out.stalls += spill.stalls.load(std::memory_order_relaxed);
   out.stalled_ns += spill.stalled_ns.load(std::memory_order_relaxed);
 }

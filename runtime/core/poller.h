@@ -3,18 +3,19 @@
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
 // cannot starve the others), routes each completion by qp_num through its device's QpTable into
 // the destination consumer's spill (spill.h; a completion whose registration does not use
-// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves spills into consumer queues while
-// they have room. Async events reach it from the event thread (PostEvent) and join the same
-// spills. Before it places an event, the poller catches up on the QP's CQs of its shard: it
-// polls them until they are empty or it has taken a CQ depth's worth since the event arrived,
-// so the event follows every completion that was in those CQs when the event was read.
+// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves
+// spills into consumer queues while they have room. Async events reach it from the event thread
+// (PostEvent) and join the same spills. Before it places an event, the poller catches up on the
+// QP's CQs of its shard: it polls them until they are empty or it has taken a CQ depth's worth
+// since the event arrived, so the event follows every completion that was in those CQs when the
+// event was read.
 //
 // Leftovers: a teardown that ended before its markers were polled (deadline, device failure,
 // Shutdown) leaves them in the CQs with whatever the QP flushed ahead of them. Until a marker
 // is polled, this poller sends every completion of that (CQ, qp_num) to the orphan sink (a later
 // QP that got the number starts behind the marker in a CQ's FIFO order) and the CQ keeps the
-// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own; RouteCompletions looks
-// at it only while it is not empty.
+// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own;
+// RouteCompletions looks at it only while it is not empty.
 //
 // Slow consumers: a consumer whose queue is full leaves its items in this poller's spill. Each
 // CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
@@ -33,10 +34,10 @@
 //
 // Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
 // more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
-// CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while an
-// spill holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or
-// the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification
-// costs latency, never a hang.
+// CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while
+// an spill holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or the
+// shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification costs
+// latency, never a hang.
 //
 // Run-to-completion consumers of this shard (ConsumerKind::kRunToCompletion) are dispatched by
 // this thread once per pass, after polling, with the wait duty of thread_role.h set: their
@@ -60,13 +61,13 @@
 
 #include "cqd/options.h"
 #include "cqd/stats.h"
-#include "runtime/core/consumer.h"
 #include "runtime/base/mailbox.h"
-#include "runtime/core/orphans.h"
-#include "runtime/core/spill.h"
 #include "runtime/base/parker.h"
+#include "runtime/core/consumer.h"
+#include "runtime/core/orphans.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/spill.h"
 #include "runtime/core/teardown.h"
 
 namespace cqd::internal {
@@ -139,9 +140,9 @@ class Poller {
   struct PostedEvent {
     uint32_t consumer;
     Item item;
-    uint32_t cq_ids[2];            // the QP's CQs on this shard (0: none)
-    uint64_t polled[2] = {0, 0};   // completions taken off each since the event arrived
-    uint32_t caught_up = 0;        // bit k: cq_ids[k] needs no more polling
+    uint32_t cq_ids[2];           // the QP's CQs on this shard (0: none)
+    uint64_t polled[2] = {0, 0};  // completions taken off each since the event arrived
+    uint32_t caught_up = 0;       // bit k: cq_ids[k] needs no more polling
   };
   void Run();
   void RunSync(const std::function<void()>& fn);
@@ -207,19 +208,19 @@ class Poller {
     uint64_t commit;
   };
   std::vector<Leftover> leftovers_;  // poller thread only; few
-  std::vector<CqRecord*> cqs_;     // in the passes, round robin
-  std::vector<CqRecord*> parked_;  // armed, out of the passes until their event
-  const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)
-  uint32_t seen_cq_events_ = 0;    // cq_events_ when parked_ was last checked
+  std::vector<CqRecord*> cqs_;       // in the passes, round robin
+  std::vector<CqRecord*> parked_;    // armed, out of the passes until their event
+  const bool may_park_;              // parking is on (cq_park_after > 0, not busy_poll)
+  uint32_t seen_cq_events_ = 0;      // cq_events_ when parked_ was last checked
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
-  std::vector<std::unique_ptr<Spill>> spills_;  // one per consumer
+  std::vector<std::unique_ptr<Spill>> spills_;     // one per consumer
   std::vector<uint32_t> listed_;                   // consumers whose spill is not empty
   std::unique_ptr<ibv_wc[]> wcs_;
   std::vector<PostedEvent> deferred_;  // posted events not yet placed in an spill
   std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
   bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
-  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which RouteCompletions writes
-  // into each completion's Item (latency.h).
+  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which RouteCompletions
+  // writes into each completion's Item (latency.h).
   const bool stamp_;
   uint32_t poll_stamp_ = 0;
 

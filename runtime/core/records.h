@@ -38,10 +38,10 @@ class AckCounter {
 struct DeviceRecord {
   DeviceId id = 0;
   std::unique_ptr<backend::Device> backend;
-  std::vector<backend::Channel*> channels;    // one per shard
-  DeviceEventHandler* handler = nullptr;      // device-level async events; may be null
-  QpTable qps;                                // qp_num -> registration, for this device
-  std::atomic<bool> failed{false};            // DEVICE_FATAL seen
+  std::vector<backend::Channel*> channels;  // one per shard
+  DeviceEventHandler* handler = nullptr;    // device-level async events; may be null
+  QpTable qps;                              // qp_num -> registration, for this device
+  std::atomic<bool> failed{false};          // DEVICE_FATAL seen
 };
 
 struct CqRecord {

@@ -29,8 +29,8 @@ struct TeardownState;
 // under way; pollers then look for its marker completions (teardown.h).
 inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool live,
                                     bool draining = false) {
-  return uint64_t{generation} << 32 | uint64_t{consumer & 0x3fffffff} << 2 |
-         (draining ? 2 : 0) | (live ? 1 : 0);
+  return uint64_t{generation} << 32 | uint64_t{consumer & 0x3fffffff} << 2 | (draining ? 2 : 0) |
+         (live ? 1 : 0);
 }
 inline constexpr bool StateLive(uint64_t s) { return s & 1; }
 inline constexpr bool StateDraining(uint64_t s) { return s & 2; }
@@ -53,7 +53,7 @@ struct alignas(64) Slot {
   std::atomic<uint32_t> recv_cq{0};
   std::atomic<uint16_t> send_shard{0};
   std::atomic<uint16_t> recv_shard{0};
-  std::atomic<void*> qp{nullptr};  // the native QP (ibv_qp* or SimQp*), for teardown
+  std::atomic<void*> qp{nullptr};                 // the native QP (ibv_qp* or SimQp*), for teardown
   std::atomic<TeardownState*> teardown{nullptr};  // while draining; published by `state`
   // Bumped (never to 0) by each TeardownQp attempt before it sets `draining`; published by
   // `state`. Tells a LAST_WQE_REACHED posted during this attempt from one of an earlier attempt.

@@ -13,19 +13,19 @@ std::string Str(long long v) { return std::to_string(v); }
 
 // Control calls wait for pollers and the event thread while holding the runtime mutex, so they
 // cannot be made from those threads (an OrphanHandler or a DeviceEventHandler).
-#define CQD_REFUSE_ON_RUNTIME_THREAD(op)                                                  \
-  do {                                                                                    \
-    if (OnRuntimeThread()) {                                                              \
-      return FailedPrecondition(std::string(op) +                                         \
-                                ": called from a cqd poller or event thread (an "         \
-                                "OrphanHandler or DeviceEventHandler), which must not "   \
-                                "call the runtime");                                      \
-    }                                                                                     \
-    if (InLogSink()) {                                                                    \
-      return FailedPrecondition(std::string(op) +                                         \
-                                ": called from the RuntimeOptions::log sink, which may "  \
-                                "run under the runtime mutex");                           \
-    }                                                                                     \
+#define CQD_REFUSE_ON_RUNTIME_THREAD(op)                                                 \
+  do {                                                                                   \
+    if (OnRuntimeThread()) {                                                             \
+      return FailedPrecondition(std::string(op) +                                        \
+                                ": called from a cqd poller or event thread (an "        \
+                                "OrphanHandler or DeviceEventHandler), which must not "  \
+                                "call the runtime");                                     \
+    }                                                                                    \
+    if (InLogSink()) {                                                                   \
+      return FailedPrecondition(std::string(op) +                                        \
+                                ": called from the RuntimeOptions::log sink, which may " \
+                                "run under the runtime mutex");                          \
+    }                                                                                    \
   } while (0)
 
 std::atomic<uint64_t> next_runtime_serial{1};
@@ -42,14 +42,13 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
   for (size_t i = 0; i < options_.consumers.size(); ++i) {
     ConsumerOptions c = options_.consumers[i];
     if (c.name.empty()) c.name = "consumer" + Str(i);
-    consumers_.push_back(std::make_unique<Consumer>(static_cast<uint32_t>(i), c, slots_,
-                                                    orphans_, options_.pollers + 1));
+    consumers_.push_back(std::make_unique<Consumer>(static_cast<uint32_t>(i), c, slots_, orphans_,
+                                                    options_.pollers + 1));
     consumers.push_back(consumers_.back().get());
   }
   std::vector<Poller*> pollers;
   for (int i = 0; i < options_.pollers; ++i) {
-    pollers_.push_back(
-        std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
+    pollers_.push_back(std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
     pollers.push_back(pollers_.back().get());
   }
   events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
@@ -67,8 +66,8 @@ Status RuntimeImpl::Start() {
   for (auto& poller : pollers_) poller->Start();
   teardowns_->Start();
   if (!options_.stats_socket.empty()) {
-    auto server = StatsServer::Start(options_.stats_socket, options_.stats_socket_mode,
-                                     [this] { return GetStats(); }, log_);
+    auto server = StatsServer::Start(
+        options_.stats_socket, options_.stats_socket_mode, [this] { return GetStats(); }, log_);
     if (!server.ok()) return server.status();
     stats_server_ = std::move(server).value();
   }
@@ -127,8 +126,8 @@ Result<DeviceId> RuntimeImpl::AddDevice(const char* op, std::unique_ptr<backend:
     for (backend::Channel* channel : record->channels) {
       (void)record->backend->DestroyChannel(channel);
     }
-    return Status(status.code(), std::string(op) + ": " + record->backend->name() + ": " +
-                                     status.message());
+    return Status(status.code(),
+                  std::string(op) + ": " + record->backend->name() + ": " + status.message());
   }
   devices_.push_back(std::move(record));
   const DeviceRecord& added = *devices_.back();
@@ -290,7 +289,7 @@ Result<PolledCq> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
   pollers_[cq->shard]->AddCq(cq);
   cqs_by_native_[cq->native] = cq;
   cqs_[cq->id] = std::move(record);
-  return PolledCq{serial_, cq->id, cq->shard, cq->device->id, cq->device->backend->kind(),
+  return PolledCq{serial_,   cq->id, cq->shard, cq->device->id, cq->device->backend->kind(),
                   cq->native};
 }
 
@@ -352,8 +351,7 @@ void RuntimeImpl::RetireCounters(const CqRecord& cq) {
 
 Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
   // Leftovers of retired QPs (poller.h) still count: they may be in the CQ.
-  const uint64_t need =
-      cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
+  const uint64_t need = cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
   const int depth = cq->cq->depth();
   if (need <= static_cast<uint64_t>(depth)) return Status::Ok();
   const std::string what = "RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
@@ -362,18 +360,17 @@ Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
   if (!cq->grow) return ResourceExhausted(what + "; it was created with grow = false");
   if (need > (1u << 30)) return ResourceExhausted(what);
   // Grow with headroom, so that a run of registrations does not resize every time.
-  const uint64_t target = std::max<uint64_t>(need, std::min<uint64_t>(2 * uint64_t(depth),
-                                                                     need + need / 2));
+  const uint64_t target =
+      std::max<uint64_t>(need, std::min<uint64_t>(2 * uint64_t(depth), need + need / 2));
   Status s = pollers_[cq->shard]->ResizeCq(cq, static_cast<int>(target));
   if (!s.ok() && target > need) s = pollers_[cq->shard]->ResizeCq(cq, static_cast<int>(need));
   if (!s.ok()) return ResourceExhausted(what + "; growing it failed: " + s.message());
   return Status::Ok();
 }
 
-Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
-                                             void* send_native, void* recv_native,
-                                             QpHandler& handler, ConsumerId consumer,
-                                             const QpOptions& options) {
+Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, void* send_native,
+                                             void* recv_native, QpHandler& handler,
+                                             ConsumerId consumer, const QpOptions& options) {
   CQD_REFUSE_ON_RUNTIME_THREAD("RegisterQp");
   std::lock_guard<ControlMutex> lock(mu_);
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
@@ -396,11 +393,11 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
     return InvalidArgument("RegisterQp: send and recv CQs belong to different devices");
   }
   if (const ConsumerOptions& c = options_.consumers[consumer];
-      c.kind == ConsumerKind::kRunToCompletion && (send->shard != c.poller || recv->shard != c.poller)) {
+      c.kind == ConsumerKind::kRunToCompletion &&
+      (send->shard != c.poller || recv->shard != c.poller)) {
     return InvalidArgument("RegisterQp: consumer " + Str(consumer) +
-                           " runs to completion on poller " + Str(c.poller) +
-                           ", but the QP's " + (send->shard != c.poller ? "send" : "recv") +
-                           " CQ is on shard " +
+                           " runs to completion on poller " + Str(c.poller) + ", but the QP's " +
+                           (send->shard != c.poller ? "send" : "recv") + " CQ is on shard " +
                            Str(send->shard != c.poller ? send->shard : recv->shard));
   }
   DeviceRecord* device = send->device;
@@ -416,9 +413,9 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp,
   const uint64_t send_wrs =
       static_cast<uint64_t>(options.send_wrs >= 0 ? options.send_wrs : caps->max_send_wr) + 1;
   const uint64_t recv_wrs =
-      caps->srq ? 0
-                : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs
-                                                                : caps->max_recv_wr) + 1;
+      caps->srq
+          ? 0
+          : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
   if (send == recv) {
     if (Status s = Commit(send, send_wrs + recv_wrs, qp_num); !s.ok()) return s;
   } else {
@@ -500,8 +497,8 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
 }
 
-void RuntimeImpl::KeepLeftovers(const TeardownState& ending, uint32_t qp_num, CqRecord* const cqs[2],
-                                const uint32_t commits[2]) {
+void RuntimeImpl::KeepLeftovers(const TeardownState& ending, uint32_t qp_num,
+                                CqRecord* const cqs[2], const uint32_t commits[2]) {
   // Markers not polled yet are still in their CQ, behind what the QP flushed: the CQ keeps the
   // commitment, and the poller keeps that (CQ, qp_num) from any later QP, until it polls them.
   // An SRQ QP has no receive marker: on a CQ of its own its receive side is not covered.
@@ -561,8 +558,7 @@ void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
   PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*fence=*/true);
 }
 
-Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
-                                                               uint32_t generation,
+Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, uint32_t generation,
                                                                const TeardownOptions& options) {
   CQD_REFUSE_ON_RUNTIME_THREAD("TeardownQp");
   if (options.timeout.count() <= 0) return InvalidArgument("TeardownQp: timeout must be > 0");
@@ -625,10 +621,10 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index,
   if (*posted == backend::DrainStart::kNothingOutstanding) {
     teardown->end_with = Status::Ok();
   } else {
-    teardown->markers = TeardownState::kSendMarker |
-                        (*posted == backend::DrainStart::kAllMarkers && !teardown->srq
-                             ? TeardownState::kRecvMarker
-                             : 0);
+    teardown->markers =
+        TeardownState::kSendMarker |
+        (*posted == backend::DrainStart::kAllMarkers && !teardown->srq ? TeardownState::kRecvMarker
+                                                                       : 0);
   }
   teardowns_->Add(teardown);
   return teardown;

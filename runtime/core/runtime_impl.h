@@ -21,17 +21,17 @@
 #include "cqd/status.h"
 #include "cqd/types.h"
 #include "runtime/backend/device.h"
+#include "runtime/base/log.h"
+#include "runtime/base/placement.h"
+#include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/event_loop.h"
-#include "runtime/base/log.h"
 #include "runtime/core/orphans.h"
-#include "runtime/base/placement.h"
 #include "runtime/core/poller.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
-#include "runtime/observe/stats_server.h"
 #include "runtime/core/teardown.h"
-#include "runtime/base/thread_role.h"
+#include "runtime/observe/stats_server.h"
 
 namespace cqd::internal {
 
@@ -133,8 +133,8 @@ class RuntimeImpl final : private TeardownHost {
   std::vector<std::unique_ptr<Poller>> pollers_;
   std::unique_ptr<EventLoop> events_;
   std::unique_ptr<TeardownWorker> teardowns_;
-  std::vector<std::unique_ptr<DeviceRecord>> devices_;           // id - 1
-  std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;            // by id
+  std::vector<std::unique_ptr<DeviceRecord>> devices_;  // id - 1
+  std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;   // by id
   std::unordered_map<void*, CqRecord*> cqs_by_native_;
   // Adopted, released: still acked (and counted) if an event comes.
   std::vector<std::unique_ptr<CqRecord>> released_;

@@ -63,12 +63,12 @@ class Spill {
   }
 
   // Stats (poller writes, anyone reads).
-  std::atomic<uint64_t> depth_stat{0};       // size() after the poller's last change
-  std::atomic<uint64_t> high_water{0};       // most items held at once
-  std::atomic<uint64_t> stalls{0};           // times it filled up (its CQs were skipped)
-  std::atomic<uint64_t> stalled_ns{0};       // time spent full, summed over stalls that ended
+  std::atomic<uint64_t> depth_stat{0};  // size() after the poller's last change
+  std::atomic<uint64_t> high_water{0};  // most items held at once
+  std::atomic<uint64_t> stalls{0};      // times it filled up (its CQs were skipped)
+  std::atomic<uint64_t> stalled_ns{0};  // time spent full, summed over stalls that ended
   std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
-  bool stalled = false;                                  // poller-owned
+  bool stalled = false;                                // poller-owned
   bool listed = false;  // poller-owned: in the poller's list of non-empty spills
   // poller-owned, set once: for a run-to-completion consumer of this poller, which dispatches
   // straight from the spill while the consumer's queue is empty (Poller::DispatchHosted).

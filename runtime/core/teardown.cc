@@ -94,12 +94,12 @@ void TeardownWorker::Run() {
                                                "before the QP drained; unregistered anyway"));
       } else if (stop_) {
         ending.emplace_back(state, Cancelled("TeardownQp: the runtime shut down before QP "
-                                             "slot " + std::to_string(state->slot) +
-                                             " drained"));
+                                             "slot " +
+                                             std::to_string(state->slot) + " drained"));
       } else if (now >= state->deadline) {
-        ending.emplace_back(state, DeadlineExceeded(
-                                       "TeardownQp: the QP's work did not flush back before "
-                                       "the deadline; unregistered anyway"));
+        ending.emplace_back(state,
+                            DeadlineExceeded("TeardownQp: the QP's work did not flush back before "
+                                             "the deadline; unregistered anyway"));
       } else {
         if (state->srq && send_seen && !state->fence_posted) {
           if (now >= state->grace_ends) {

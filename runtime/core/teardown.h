@@ -1,4 +1,5 @@
-// runtime/core/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends them.
+// runtime/core/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends
+// them.
 //
 // A teardown's life: the control path marks the registration "draining" (registry.h), moves the
 // QP to the error state and posts marker work requests whose wr_ids are the TeardownState's
@@ -56,10 +57,10 @@ struct alignas(8) TeardownState {
   TeardownWorker* worker = nullptr;
   uint32_t slot = 0;
   uint32_t generation = 0;
-  uint32_t qp_num = 0;    // for log messages
-  uint32_t device = 0;    // DeviceId: a DEVICE_FATAL of it ends the teardown
-  uint32_t markers = 0;   // k*Marker bits of the markers that were posted
-  bool srq = false;  // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
+  uint32_t qp_num = 0;   // for log messages
+  uint32_t device = 0;   // DeviceId: a DEVICE_FATAL of it ends the teardown
+  uint32_t markers = 0;  // k*Marker bits of the markers that were posted
+  bool srq = false;      // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
   Clock::time_point deadline;
   std::chrono::milliseconds last_wqe_grace{0};  // TeardownOptions::last_wqe_grace
   std::function<void(const Status&)> on_done;
@@ -71,8 +72,8 @@ struct alignas(8) TeardownState {
   // Returns t + d, or the latest time point where that would overflow (so that a timeout of
   // milliseconds::max() means "no deadline").
   static Clock::time_point After(Clock::time_point t, std::chrono::milliseconds d) noexcept {
-    const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
-        Clock::time_point::max() - t);
+    const auto room =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - t);
     return d >= room ? Clock::time_point::max() : t + d;
   }
 

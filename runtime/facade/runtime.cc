@@ -81,7 +81,8 @@ Result<DeviceId> Runtime::AddVerbsDevice(ibv_context* context, DeviceEventHandle
   return Guarded("AddVerbsDevice", [&] {
     return impl_->AddDevice(
         "AddVerbsDevice",
-        std::make_unique<verbs_internal::VerbsBackend>(context, /*close_on_destroy=*/false), events);
+        std::make_unique<verbs_internal::VerbsBackend>(context, /*close_on_destroy=*/false),
+        events);
   });
 }
 Result<DeviceId> Runtime::OpenVerbsDevice(const std::string& name, DeviceEventHandler* events) {
@@ -91,7 +92,8 @@ Result<DeviceId> Runtime::OpenVerbsDevice(const std::string& name, DeviceEventHa
       return Status(context.status().code(), "OpenVerbsDevice: " + context.status().message());
     }
     // Owned from here: the backend closes the context, on failure too.
-    auto device = std::make_unique<verbs_internal::VerbsBackend>(*context, /*close_on_destroy=*/true);
+    auto device =
+        std::make_unique<verbs_internal::VerbsBackend>(*context, /*close_on_destroy=*/true);
     return impl_->AddDevice("OpenVerbsDevice", std::move(device), events);
   });
 }
@@ -141,8 +143,7 @@ Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, ibv_cq* cq,
     return ToHandle(impl_->AdoptCq(device, shard, backend::Kind::kVerbs, cq, options));
   });
 }
-Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, SimCq* cq,
-                                  const CqOptions& options) {
+Result<CqHandle> Runtime::AdoptCq(DeviceId device, int shard, SimCq* cq, const CqOptions& options) {
   return Guarded("AdoptCq", [&] {
     return ToHandle(impl_->AdoptCq(device, shard, backend::Kind::kSim, cq, options));
   });
@@ -154,8 +155,8 @@ Result<Registration> Runtime::RegisterQp(ibv_qp* qp, QpHandler& handler, Consume
                                          const QpOptions& options) {
   if (qp == nullptr) return InvalidArgument("RegisterQp: qp is null");
   return Guarded("RegisterQp", [&] {
-    return ToRegistration(impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler,
-                                            consumer, options));
+    return ToRegistration(
+        impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer, options));
   });
 }
 Result<Registration> Runtime::RegisterQp(rdma_cm_id* id, QpHandler& handler, ConsumerId consumer,
@@ -166,11 +167,11 @@ Result<Registration> Runtime::RegisterQp(rdma_cm_id* id, QpHandler& handler, Con
   }
   return Guarded("RegisterQp", [&]() -> Result<Registration> {
     ibv_qp* qp = id->qp;
-    Result<Registration> registration = ToRegistration(impl_->RegisterQp(
-        qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer, options));
+    Result<Registration> registration = ToRegistration(
+        impl_->RegisterQp(qp->qp_num, qp, qp->send_cq, qp->recv_cq, handler, consumer, options));
     if (!registration.ok()) return registration;
-    if (!impl_->BindCm(id, {registration->slot_, registration->generation_,
-                            registration->qp_num_})) {
+    if (!impl_->BindCm(id,
+                       {registration->slot_, registration->generation_, registration->qp_num_})) {
       registration->Unregister();
       return ResourceExhausted("RegisterQp: out of memory binding the rdma_cm_id");
     }
@@ -180,9 +181,9 @@ Result<Registration> Runtime::RegisterQp(rdma_cm_id* id, QpHandler& handler, Con
 Result<Registration> Runtime::RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer,
                                          const QpOptions& options) {
   return Guarded("RegisterQp", [&] {
-    return ToRegistration(impl_->RegisterQp(
-        qp.qp_num(), const_cast<SimQp*>(&qp), static_cast<void*>(qp.send_cq()),
-        static_cast<void*>(qp.recv_cq()), handler, consumer, options));
+    return ToRegistration(
+        impl_->RegisterQp(qp.qp_num(), const_cast<SimQp*>(&qp), static_cast<void*>(qp.send_cq()),
+                          static_cast<void*>(qp.recv_cq()), handler, consumer, options));
   });
 }
 Status Runtime::WatchCmChannel(rdma_event_channel* channel, CmHandler& handler,
@@ -230,8 +231,9 @@ Status Teardown::Wait() const {
     refused = "called from the RuntimeOptions::log sink (it may run under the runtime mutex)";
   } else if (state_->drainer != nullptr &&
              state_->drainer->load(std::memory_order_relaxed) == internal::ThreadToken()) {
-    refused = "called from the thread that drains the QP's engine-driven consumer (nothing "
-              "would deliver its markers)";
+    refused =
+        "called from the thread that drains the QP's engine-driven consumer (nothing "
+        "would deliver its markers)";
   }
   if (refused != nullptr) {
     return FailedPrecondition(std::string("Teardown::Wait: ") + refused +

@@ -78,14 +78,29 @@ void AppendJsonString(std::string& out, std::string_view s) {
   out += '"';
   DecodeUtf8(s, [&](char32_t cp) {
     switch (cp) {
-      case '"': out += "\\\""; return;
-      case '\\': out += "\\\\"; return;
-      case '\b': out += "\\b"; return;
-      case '\f': out += "\\f"; return;
-      case '\n': out += "\\n"; return;
-      case '\r': out += "\\r"; return;
-      case '\t': out += "\\t"; return;
-      default: break;
+      case '"':
+        out += "\\\"";
+        return;
+      case '\\':
+        out += "\\\\";
+        return;
+      case '\b':
+        out += "\\b";
+        return;
+      case '\f':
+        out += "\\f";
+        return;
+      case '\n':
+        out += "\\n";
+        return;
+      case '\r':
+        out += "\\r";
+        return;
+      case '\t':
+        out += "\\t";
+        return;
+      default:
+        break;
     }
     if (cp < 0x20) {
       char buf[8];
@@ -271,8 +286,8 @@ constexpr Field<Stats> kTotalFields[] = {
               &Stats::uptime_ns),
     U<Stats>("orphans", "cqd_orphans_total", "counter",
              "Completions given to the orphan handler (or dropped if none).", &Stats::orphans),
-    U<Stats>("async_events", "cqd_async_events_total", "counter",
-             "Async events read from devices.", &Stats::async_events),
+    U<Stats>("async_events", "cqd_async_events_total", "counter", "Async events read from devices.",
+             &Stats::async_events),
     U<Stats>("failed_fds", "cqd_failed_fds_total", "counter",
              "Channel or async fds the event thread stopped watching because reads kept failing.",
              &Stats::failed_fds),
@@ -384,9 +399,15 @@ void AppendPromFamilies(PromWriter& w, std::type_identity_t<std::span<const Row>
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& row = rows[i];
       switch (f.unit) {
-        case Unit::kUnsigned: w.U64(f.metric, labels(i), row.*f.u64); break;
-        case Unit::kSigned: w.I64(f.metric, labels(i), row.*f.i32); break;
-        case Unit::kNanoseconds: w.Seconds(f.metric, labels(i), row.*f.u64); break;
+        case Unit::kUnsigned:
+          w.U64(f.metric, labels(i), row.*f.u64);
+          break;
+        case Unit::kSigned:
+          w.I64(f.metric, labels(i), row.*f.i32);
+          break;
+        case Unit::kNanoseconds:
+          w.Seconds(f.metric, labels(i), row.*f.u64);
+          break;
       }
     }
   }
@@ -396,8 +417,8 @@ void AppendLatencyHistograms(PromWriter& w, const std::vector<ConsumerStats>& co
   bool any_latency = false;
   for (const ConsumerStats& c : consumers) any_latency |= c.latency.enabled;
   if (!any_latency) return;
-  constexpr int kFirstPow = 4;   // 16 ns
-  constexpr int kLastPow = 32;   // 4.29 s, the most a 32-bit stamp can tell
+  constexpr int kFirstPow = 4;  // 16 ns
+  constexpr int kLastPow = 32;  // 4.29 s, the most a 32-bit stamp can tell
   w.Family("cqd_consumer_latency_seconds", "histogram",
            "Time from a poller taking a completion off its CQ to the consumer dispatching it.");
   for (size_t i = 0; i < consumers.size(); ++i) {
@@ -478,8 +499,8 @@ void AppendStatsJson(std::string& out, const Stats& s) {
 
 std::string StatsToJson(const Stats& s) {
   std::string out;
-  out.reserve(512 + 200 * (s.pollers.size() + s.cqs.size() + s.consumers.size() +
-                           s.devices.size()));
+  out.reserve(512 +
+              200 * (s.pollers.size() + s.cqs.size() + s.consumers.size() + s.devices.size()));
   AppendStatsJson(out, s);  // its object is closed when it returns
   return out;
 }

@@ -22,11 +22,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::chrono::milliseconds kRequestWait{200};  // for a request line
-constexpr std::chrono::milliseconds kStallLimit{1000};  // without progress on a write
-constexpr std::chrono::milliseconds kClientLimit{5000}; // for one client in all
-constexpr int kBackoffMs = 100;                         // after a failed accept
-constexpr size_t kMaxRequest = 4096;                    // HTTP headers included
+constexpr std::chrono::milliseconds kRequestWait{200};   // for a request line
+constexpr std::chrono::milliseconds kStallLimit{1000};   // without progress on a write
+constexpr std::chrono::milliseconds kClientLimit{5000};  // for one client in all
+constexpr int kBackoffMs = 100;                          // after a failed accept
+constexpr size_t kMaxRequest = 4096;                     // HTTP headers included
 
 sockaddr_un Address(const std::string& path) {
   sockaddr_un addr{};
@@ -59,8 +59,7 @@ Status StatsServer::CheckPath(const std::string& path) {
   constexpr size_t kMax = sizeof(sockaddr_un::sun_path) - 1;
   if (path.size() > kMax) {
     return InvalidArgument("stats_socket is " + std::to_string(path.size()) +
-                           " bytes long; a Unix socket path holds at most " +
-                           std::to_string(kMax));
+                           " bytes long; a Unix socket path holds at most " + std::to_string(kMax));
   }
   if (path.find('\0') != std::string::npos) {
     return InvalidArgument("stats_socket contains a NUL byte");
@@ -177,8 +176,8 @@ void StatsServer::Run() {
       const int err = errno;
       if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) continue;
       if (!failing && log_.enabled()) {
-        log_.Warning("stats_socket " + path_ + ": accept: " + strerror(err) +
-                     "; retrying every " + std::to_string(kBackoffMs) + " ms");
+        log_.Warning("stats_socket " + path_ + ": accept: " + strerror(err) + "; retrying every " +
+                     std::to_string(kBackoffMs) + " ms");
       }
       failing = true;
       Wait(-1, 0, kBackoffMs);
@@ -215,7 +214,7 @@ void StatsServer::Serve(int fd) {
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return;  // gone
     const int ready = Wait(fd, POLLIN, Remaining(request_deadline));
-    if (ready < 0) return;  // stopping
+    if (ready < 0) return;                                      // stopping
     if (ready == 0 && Clock::now() >= request_deadline) break;  // nothing more: answer now
   }
   std::string line = request.substr(0, request.find('\n'));
@@ -236,8 +235,8 @@ void StatsServer::Serve(int fd) {
       } else if (target == "/" || target == "/json") {
         response = HttpResponse("200 OK", "application/json", StatsToJson(snapshot_()) + "\n");
       } else {
-        response = HttpResponse("404 Not Found", "text/plain",
-                                "not found: try /metrics or /json\n");
+        response =
+            HttpResponse("404 Not Found", "text/plain", "not found: try /metrics or /json\n");
       }
     } else if (line.empty() || line == "json") {
       response = StatsToJson(snapshot_()) + "\n";
@@ -261,8 +260,7 @@ void StatsServer::Serve(int fd) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return;  // the client went away
-    const Clock::time_point stall_deadline = std::min(Clock::now() + kStallLimit,
-                                                      client_deadline);
+    const Clock::time_point stall_deadline = std::min(Clock::now() + kStallLimit, client_deadline);
     const int ready = Wait(fd, POLLOUT, Remaining(stall_deadline));
     if (ready < 0) return;
     if (ready == 0 && Clock::now() >= stall_deadline) {

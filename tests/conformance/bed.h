@@ -1,8 +1,8 @@
 // tests/conformance/bed.h: what the S1-S14 conformance suite needs from a backend.
 //
-// The suite (conformance_suite.cc) drives the seam (runtime/backend/device.h) directly. A Bed supplies
-// the device and the one thing the seam cannot do by itself: make completions and events happen
-// on the CQ under test (on the simulated device by injection; on verbs by real traffic).
+// The suite (conformance_suite.cc) drives the seam (runtime/backend/device.h) directly. A Bed
+// supplies the device and the one thing the seam cannot do by itself: make completions and events
+// happen on the CQ under test (on the simulated device by injection; on verbs by real traffic).
 #ifndef CQD_TESTS_CONFORMANCE_BED_H_
 #define CQD_TESTS_CONFORMANCE_BED_H_
 

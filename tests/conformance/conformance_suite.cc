@@ -1,5 +1,5 @@
-// The verbs rules S1-S14 of docs/DESIGN.md, as tests against the backend seam. Instantiated once per
-// backend (sim_conformance_test.cc here; the rxe instantiation runs the same tests on verbs).
+// The verbs rules S1-S14 of docs/DESIGN.md, as tests against the backend seam. Instantiated once
+// per backend (sim_conformance_test.cc here; the rxe instantiation runs the same tests on verbs).
 //
 // "It happens" is waited for with a generous timeout; "it does not happen" is checked over a
 // short quiet period, which can only let a bug through, never fail a correct backend.
@@ -105,10 +105,10 @@ TEST_P(Conformance, S5_EventForAlreadyEmptiedCq) {
   AckAll();
   ASSERT_EQ(cq_->RequestNotify(false), 0);  // re-arm, then (before emptying) one more arrives
   CQD_ASSERT_OK(bed_->Receive(1, false));
-  ASSERT_EQ(PollFor(2).size(), 2u);          // empty the CQ: both are taken
-  ASSERT_EQ(NextEvent(), cq_->native());     // the second one's event still comes
+  ASSERT_EQ(PollFor(2).size(), 2u);       // empty the CQ: both are taken
+  ASSERT_EQ(NextEvent(), cq_->native());  // the second one's event still comes
   ibv_wc wc;
-  EXPECT_EQ(cq_->Poll(1, &wc), 0);           // ... for an empty CQ
+  EXPECT_EQ(cq_->Poll(1, &wc), 0);  // ... for an empty CQ
 }
 
 // S6: completions already in the CQ when it is armed raise no event; the next one does.

@@ -53,9 +53,8 @@ class SimBed : public Bed {
 };
 
 INSTANTIATE_TEST_SUITE_P(Sim, Conformance,
-                         ::testing::Values(BedFactory{"sim", [] {
-                           return std::unique_ptr<Bed>(new SimBed());
-                         }}),
+                         ::testing::Values(BedFactory{
+                             "sim", [] { return std::unique_ptr<Bed>(new SimBed()); }}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

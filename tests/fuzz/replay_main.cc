@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   }
   for (const std::string& f : files) {
     std::ifstream in(f, std::ios::binary);
-    std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
     LLVMFuzzerTestOneInput(data.data(), data.size());
     printf("replay: %s (%zu bytes) ok\n", f.c_str(), data.size());
   }

@@ -81,11 +81,11 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kMaxOps = 400;
 constexpr int kMaxCqs = 4;
-constexpr int kMaxQps = 16;                // QP incarnations over an input's life
-constexpr uint32_t kMaxPerStream = 1024;   // completions per QP per CQ
+constexpr int kMaxQps = 16;               // QP incarnations over an input's life
+constexpr uint32_t kMaxPerStream = 1024;  // completions per QP per CQ
 constexpr uint64_t kSendBit = uint64_t{1} << 32;
 constexpr uint64_t kSelfUnregisterBit = uint64_t{1} << 40;  // the handler unregisters its QP
-constexpr int kTagShift = 48;              // bits 48-55: the incarnation (strays: 0x80 + CQ)
+constexpr int kTagShift = 48;  // bits 48-55: the incarnation (strays: 0x80 + CQ)
 constexpr uint64_t kMagic = uint64_t{0xa5} << 56;  // no user-space pointer has it: no marker
 constexpr uint64_t kMagicMask = uint64_t{0xff} << 56;
 constexpr int kStrayTag = 0x80;
@@ -107,8 +107,8 @@ void Fail(const char* fmt, ...) {
   fflush(stderr);
   abort();
 }
-#define CHECK(cond, ...)      \
-  do {                        \
+#define CHECK(cond, ...)            \
+  do {                              \
     if (!(cond)) Fail(__VA_ARGS__); \
   } while (0)
 
@@ -142,9 +142,9 @@ bool PastDeadline() {
 // ---- the books ----
 
 struct Stream {
-  int cq = -1;                          // index into State::cqs
+  int cq = -1;  // index into State::cqs
   std::atomic<uint32_t> injected{0};
-  std::atomic<uint32_t> delivered{0};   // to a handler of this incarnation or of a successor
+  std::atomic<uint32_t> delivered{0};  // to a handler of this incarnation or of a successor
   std::atomic<uint32_t> orphaned{0};
   std::atomic<int64_t> last_delivered{-1};
   // 0 not yet, 1 delivered, 2 orphaned, 3 delivered to a later QP with the same qp_num
@@ -174,7 +174,7 @@ class FuzzHandler final : public cqd::QpHandler {
   std::atomic<bool> unregistered{false};
   std::atomic<uint32_t> events{0};
   uint32_t reg_injected[2] = {0, 0};  // injected per stream when this registration began
-  int commit_cq[2] = {-1, -1};  // send CQ, recv CQ
+  int commit_cq[2] = {-1, -1};        // send CQ, recv CQ
   int commit[2] = {0, 0};
   std::atomic<bool> commit_released{false};
 
@@ -183,8 +183,8 @@ class FuzzHandler final : public cqd::QpHandler {
   void TryWaitFromHandler() noexcept;
   State* st_;
   QpEnt* q_;
-  int64_t last_[2] = {-1, -1};     // this registration's last wr_id per stream (its consumer only)
-  uint32_t floor_[2] = {0, 0};     // completions below this were injected before an event it got
+  int64_t last_[2] = {-1, -1};  // this registration's last wr_id per stream (its consumer only)
+  uint32_t floor_[2] = {0, 0};  // completions below this were injected before an event it got
 };
 
 // What a teardown's on_done callback saw (it runs on the runtime's teardown thread).
@@ -198,13 +198,13 @@ struct TdRecord {
 };
 
 struct QpEnt {
-  int idx = 0;                       // the incarnation: its tag in wr_ids
+  int idx = 0;  // the incarnation: its tag in wr_ids
   bool exists = false;
-  cqd::SimQp* sim = nullptr;         // nullptr once destroyed (or never, for strays)
+  cqd::SimQp* sim = nullptr;  // nullptr once destroyed (or never, for strays)
   std::atomic<uint32_t> qp_num{0};
   int send_cq = -1, recv_cq = -1;
   cqd::SimQpOptions opts;
-  Stream streams[2];                 // 0: recv CQ (and the send CQ when it is the same), 1: send
+  Stream streams[2];  // 0: recv CQ (and the send CQ when it is the same), 1: send
   // `reg` and `handlers` are used by the fuzzer thread and, to unregister from inside a handler,
   // by a consumer thread; both hold reg_mu. A handler only try_locks it: the fuzzer thread may
   // hold it while Unregister waits for that handler's batch.
@@ -214,15 +214,15 @@ struct QpEnt {
   std::vector<std::unique_ptr<FuzzHandler>> handlers;  // kept: a late call must find it
 
   // Teardowns (fuzzer thread only, except the atomics).
-  bool no_inject = false;            // a teardown started: the QP is in the error state
-  bool td_active = false;            // started and not yet settled by the fuzzer
+  bool no_inject = false;  // a teardown started: the QP is in the error state
+  bool td_active = false;  // started and not yet settled by the fuzzer
   cqd::Teardown td;
   std::shared_ptr<TdRecord> td_rec;
   FuzzHandler* td_handler = nullptr;
-  uint32_t td_injected[2] = {0, 0};  // injected before TeardownQp was called
-  bool td_strict[2] = {false, false};  // OK must mean all of them reached the handler
+  uint32_t td_injected[2] = {0, 0};     // injected before TeardownQp was called
+  bool td_strict[2] = {false, false};   // OK must mean all of them reached the handler
   bool td_covered[2] = {false, false};  // a marker stands behind the stream in its CQ
-  bool td_engine_idle = false;       // Wait() without draining the engine consumer
+  bool td_engine_idle = false;          // Wait() without draining the engine consumer
   std::vector<std::shared_ptr<TdRecord>> all_td_recs;
   // Set once a teardown ended (OK, or past its deadline or Shutdown with a marker behind the
   // stream): completions of the stream may not reach a successor.
@@ -244,8 +244,8 @@ struct CqEnt {
   cqd::CqHandle handle;
   std::optional<cqd::CqHandle> stale;  // a handle the runtime no longer knows
   cqd::SimCq* sim = nullptr;
-  int64_t stranded = -1;       // what it held when it was destroyed on the device
-  int markers = 0;             // teardown markers that may have gone into it
+  int64_t stranded = -1;  // what it held when it was destroyed on the device
+  int markers = 0;        // teardown markers that may have gone into it
   // Teardowns of QPs on it that ended without draining: their leftovers keep a commitment on it
   // (poller.h) until polled, so RegisterQp's guard may refuse what our books would admit.
   int undrained_ends = 0;
@@ -272,8 +272,8 @@ struct State {
   // Configuration.
   int pollers = 1;
   int consumers = 1;
-  int engine = 0;               // the engine-driven consumer's index
-  bool rtc = false;             // consumer 0 (of two) is kRunToCompletion on poller 0
+  int engine = 0;    // the engine-driven consumer's index
+  bool rtc = false;  // consumer 0 (of two) is kRunToCompletion on poller 0
   bool edge = false;
   size_t queue_capacity = 1;
   size_t spill_capacity = 4096;
@@ -288,14 +288,14 @@ struct State {
   cqd::DeviceId dev = 0;
   bool shut_down = false;
   bool fatal = false;
-  std::atomic<int> registered{0};   // registrations live now (handlers may end theirs)
+  std::atomic<int> registered{0};  // registrations live now (handlers may end theirs)
   int epoll_fd = -1;
   int notify_fd = -1;
   bool edge_pending = false;
   int teardowns_started = 0;
-  int teardown_results[10] = {};   // by StatusCode, settled teardowns
-  int teardown_refused = 0;        // TeardownQp calls that returned an error
-  int qp_num_reuses = 0;           // new QPs registered with a torn-down QP's qp_num
+  int teardown_results[10] = {};              // by StatusCode, settled teardowns
+  int teardown_refused = 0;                   // TeardownQp calls that returned an error
+  int qp_num_reuses = 0;                      // new QPs registered with a torn-down QP's qp_num
   std::atomic<uint64_t> stale_deliveries{0};  // completions of a predecessor (plain Unregister)
   std::atomic<uint64_t> events_matched{0};    // events checked against a recorded floor
   std::atomic<uint64_t> handler_waits{0};     // Teardown::Wait calls from handlers and on_done
@@ -332,12 +332,14 @@ void FuzzHandler::ReleaseCommit() noexcept {
 }
 
 void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
-  CHECK(!unregistered.load(), "OnCompletions after Unregister returned or the teardown ended "
-        "(qp_num 0x%x)", q_->qp_num.load());
+  CHECK(!unregistered.load(),
+        "OnCompletions after Unregister returned or the teardown ended "
+        "(qp_num 0x%x)",
+        q_->qp_num.load());
   CHECK(!wcs.empty(), "OnCompletions with no completions");
   for (const ibv_wc& wc : wcs) {
-    CHECK(wc.qp_num == q_->qp_num.load(), "completion of qp_num 0x%x delivered to 0x%x",
-          wc.qp_num, q_->qp_num.load());
+    CHECK(wc.qp_num == q_->qp_num.load(), "completion of qp_num 0x%x delivered to 0x%x", wc.qp_num,
+          q_->qp_num.load());
     CHECK((wc.wr_id & kMagicMask) == kMagic,
           "a teardown marker (wr_id 0x%llx, status %d) reached the handler of qp_num 0x%x",
           static_cast<unsigned long long>(wc.wr_id), wc.status, wc.qp_num);
@@ -359,16 +361,18 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
       CHECK(seq < ost.injected.load(), "qp 0x%x: old wr_id %lld was never injected", wc.qp_num,
             static_cast<long long>(seq));
       uint8_t was = ost.marks[seq].exchange(3);
-      CHECK(was == 0, "qp 0x%x stream %d of incarnation %d: wr_id %lld reached a successor "
-            "after being %s", wc.qp_num, s, tag, static_cast<long long>(seq),
+      CHECK(was == 0,
+            "qp 0x%x stream %d of incarnation %d: wr_id %lld reached a successor "
+            "after being %s",
+            wc.qp_num, s, tag, static_cast<long long>(seq),
             was == 2 ? "orphaned" : "delivered (duplicate)");
       ost.delivered.fetch_add(1);
       st_->stale_deliveries.fetch_add(1);
       continue;
     }
     Stream& st = q_->streams[s];
-    CHECK(seq < st.injected.load(), "qp 0x%x stream %d: wr_id %lld was never injected",
-          wc.qp_num, s, static_cast<long long>(seq));
+    CHECK(seq < st.injected.load(), "qp 0x%x stream %d: wr_id %lld was never injected", wc.qp_num,
+          s, static_cast<long long>(seq));
     CHECK(seq >= floor_[s],
           "qp 0x%x stream %d: wr_id %lld reached the handler after an async event that was "
           "raised when %u completions had been injected",
@@ -377,8 +381,8 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     CHECK(was == 0, "qp 0x%x stream %d: wr_id %lld delivered after being %s", wc.qp_num, s,
           static_cast<long long>(seq), was == 2 ? "orphaned" : "delivered (duplicate)");
     if (last_[s] >= 0) {
-      CHECK(seq == last_[s] + 1, "qp 0x%x stream %d: handler got wr_id %lld after %lld",
-            wc.qp_num, s, static_cast<long long>(seq), static_cast<long long>(last_[s]));
+      CHECK(seq == last_[s] + 1, "qp 0x%x stream %d: handler got wr_id %lld after %lld", wc.qp_num,
+            s, static_cast<long long>(seq), static_cast<long long>(last_[s]));
     } else {
       CHECK(seq > st.last_delivered.load(),
             "qp 0x%x stream %d: new registration got wr_id %lld, an earlier one got %lld",
@@ -411,8 +415,10 @@ void CheckWaitDoesNotBlock(State& st, const char* where) {
 void FuzzHandler::TryWaitFromHandler() noexcept { CheckWaitDoesNotBlock(*st_, "a handler"); }
 
 void FuzzHandler::OnAsyncEvent(const cqd::AsyncEvent& event) noexcept {
-  CHECK(!unregistered.load(), "OnAsyncEvent (type %d) after Unregister returned or the teardown "
-        "ended (qp_num 0x%x)", event.type, q_->qp_num.load());
+  CHECK(!unregistered.load(),
+        "OnAsyncEvent (type %d) after Unregister returned or the teardown "
+        "ended (qp_num 0x%x)",
+        event.type, q_->qp_num.load());
   CHECK(event.qp_num == q_->qp_num.load(), "async event of qp_num 0x%x delivered to 0x%x",
         event.qp_num, q_->qp_num.load());
   events.fetch_add(1);
@@ -455,9 +461,10 @@ void FuzzOrphans::OnOrphans(std::span<const ibv_wc> wcs) noexcept {
     if ((wc.wr_id & kMagicMask) != kMagic) {
       // A teardown's marker, left behind by a teardown that did not drain (deadline, shutdown,
       // or the QP was unregistered meanwhile) or by one whose receive marker found no room.
-      CHECK(wc.status == IBV_WC_WR_FLUSH_ERR, "orphan 0x%llx of qp_num 0x%x is neither ours nor "
-            "a marker (status %d)", static_cast<unsigned long long>(wc.wr_id), wc.qp_num,
-            wc.status);
+      CHECK(wc.status == IBV_WC_WR_FLUSH_ERR,
+            "orphan 0x%llx of qp_num 0x%x is neither ours nor "
+            "a marker (status %d)",
+            static_cast<unsigned long long>(wc.wr_id), wc.qp_num, wc.status);
       markers.fetch_add(1);
       continue;
     }
@@ -467,8 +474,7 @@ void FuzzOrphans::OnOrphans(std::span<const ibv_wc> wcs) noexcept {
           static_cast<unsigned long long>(wc.wr_id));
     Stream* st = &q->streams[TagOf(wc.wr_id) >= kStrayTag ? 0 : StreamOf(wc.wr_id)];
     const uint32_t seq = static_cast<uint32_t>(wc.wr_id & 0xffffffff);
-    CHECK(seq < st->injected.load(), "orphan qp 0x%x wr_id %u was never injected", wc.qp_num,
-          seq);
+    CHECK(seq < st->injected.load(), "orphan qp 0x%x wr_id %u was never injected", wc.qp_num, seq);
     uint8_t was = st->marks[seq].exchange(2);
     CHECK(was == 0, "qp 0x%x wr_id 0x%llx orphaned after being %s", wc.qp_num,
           static_cast<unsigned long long>(wc.wr_id),
@@ -523,11 +529,11 @@ enum Op : uint8_t {
 
 const char* OpName(int op) {
   static const char* names[] = {
-      "CreateCq",  "AdoptCq",       "DestroyCq",         "CreateQp",     "RegisterQp",
-      "Unregister", "DestroyQp",    "Inject",            "InjectStray",  "Spurious",
+      "CreateCq",     "AdoptCq",           "DestroyCq",    "CreateQp",         "RegisterQp",
+      "Unregister",   "DestroyQp",         "Inject",       "InjectStray",      "Spurious",
       "FailGetEvent", "FailGetAsyncEvent", "RaiseQpEvent", "RaiseDeviceEvent", "EpollDrain",
-      "RawDrain",  "GetStats",      "Sleep",             "Quiesce",      "Shutdown",
-      "TeardownQp", "FailRequestNotify", "BadHandles"};
+      "RawDrain",     "GetStats",          "Sleep",        "Quiesce",          "Shutdown",
+      "TeardownQp",   "FailRequestNotify", "BadHandles"};
   static_assert(sizeof(names) / sizeof(names[0]) == kOpCount);
   return op < kOpCount ? names[op] : "teardown";
 }
@@ -642,7 +648,8 @@ void SettleTeardown(State& st, QpEnt& q);
 // teardown: that one must have ended (it does by its deadline) and be checked first.
 void SettleEarlierTeardown(State& st, QpEnt& q) {
   if (!q.td_active) return;
-  WaitUntil(st, [&] { return q.td.done(); }, "HANG: a teardown did not end by its deadline");
+  WaitUntil(
+      st, [&] { return q.td.done(); }, "HANG: a teardown did not end by its deadline");
   SettleTeardown(st, q);
 }
 
@@ -661,8 +668,10 @@ void SettleTeardown(State& st, QpEnt& q) {
         r.ToString().c_str());
   if (q.td_engine_idle) {
     // Nobody drained the engine consumer while it ran: the markers cannot have been reached.
-    CHECK(r.code() != C::kOk, "teardown of qp 0x%x returned OK although its (engine-driven) "
-          "consumer never drained meanwhile", q.qp_num.load());
+    CHECK(r.code() != C::kOk,
+          "teardown of qp 0x%x returned OK although its (engine-driven) "
+          "consumer never drained meanwhile",
+          q.qp_num.load());
   }
   FuzzHandler* h = q.td_handler;
   h->unregistered.store(true);  // done: the QP was unregistered before
@@ -678,9 +687,13 @@ void SettleTeardown(State& st, QpEnt& q) {
       // what came before may have gone to an earlier registration or the orphan handler.
       for (uint32_t k = h->reg_injected[s]; k < q.td_injected[s]; ++k) {
         const uint8_t m = stream.marks[k].load();
-        CHECK(m == 1, "teardown of qp 0x%x returned OK, but wr_id %u of stream %d (injected "
-              "before TeardownQp) was %s", q.qp_num.load(), k, s,
-              m == 0 ? "not delivered" : m == 2 ? "orphaned" : "delivered to another QP");
+        CHECK(m == 1,
+              "teardown of qp 0x%x returned OK, but wr_id %u of stream %d (injected "
+              "before TeardownQp) was %s",
+              q.qp_num.load(), k, s,
+              m == 0   ? "not delivered"
+              : m == 2 ? "orphaned"
+                       : "delivered to another QP");
       }
       q.clean[s].store(true);
     }
@@ -705,7 +718,8 @@ void SettleTeardowns(State& st, bool wait) {
   for (QpEnt& q : st.qps) {
     if (!q.td_active) continue;
     if (wait) {
-      WaitUntil(st, [&] { return q.td.done(); }, "HANG: a teardown does not end");
+      WaitUntil(
+          st, [&] { return q.td.done(); }, "HANG: a teardown does not end");
     }
     if (q.td.done()) SettleTeardown(st, q);
   }
@@ -750,8 +764,10 @@ void DoCreateCq(State& st, uint8_t a, uint8_t b) {
   options.solicited_only = (b >> 4) & 1;
   options.grow = !((b >> 5) & 1);
   auto cq = Timed(st, "CreateCq", [&] { return st.rt->CreateCq(st.dev, shard, options); });
-  if (st.shut_down) return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition, "CreateCq after Shutdown");
-  if (shard >= st.pollers) return ExpectCode(cq.status(), cqd::StatusCode::kInvalidArgument, "CreateCq on a bad shard");
+  if (st.shut_down)
+    return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition, "CreateCq after Shutdown");
+  if (shard >= st.pollers)
+    return ExpectCode(cq.status(), cqd::StatusCode::kInvalidArgument, "CreateCq on a bad shard");
   if (st.fatal) {
     CHECK(!cq.ok(), "CreateCq on a failed device succeeded");
     return;
@@ -787,10 +803,14 @@ void DoAdoptCq(State& st, uint8_t a, uint8_t b) {
       return st.rt->AdoptCq(st.dev, wrong_shard ? 1 - e.shard : e.shard, e.sim,
                             {.solicited_only = e.solicited_only, .grow = grow});
     });
-    if (st.shut_down) return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition, "AdoptCq after Shutdown");
+    if (st.shut_down)
+      return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition,
+                        "AdoptCq after Shutdown");
     // The runtime learns of a device failure from its DEVICE_FATAL event, a moment later.
     if (st.fatal && cq.status().code() == cqd::StatusCode::kUnavailable) return;
-    if (wrong_shard) return ExpectCode(cq.status(), cqd::StatusCode::kInvalidArgument, "AdoptCq on the wrong shard");
+    if (wrong_shard)
+      return ExpectCode(cq.status(), cqd::StatusCode::kInvalidArgument,
+                        "AdoptCq on the wrong shard");
     CHECK(cq.ok(), "re-AdoptCq: %s", cq.status().ToString().c_str());
     e.polled = true;
     e.grow = grow;
@@ -954,8 +974,7 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   // The guard's arithmetic: what this registration commits on each CQ. Our books never hold less
   // than the runtime's (we take commitments off after the runtime did).
   const bool srq = q->opts.srq;
-  const int64_t send_wrs =
-      (options.send_wrs >= 0 ? options.send_wrs : q->opts.max_send_wr) + 1;
+  const int64_t send_wrs = (options.send_wrs >= 0 ? options.send_wrs : q->opts.max_send_wr) + 1;
   const int64_t recv_wrs =
       srq ? 0 : (options.recv_wrs >= 0 ? options.recv_wrs : q->opts.max_recv_wr) + 1;
   CqEnt& scq = st.cqs[q->send_cq];
@@ -973,20 +992,31 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
     judge(scq, send_wrs);
     judge(rcq, recv_wrs);
   }
-  auto reg = Timed(st, "RegisterQp", [&] { return st.rt->RegisterQp(*q->sim, *handler, consumer, options); });
+  auto reg = Timed(st, "RegisterQp",
+                   [&] { return st.rt->RegisterQp(*q->sim, *handler, consumer, options); });
   using C = cqd::StatusCode;
-  if (st.shut_down) return ExpectCode(reg.status(), C::kFailedPrecondition, "RegisterQp after Shutdown");
-  if (consumer >= static_cast<cqd::ConsumerId>(st.consumers)) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp on a bad consumer");
-  if (!scq.polled || !rcq.polled) return ExpectCode(reg.status(), C::kNotFound, "RegisterQp on an unpolled CQ");
-  if (st.rtc && consumer == 0 && (scq.shard != 0 || rcq.shard != 0)) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp on a run-to-completion consumer with a CQ on another shard");
+  if (st.shut_down)
+    return ExpectCode(reg.status(), C::kFailedPrecondition, "RegisterQp after Shutdown");
+  if (consumer >= static_cast<cqd::ConsumerId>(st.consumers))
+    return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp on a bad consumer");
+  if (!scq.polled || !rcq.polled)
+    return ExpectCode(reg.status(), C::kNotFound, "RegisterQp on an unpolled CQ");
+  if (st.rtc && consumer == 0 && (scq.shard != 0 || rcq.shard != 0))
+    return ExpectCode(reg.status(), C::kInvalidArgument,
+                      "RegisterQp on a run-to-completion consumer with a CQ on another shard");
   if (q->reg.registered()) return ExpectCode(reg.status(), C::kAlreadyExists, "RegisterQp twice");
   // Still draining: kAlreadyExists (or it just ended: the teardown unregisters before it says
   // it is done, and the checks below apply).
   if (q->td_active && reg.status().code() == C::kAlreadyExists) return;
-  if (options.send_wrs < -1 || options.recv_wrs < -1) return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp with bad QpOptions");
-  if (!could_fit) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp on a CQ that can never hold its work requests");
-  if (!fits && !reg.ok()) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past the CQ's capacity");
-  if (live >= static_cast<int>(st.max_registrations) && !reg.ok()) return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past max_registrations");
+  if (options.send_wrs < -1 || options.recv_wrs < -1)
+    return ExpectCode(reg.status(), C::kInvalidArgument, "RegisterQp with bad QpOptions");
+  if (!could_fit)
+    return ExpectCode(reg.status(), C::kResourceExhausted,
+                      "RegisterQp on a CQ that can never hold its work requests");
+  if (!fits && !reg.ok())
+    return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past the CQ's capacity");
+  if (live >= static_cast<int>(st.max_registrations) && !reg.ok())
+    return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past max_registrations");
   if (st.fatal && !reg.ok() && reg.status().code() == C::kResourceExhausted) return;  // no resize
   if (!reg.ok() && reg.status().code() == C::kResourceExhausted &&
       (scq.undrained_ends > 0 || rcq.undrained_ends > 0)) {
@@ -1152,10 +1182,10 @@ void DoFailRequestNotify(State& st, uint8_t a, uint8_t b) {
 }
 
 void DoRaiseQpEvent(State& st, uint8_t a, uint8_t b) {
-  static const ibv_event_type kTypes[] = {
-      IBV_EVENT_COMM_EST,  IBV_EVENT_SQ_DRAINED,   IBV_EVENT_PATH_MIG,
-      IBV_EVENT_QP_FATAL,  IBV_EVENT_QP_REQ_ERR,   IBV_EVENT_QP_ACCESS_ERR,
-      IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED};
+  static const ibv_event_type kTypes[] = {IBV_EVENT_COMM_EST,     IBV_EVENT_SQ_DRAINED,
+                                          IBV_EVENT_PATH_MIG,     IBV_EVENT_QP_FATAL,
+                                          IBV_EVENT_QP_REQ_ERR,   IBV_EVENT_QP_ACCESS_ERR,
+                                          IBV_EVENT_PATH_MIG_ERR, IBV_EVENT_QP_LAST_WQE_REACHED};
   QpEnt* q = PickQp(st, a);
   if (q == nullptr || q->sim == nullptr) return;
   const ibv_event_type type = kTypes[b % 8];
@@ -1174,9 +1204,9 @@ void RaiseDeviceFatal(State& st) {
 }
 
 void DoRaiseDeviceEvent(State& st, uint8_t a, uint8_t b) {
-  static const ibv_event_type kTypes[] = {IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
-                                          IBV_EVENT_LID_CHANGE,  IBV_EVENT_PKEY_CHANGE,
-                                          IBV_EVENT_GID_CHANGE,  IBV_EVENT_SM_CHANGE,
+  static const ibv_event_type kTypes[] = {IBV_EVENT_PORT_ACTIVE,       IBV_EVENT_PORT_ERR,
+                                          IBV_EVENT_LID_CHANGE,        IBV_EVENT_PKEY_CHANGE,
+                                          IBV_EVENT_GID_CHANGE,        IBV_EVENT_SM_CHANGE,
                                           IBV_EVENT_CLIENT_REREGISTER, IBV_EVENT_SRQ_LIMIT_REACHED};
   if (a == 0xfd && b == 0xfd) return RaiseDeviceFatal(st);  // rare: the device fails
   cqd::Status s = st.sim->RaiseDeviceEvent(kTypes[b % 8], 1);
@@ -1200,7 +1230,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
     if (!(a & 0x10)) return;
     cqd::Registration none;
     auto td = st.rt->TeardownQp(none);
-    return ExpectCode(td.status(), cqd::StatusCode::kInvalidArgument, "TeardownQp of no registration");
+    return ExpectCode(td.status(), cqd::StatusCode::kInvalidArgument,
+                      "TeardownQp of no registration");
   }
   cqd::TeardownOptions options;
   options.timeout = std::chrono::milliseconds(kTimeoutMs[b & 3]);
@@ -1240,8 +1271,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   }
   if (!td.ok()) {
     CHECK(!send_fits || !recv_fits || st.fatal,
-          "TeardownQp of qp 0x%x (not in error, room for its markers) failed: %s",
-          q->qp_num.load(), td.status().ToString().c_str());
+          "TeardownQp of qp 0x%x (not in error, room for its markers) failed: %s", q->qp_num.load(),
+          td.status().ToString().c_str());
     CHECK(q->reg.registered(), "a failed TeardownQp unregistered the QP: %s",
           td.status().ToString().c_str());
     ++st.teardown_refused;
@@ -1276,11 +1307,13 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
     case 0:
     case 3: {
       const Clock::time_point start = Clock::now();
-      WaitUntil(st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
-      CHECK(!st.fatal || Clock::now() - start < kPrompt,
-            "HANG: a teardown took %lld ms to end after DEVICE_FATAL",
-            static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                       Clock::now() - start).count()));
+      WaitUntil(
+          st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
+      CHECK(
+          !st.fatal || Clock::now() - start < kPrompt,
+          "HANG: a teardown took %lld ms to end after DEVICE_FATAL",
+          static_cast<long long>(
+              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
       if (kTimeoutMs[b & 3] >= 2000 && !st.fatal && !scq.overflowed && !rcq.overflowed) {
         const cqd::Status r = q->td.Wait();
         CHECK(r.ok(), "teardown of qp 0x%x (the engine drained meanwhile, %d ms) returned %s",
@@ -1296,7 +1329,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
               "Teardown::Wait refused on the fuzzer thread for a QP of consumer %u: %s",
               q->consumer, r.ToString().c_str());
         q->td_engine_idle = false;  // WaitUntil drains it
-        WaitUntil(st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
+        WaitUntil(
+            st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
       }
       CHECK(q->td.done(), "Wait() returned before the teardown was done");
       break;
@@ -1326,7 +1360,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
 // Handles the runtime must refuse: empty, stale (destroyed or released), another runtime's.
 void DoBadHandles(State& st, uint8_t a, uint8_t b) {
   using C = cqd::StatusCode;
-  ExpectCode(st.rt->DestroyCq(cqd::CqHandle{}), C::kInvalidArgument, "DestroyCq of an empty handle");
+  ExpectCode(st.rt->DestroyCq(cqd::CqHandle{}), C::kInvalidArgument,
+             "DestroyCq of an empty handle");
   const CqEnt& e = st.cqs[a % kMaxCqs];
   if (e.stale) {
     ExpectCode(st.rt->DestroyCq(*e.stale), C::kNotFound, "DestroyCq of a stale handle");
@@ -1375,13 +1410,15 @@ void DoGetStats(State& st) {
   for (const auto& c : s.consumers) {
     // queue_capacity is a hard bound until Shutdown's final hand-over.
     if (!st.shut_down) {
-      CHECK(c.high_water <= st.queue_capacity, "Stats: consumer %s queued %llu items, capacity "
-            "%zu", c.name.c_str(), static_cast<unsigned long long>(c.high_water),
-            st.queue_capacity);
+      CHECK(c.high_water <= st.queue_capacity,
+            "Stats: consumer %s queued %llu items, capacity "
+            "%zu",
+            c.name.c_str(), static_cast<unsigned long long>(c.high_water), st.queue_capacity);
     }
-    CHECK(c.spill_high_water <= st.spill_capacity, "Stats: consumer %s: a poller held %llu "
-          "items for it, spill_capacity %zu", c.name.c_str(),
-          static_cast<unsigned long long>(c.spill_high_water), st.spill_capacity);
+    CHECK(c.spill_high_water <= st.spill_capacity,
+          "Stats: consumer %s: a poller held %llu "
+          "items for it, spill_capacity %zu",
+          c.name.c_str(), static_cast<unsigned long long>(c.spill_high_water), st.spill_capacity);
     CHECK(c.spill_depth <= st.pollers * st.spill_capacity, "Stats: consumer %s: spill depth %llu",
           c.name.c_str(), static_cast<unsigned long long>(c.spill_depth));
   }
@@ -1420,30 +1457,40 @@ void DoShutdown(State& st) {
 
 void RunOp(State& st, int op, uint8_t a, uint8_t b) {
   switch (op) {
-    case kCreateCq: return DoCreateCq(st, a, b);
-    case kAdoptCq: return DoAdoptCq(st, a, b);
-    case kDestroyCq: return DoDestroyCq(st, a % kMaxCqs);
-    case kCreateQp: return DoCreateQp(st, a, b);
-    case kRegisterQp: return DoRegisterOp(st, a, b);
+    case kCreateCq:
+      return DoCreateCq(st, a, b);
+    case kAdoptCq:
+      return DoAdoptCq(st, a, b);
+    case kDestroyCq:
+      return DoDestroyCq(st, a % kMaxCqs);
+    case kCreateQp:
+      return DoCreateQp(st, a, b);
+    case kRegisterQp:
+      return DoRegisterOp(st, a, b);
     case kUnregister:
       if (QpEnt* q = PickQp(st, a)) Unregister(st, *q);
       return;
     case kDestroyQp:
       if (QpEnt* q = PickQp(st, a)) DoDestroyQp(st, *q);
       return;
-    case kInject: return DoInject(st, a, b);
-    case kInjectStray: return DoInjectStray(st, a, b);
+    case kInject:
+      return DoInject(st, a, b);
+    case kInjectStray:
+      return DoInjectStray(st, a, b);
     case kSpurious: {
       CqEnt& cq = st.cqs[a % kMaxCqs];
       if (cq.exists && !cq.sim_destroyed) st.sim->AddSpuriousEvent(cq.sim);
       return;
     }
-    case kFailGetEvent: return DoFailGetEvent(st, a, b);
+    case kFailGetEvent:
+      return DoFailGetEvent(st, a, b);
     case kFailGetAsyncEvent:
       st.sim->FailGetAsyncEvent((b & 1) ? EINTR : EAGAIN, 1 + (b >> 1) % 32);
       return;
-    case kRaiseQpEvent: return DoRaiseQpEvent(st, a, b);
-    case kRaiseDeviceEvent: return DoRaiseDeviceEvent(st, a, b);
+    case kRaiseQpEvent:
+      return DoRaiseQpEvent(st, a, b);
+    case kRaiseDeviceEvent:
+      return DoRaiseDeviceEvent(st, a, b);
     case kEpollDrain:
       EngineStep(st, 0, 1 + b % 64);
       return;
@@ -1457,15 +1504,21 @@ void RunOp(State& st, int op, uint8_t a, uint8_t b) {
       }
       return;
     }
-    case kGetStats: return DoGetStats(st);
+    case kGetStats:
+      return DoGetStats(st);
     case kSleep:
       std::this_thread::sleep_for(std::chrono::microseconds(4 * b));
       return;
-    case kQuiesce: return Quiesce(st);
-    case kShutdown: return DoShutdown(st);
-    case kTeardownQp: return DoTeardown(st, a, b);
-    case kFailRequestNotify: return DoFailRequestNotify(st, a, b);
-    case kBadHandles: return DoBadHandles(st, a, b);
+    case kQuiesce:
+      return Quiesce(st);
+    case kShutdown:
+      return DoShutdown(st);
+    case kTeardownQp:
+      return DoTeardown(st, a, b);
+    case kFailRequestNotify:
+      return DoFailRequestNotify(st, a, b);
+    case kBadHandles:
+      return DoBadHandles(st, a, b);
   }
 }
 
@@ -1514,10 +1567,13 @@ void TearDown(State& st) {
   CheckAckBalance(st, "after destroying every CQ", /*settle=*/true);
   DoShutdown(st);
   // What is still queued for the engine consumer: drain it through its notify fd.
-  WaitUntil(st, [&] {
-    cqd::Stats s = st.rt->GetStats();
-    return s.consumers[st.engine].queue_depth == 0;
-  }, "HANG: the engine consumer's queue does not empty after Shutdown");
+  WaitUntil(
+      st,
+      [&] {
+        cqd::Stats s = st.rt->GetStats();
+        return s.consumers[st.engine].queue_depth == 0;
+      },
+      "HANG: the engine consumer's queue does not empty after Shutdown");
   CheckAckBalance(st, "after Shutdown", /*settle=*/false);
   cqd::Stats s = st.rt->GetStats();
   uint64_t delivered = 0, handler_delivered = 0;
@@ -1541,8 +1597,10 @@ void TearDown(State& st) {
       if (!rec->wants_on_done) continue;
       CHECK(rec->calls.load() == 1, "on_done of a teardown of qp 0x%x ran %d times",
             q.qp_num.load(), rec->calls.load());
-      CHECK(rec->code.load() == rec->wait_code, "on_done of a teardown of qp 0x%x got code %d, "
-            "Wait() returned %d", q.qp_num.load(), rec->code.load(), rec->wait_code);
+      CHECK(rec->code.load() == rec->wait_code,
+            "on_done of a teardown of qp 0x%x got code %d, "
+            "Wait() returned %d",
+            q.qp_num.load(), rec->code.load(), rec->wait_code);
     }
   }
   int markers_posted = 0;
@@ -1558,24 +1616,25 @@ void TearDown(State& st) {
       stalls += c.stalls;
       high_water = std::max(high_water, c.high_water);
     }
-    fprintf(stderr, "runtime_fuzz: delivered %llu orphans %llu (markers %llu) stale %llu; "
+    fprintf(stderr,
+            "runtime_fuzz: delivered %llu orphans %llu (markers %llu) stale %llu; "
             "teardowns %d: ok %d deadline %d cancelled %d unavailable %d refused %d; reuses %d; "
             "events matched %llu, device events %llu, waits from handlers %llu; queue high water "
             "%llu, spill high water "
             "%llu, stalls %llu\n",
-            static_cast<unsigned long long>(delivered),
-            static_cast<unsigned long long>(s.orphans),
+            static_cast<unsigned long long>(delivered), static_cast<unsigned long long>(s.orphans),
             static_cast<unsigned long long>(st.orphans.markers.load()),
             static_cast<unsigned long long>(st.stale_deliveries.load()), st.teardowns_started,
-            st.teardown_results[0], st.teardown_results[static_cast<int>(cqd::StatusCode::kDeadlineExceeded)],
+            st.teardown_results[0],
+            st.teardown_results[static_cast<int>(cqd::StatusCode::kDeadlineExceeded)],
             st.teardown_results[static_cast<int>(cqd::StatusCode::kCancelled)],
             st.teardown_results[static_cast<int>(cqd::StatusCode::kUnavailable)],
             st.teardown_refused, st.qp_num_reuses,
             static_cast<unsigned long long>(st.events_matched.load()),
             static_cast<unsigned long long>(st.device_events.count.load()),
             static_cast<unsigned long long>(st.handler_waits.load()),
-            static_cast<unsigned long long>(high_water),
-            static_cast<unsigned long long>(spill_hw), static_cast<unsigned long long>(stalls));
+            static_cast<unsigned long long>(high_water), static_cast<unsigned long long>(spill_hw),
+            static_cast<unsigned long long>(stalls));
   }
   // Exactly once, except a tail of each stream left in a CQ nobody polls.
   int64_t unaccounted[kMaxCqs] = {};
@@ -1658,8 +1717,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.consumers.push_back(co);
   }
 
-  g_deadline_ns.store(
-      (Clock::now() + kInputLimit).time_since_epoch().count());
+  g_deadline_ns.store((Clock::now() + kInputLimit).time_since_epoch().count());
   g_current_op.store("setup");
   auto rt = cqd::Runtime::Create(options);
   CHECK(rt.ok(), "Runtime::Create: %s", rt.status().ToString().c_str());

@@ -106,8 +106,7 @@ int main() {
   if (cqd::Status s = (*rt)->DestroyCq(*cq); !s.ok()) return Fail("DestroyCq", s);
   if (cqd::Status s = (*rt)->Shutdown(); !s.ok()) return Fail("Shutdown", s);
   if (rc == 0) {
-    std::printf("consumer: OK %llu completions\n",
-                static_cast<unsigned long long>(2 * kPerQp));
+    std::printf("consumer: OK %llu completions\n", static_cast<unsigned long long>(2 * kPerQp));
   }
   return rc;
 }

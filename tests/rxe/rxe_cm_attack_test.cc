@@ -125,8 +125,7 @@ class RxeCmAttack : public ::testing::Test {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     ASSERT_EQ(inet_pton(AF_INET, Address(), &addr.sin_addr), 1);
-    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0)
-        << strerror(errno);
+    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0) << strerror(errno);
     ASSERT_NE(listen_id_->verbs, nullptr) << Address() << " is not an RDMA device's address";
     server_addr_ = addr;
     server_addr_.sin_port = rdma_get_src_port(listen_id_);
@@ -245,9 +244,9 @@ class RxeCmAttack : public ::testing::Test {
     pair.server_consumer = server_consumer;
     pair.client_consumer = client_consumer;
     ASSERT_EQ(rdma_create_id(client_channel_, &pair.client, &pair, RDMA_PS_TCP), 0);
-    ASSERT_EQ(rdma_resolve_addr(pair.client, nullptr,
-                                reinterpret_cast<sockaddr*>(&server_addr_), 5000),
-              0)
+    ASSERT_EQ(
+        rdma_resolve_addr(pair.client, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000),
+        0)
         << strerror(errno);
     Conn& watched = client_consumer == kOwned ? pair.client_conn : pair.server_conn;
     ASSERT_TRUE(WaitFor([&] { return watched.Saw(RDMA_CM_EVENT_ESTABLISHED); }))
@@ -300,8 +299,8 @@ TEST_F(RxeCmAttack, HandOnBeforeShutdownReachesCmHandler) {
   ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 1; })) << "server ESTABLISHED not queued";
   server_conn_.registration.Unregister();
   rt_->Drain(kEngine, 64);
-  EXPECT_TRUE(WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED); },
-                      milliseconds(5000)))
+  EXPECT_TRUE(
+      WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED); }, milliseconds(5000)))
       << "server channel saw " << server_cm_.Names();
   EXPECT_FALSE(server_conn_.Saw(RDMA_CM_EVENT_ESTABLISHED));
 }
@@ -323,12 +322,12 @@ TEST_F(RxeCmAttack, EventHandedOnAfterShutdownStillReachesTheCmHandler) {
     if (n > 0) drained += n;
     return drained >= 1;
   }));
-  EXPECT_TRUE(WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED); },
-                      milliseconds(3000)))
+  EXPECT_TRUE(
+      WaitFor([&] { return server_cm_.Saw(RDMA_CM_EVENT_ESTABLISHED); }, milliseconds(3000)))
       << "the server's ESTABLISHED (read while registered, found unregistered) never reached "
          "the CmHandler; server channel saw: "
-      << server_cm_.Names() << "; consumer 0 queue_depth="
-      << rt_->GetStats().consumers[kOwned].queue_depth;
+      << server_cm_.Names()
+      << "; consumer 0 queue_depth=" << rt_->GetStats().consumers[kOwned].queue_depth;
   client_conn_.registration.Unregister();  // registrations must not outlive the runtime
   for (CqHandle cq : cqs_) (void)rt_->DestroyCq(cq);
   cqs_.clear();
@@ -355,19 +354,22 @@ TEST_F(RxeCmAttack, CmHandlerSeesOneIdsEventsInReadOrder) {
   ASSERT_EQ(rdma_disconnect(server_id_.load()), 0) << strerror(errno);  // answer: DREP
   // The server id's TIMEWAIT_EXIT (and the client's DISCONNECTED) are read while the server's
   // DISCONNECTED still waits on the undrained consumer 1.
-  ASSERT_TRUE(WaitFor([&] { return rt_->GetStats().cm_events >= read_before + 2; },
-                      milliseconds(60000)))
+  ASSERT_TRUE(
+      WaitFor([&] { return rt_->GetStats().cm_events >= read_before + 2; }, milliseconds(60000)))
       << "no TIMEWAIT_EXIT read; server channel saw " << server_cm_.Names();
   std::this_thread::sleep_for(milliseconds(200));  // room for a wrong route to show itself
   if (server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT)) {
     EXPECT_TRUE(server_cm_.Saw(RDMA_CM_EVENT_DISCONNECTED))
         << "TIMEWAIT_EXIT overtook the id's DISCONNECTED: " << server_cm_.Names();
   }
-  ASSERT_TRUE(WaitFor([&] {
-    rt_->Drain(kEngine, 64);
-    return server_cm_.Saw(RDMA_CM_EVENT_DISCONNECTED) &&
-           server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT);
-  }, milliseconds(60000))) << "saw " << server_cm_.Names();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        rt_->Drain(kEngine, 64);
+        return server_cm_.Saw(RDMA_CM_EVENT_DISCONNECTED) &&
+               server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT);
+      },
+      milliseconds(60000)))
+      << "saw " << server_cm_.Names();
   int disconnected = -1, timewait = -1, i = 0;
   for (const Channel::Seen& s : server_cm_.seen()) {
     if (s.id == server_id_.load()) {
@@ -376,8 +378,8 @@ TEST_F(RxeCmAttack, CmHandlerSeesOneIdsEventsInReadOrder) {
     }
     ++i;
   }
-  EXPECT_LT(disconnected, timewait) << "the CmHandler got the id's events out of read order: "
-                                    << server_cm_.Names();
+  EXPECT_LT(disconnected, timewait)
+      << "the CmHandler got the id's events out of read order: " << server_cm_.Names();
 }
 
 // FINDING: listener events for a CmHandler on a stalled consumer were read, acked and held
@@ -394,8 +396,7 @@ TEST_F(RxeCmAttack, StalledCmHandlerBoundsTheChannelReadAhead) {
     rdma_cm_id* id = nullptr;
     ASSERT_EQ(rdma_create_id(client_channel_, &id, nullptr, RDMA_PS_TCP), 0);
     extra_ids_.push_back(id);
-    ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000),
-              0)
+    ASSERT_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000), 0)
         << strerror(errno);
   }
   // The channel's read-ahead is queue_capacity + spill_capacity of the CmHandler's consumer:
@@ -407,11 +408,14 @@ TEST_F(RxeCmAttack, StalledCmHandlerBoundsTheChannelReadAhead) {
       << "events read ahead of a stalled CmHandler beyond the channel's limit";
   // Draining lets the rest through; none is lost.
   int delivered = 0;
-  ASSERT_TRUE(WaitFor([&] {
-    int n = rt_->Drain(kEngine, 64);
-    if (n > 0) delivered += n;
-    return delivered >= kIds;
-  }, milliseconds(30000))) << delivered << " of " << kIds << " delivered";
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        int n = rt_->Drain(kEngine, 64);
+        if (n > 0) delivered += n;
+        return delivered >= kIds;
+      },
+      milliseconds(30000)))
+      << delivered << " of " << kIds << " delivered";
   EXPECT_EQ(rt_->GetStats().cm_events, static_cast<uint64_t>(kIds));
 }
 
@@ -436,7 +440,8 @@ TEST_F(RxeCmAttack, PurgedEventFollowsTheIdsEarlierQueuedOne) {
     rt_->Drain(kEngine, 64);
     return IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED) >= 0 &&
            IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED) >= 0;
-  })) << "server channel saw " << server_cm_.Names();
+  })) << "server channel saw "
+      << server_cm_.Names();
   EXPECT_LT(IndexOf(server_cm_, server, RDMA_CM_EVENT_ESTABLISHED),
             IndexOf(server_cm_, server, RDMA_CM_EVENT_DISCONNECTED))
       << "the CmHandler got the id's events out of read order: " << server_cm_.Names();
@@ -500,8 +505,7 @@ TEST_F(RxeCmAttack, NewIdAtAnEndedIdsAddressIsNotRoutedBehindIt) {
   }
   ASSERT_NE(reused, nullptr) << "no new id got the destroyed id's address";
   const size_t seen_before = client_cm_.seen().size();  // the old id's, at the same address
-  ASSERT_EQ(rdma_resolve_addr(reused, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000),
-            0)
+  ASSERT_EQ(rdma_resolve_addr(reused, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000), 0)
       << strerror(errno);
   EXPECT_TRUE(WaitFor(
       [&] { return IndexOf(client_cm_, reused, RDMA_CM_EVENT_ADDR_RESOLVED, seen_before) >= 0; },
@@ -553,7 +557,6 @@ TEST_F(RxeCmAttack, CmHandlerNeverRunsOnTwoThreadsAfterShutdown) {
   EXPECT_EQ(handed_on.load(), 2) << "server channel saw " << server_cm_.Names();
   EXPECT_FALSE(overlapped.load()) << "the CmHandler ran on two threads at once";
 }
-
 
 // FINDING (API gap): for RDMA_PS_UDP ids the event's rdma_ud_param (the remote QP number, qkey
 // and address of a SIDR ESTABLISHED) had no place in CmEvent. Now it is CmEvent::ud.

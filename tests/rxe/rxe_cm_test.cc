@@ -53,8 +53,8 @@ class Conn : public QpHandler {
   void OnCmEvent(const CmEvent& event) noexcept override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      seen_.push_back({event.type, event.status, event.qp_num,
-                       successes_.load(std::memory_order_acquire)});
+      seen_.push_back(
+          {event.type, event.status, event.qp_num, successes_.load(std::memory_order_acquire)});
     }
     if (on_event) on_event(event);
   }
@@ -133,8 +133,7 @@ class RxeCm : public ::testing::Test {
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     ASSERT_EQ(inet_pton(AF_INET, Address(), &addr.sin_addr), 1);
-    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0)
-        << strerror(errno);
+    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0) << strerror(errno);
     ASSERT_NE(listen_id_->verbs, nullptr) << Address() << " is not an RDMA device's address";
     server_addr_ = addr;
     server_addr_.sin_port = rdma_get_src_port(listen_id_);
@@ -282,10 +281,9 @@ TEST_F(RxeCm, DisconnectedFollowsEveryCompletionPolledBeforeIt) {
   })) << "no connection";
   // The listener saw the request with the client's private data; resolution events went to the
   // client's channel handler, connection events to the QP handlers.
-  EXPECT_EQ(server_cm_.types(),
-            std::vector<rdma_cm_event_type>{RDMA_CM_EVENT_CONNECT_REQUEST});
-  EXPECT_EQ(client_cm_.types(), (std::vector<rdma_cm_event_type>{
-                                    RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}));
+  EXPECT_EQ(server_cm_.types(), std::vector<rdma_cm_event_type>{RDMA_CM_EVENT_CONNECT_REQUEST});
+  EXPECT_EQ(client_cm_.types(), (std::vector<rdma_cm_event_type>{RDMA_CM_EVENT_ADDR_RESOLVED,
+                                                                 RDMA_CM_EVENT_ROUTE_RESOLVED}));
   EXPECT_EQ(server_conn_.seen().front().qp_num, server_id_.load()->qp->qp_num);
   // Each event carries its id's context as it was when read.
   EXPECT_EQ(client_cm_.contexts(), (std::vector<void*>{kClientContext, kClientContext}));
@@ -302,23 +300,24 @@ TEST_F(RxeCm, DisconnectedFollowsEveryCompletionPolledBeforeIt) {
   ASSERT_TRUE(WaitFor([&] { return server_conn_.Saw(RDMA_CM_EVENT_DISCONNECTED); }));
   for (const Conn::Seen& seen : server_conn_.seen()) {
     if (seen.type == RDMA_CM_EVENT_DISCONNECTED) {
-      EXPECT_EQ(seen.successes_before, kMessages)
-          << "DISCONNECTED overtook receive completions";
+      EXPECT_EQ(seen.successes_before, kMessages) << "DISCONNECTED overtook receive completions";
     }
   }
   EXPECT_EQ(server_conn_.successes(), kMessages);
   // Both teardowns drain; afterwards the ids' late events (TIMEWAIT_EXIT) find no registration
   // and go to the channel handlers.
-  ASSERT_TRUE(WaitFor([&] {
-    return server_conn_.teardown.done() && client_conn_.teardown.done();
-  })) << "server saw " << Names(server_conn_.seen()) << "; client saw "
+  ASSERT_TRUE(WaitFor([&] { return server_conn_.teardown.done() && client_conn_.teardown.done(); }))
+      << "server saw " << Names(server_conn_.seen()) << "; client saw "
       << Names(client_conn_.seen());
   EXPECT_TRUE(server_conn_.teardown.Wait().ok());
   EXPECT_TRUE(client_conn_.teardown.Wait().ok());
-  EXPECT_TRUE(WaitFor([&] {
-    return server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT) &&
-           client_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT);
-  }, milliseconds(60000))) << "no TIMEWAIT_EXIT at the channel handlers";
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return server_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT) &&
+               client_cm_.Saw(RDMA_CM_EVENT_TIMEWAIT_EXIT);
+      },
+      milliseconds(60000)))
+      << "no TIMEWAIT_EXIT at the channel handlers";
   Stats stats = rt_->GetStats();
   EXPECT_GE(stats.cm_events, 8u);
 }
@@ -333,30 +332,31 @@ TEST_F(RxeCm, ErrorsOfARegisteredIdReachItsHandler) {
   const in_port_t port = rdma_get_src_port(unused);
   rdma_destroy_id(unused);  // the port is free again, and nobody listens on it
   Connect(port);
-  ASSERT_TRUE(WaitFor([&] {
-    return client_conn_.Saw(RDMA_CM_EVENT_REJECTED) ||
-           client_conn_.Saw(RDMA_CM_EVENT_UNREACHABLE) ||
-           client_conn_.Saw(RDMA_CM_EVENT_CONNECT_ERROR);
-  }, milliseconds(60000))) << "the failed connect reached no QP handler";
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return client_conn_.Saw(RDMA_CM_EVENT_REJECTED) ||
+               client_conn_.Saw(RDMA_CM_EVENT_UNREACHABLE) ||
+               client_conn_.Saw(RDMA_CM_EVENT_CONNECT_ERROR);
+      },
+      milliseconds(60000)))
+      << "the failed connect reached no QP handler";
   std::vector<Conn::Seen> seen = client_conn_.seen();
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].qp_num, client_id_->qp->qp_num);
   EXPECT_NE(seen[0].status, 0);
-  EXPECT_EQ(client_cm_.types(), (std::vector<rdma_cm_event_type>{
-                                    RDMA_CM_EVENT_ADDR_RESOLVED, RDMA_CM_EVENT_ROUTE_RESOLVED}));
+  EXPECT_EQ(client_cm_.types(), (std::vector<rdma_cm_event_type>{RDMA_CM_EVENT_ADDR_RESOLVED,
+                                                                 RDMA_CM_EVENT_ROUTE_RESOLVED}));
   EXPECT_TRUE(server_cm_.types().empty());
 }
 
 TEST_F(RxeCm, UnwatchedChannelIsNotRead) {
   CQD_ASSERT_OK(rt_->UnwatchCmChannel(client_channel_));
   EXPECT_EQ(rt_->UnwatchCmChannel(client_channel_).code(), StatusCode::kNotFound);
-  EXPECT_EQ(rt_->WatchCmChannel(server_channel_, server_cm_, 0).code(),
-            StatusCode::kAlreadyExists);
+  EXPECT_EQ(rt_->WatchCmChannel(server_channel_, server_cm_, 0).code(), StatusCode::kAlreadyExists);
   // The client's channel is the engine's again: it reads ADDR_RESOLVED itself.
   ASSERT_EQ(rdma_create_id(client_channel_, &client_id_, nullptr, RDMA_PS_TCP), 0);
-  ASSERT_EQ(rdma_resolve_addr(client_id_, nullptr, reinterpret_cast<sockaddr*>(&server_addr_),
-                              5000),
-            0);
+  ASSERT_EQ(
+      rdma_resolve_addr(client_id_, nullptr, reinterpret_cast<sockaddr*>(&server_addr_), 5000), 0);
   rdma_cm_event* event = nullptr;
   ASSERT_TRUE(WaitFor([&] { return rdma_get_cm_event(client_channel_, &event) == 0; }));
   EXPECT_EQ(event->event, RDMA_CM_EVENT_ADDR_RESOLVED);

@@ -74,16 +74,20 @@ class RxeFaults : public Rxe {
   std::string Progress(Pair* p) {
     std::string s = "recvs " + std::to_string(p->a_handler.count()) + "/" +
                     std::to_string(recvs_[p].size()) + ", sends " +
-                    std::to_string(p->b_handler.count()) + "/" +
-                    std::to_string(sends_[p].size()) + "; send statuses:";
-    for (const ibv_wc& wc : p->b_handler.wcs()) s += std::string(" ") + ibv_wc_status_str(wc.status);
+                    std::to_string(p->b_handler.count()) + "/" + std::to_string(sends_[p].size()) +
+                    "; send statuses:";
+    for (const ibv_wc& wc : p->b_handler.wcs())
+      s += std::string(" ") + ibv_wc_status_str(wc.status);
     return s;
   }
   // Waits until every posted work request of `p` has completed (any status).
   bool AllCompleted(Pair* p, int timeout_ms = 30000) {
-    return WaitFor([&] {
-      return p->a_handler.count() == recvs_[p].size() && p->b_handler.count() == sends_[p].size();
-    }, std::chrono::milliseconds(timeout_ms));
+    return WaitFor(
+        [&] {
+          return p->a_handler.count() == recvs_[p].size() &&
+                 p->b_handler.count() == sends_[p].size();
+        },
+        std::chrono::milliseconds(timeout_ms));
   }
   // Tears both QPs of `p` down (drained) and checks that each work request completed once.
   void TearDownAndCheck(Pair* p) {
@@ -117,7 +121,8 @@ TEST_F(RxeFaults, LinkDownAndUpUnderTraffic) {
     if (round == 4) CQD_ASSERT_OK(rxe::SetLinkUp(false));
     if (round == 8) CQD_ASSERT_OK(rxe::SetLinkUp(true));
     for (Pair* p : pairs) ASSERT_NO_FATAL_FAILURE(PostRound(p, 8));
-    for (Pair* p : pairs) ASSERT_TRUE(SendsCompleted(p)) << "round " << round << ": " << Progress(p);
+    for (Pair* p : pairs)
+      ASSERT_TRUE(SendsCompleted(p)) << "round " << round << ": " << Progress(p);
   }
   EXPECT_TRUE(WaitFor([&] { return events.Saw(IBV_EVENT_PORT_ERR); }));
   EXPECT_TRUE(WaitFor([&] { return events.Saw(IBV_EVENT_PORT_ACTIVE); }));

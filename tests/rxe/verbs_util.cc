@@ -53,11 +53,9 @@ Result<ibv_qp*> CreateRcQp(ibv_pd* pd, ibv_cq* send_cq, ibv_cq* recv_cq, int dep
   init.qp_state = IBV_QPS_INIT;
   init.pkey_index = 0;
   init.port_num = 1;
-  init.qp_access_flags =
-      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (int rc = ibv_modify_qp(qp, &init,
-                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                 IBV_QP_ACCESS_FLAGS)) {
+  init.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  if (int rc = ibv_modify_qp(
+          qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
     ibv_destroy_qp(qp);
     return ErrnoStatus("ibv_modify_qp(INIT)", rc);
   }
@@ -81,10 +79,10 @@ Status ConnectLoopback(ibv_qp* qp, uint32_t remote_qpn, int gid_index) {
   rtr.ah_attr.grh.sgid_index = static_cast<uint8_t>(gid_index);
   rtr.ah_attr.grh.hop_limit = 1;
   rtr.ah_attr.port_num = 1;
-  if (int rc = ibv_modify_qp(qp, &rtr,
-                             IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                 IBV_QP_MIN_RNR_TIMER)) {
+  if (int rc =
+          ibv_modify_qp(qp, &rtr,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
     return ErrnoStatus("ibv_modify_qp(RTR)", rc);
   }
   ibv_qp_attr rts{};
@@ -95,8 +93,8 @@ Status ConnectLoopback(ibv_qp* qp, uint32_t remote_qpn, int gid_index) {
   rts.sq_psn = 0;
   rts.max_rd_atomic = 1;
   if (int rc = ibv_modify_qp(qp, &rts,
-                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
+                             IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC)) {
     return ErrnoStatus("ibv_modify_qp(RTS)", rc);
   }
   return Status::Ok();
@@ -110,8 +108,7 @@ Status MoveToError(ibv_qp* qp) {
 }
 
 Status PostRecv(ibv_qp* qp, uint64_t wr_id, const Buffers& buffers, int slot) {
-  ibv_sge sge{reinterpret_cast<uintptr_t>(buffers.slot(slot)), buffers.slot_size,
-              buffers.mr->lkey};
+  ibv_sge sge{reinterpret_cast<uintptr_t>(buffers.slot(slot)), buffers.slot_size, buffers.mr->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = wr_id;
   wr.sg_list = &sge;

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -199,9 +199,8 @@ int SimCqImpl::Inject(std::span<const ibv_wc> wcs, bool solicited, bool overflow
     if (wc.status != IBV_WC_SUCCESS) PoisonInvalidFields(wc);
   }
   // Publish in reservation order: wait for earlier injectors to publish theirs first.
-  for (uint64_t expected = pos;
-       !published_.compare_exchange_weak(expected, pos + n, std::memory_order_release,
-                                         std::memory_order_relaxed);
+  for (uint64_t expected = pos; !published_.compare_exchange_weak(
+           expected, pos + n, std::memory_order_release, std::memory_order_relaxed);
        expected = pos) {
     std::this_thread::yield();
   }
@@ -270,8 +269,8 @@ int SimCqImpl::PollReplay(int n, ibv_wc* wc, uint64_t left) noexcept {
   for (int i = 0; i < taken; ++i) {
     wc[i] = replay.pattern[replay.next];
     if (replay.ns_per > 0) {
-      wc[i].wr_id = replay.start_ns + static_cast<uint64_t>(static_cast<double>(first + i) *
-                                                            replay.ns_per);
+      wc[i].wr_id =
+          replay.start_ns + static_cast<uint64_t>(static_cast<double>(first + i) * replay.ns_per);
     }
     if (++replay.next == size) replay.next = 0;
   }
@@ -430,7 +429,8 @@ Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
   }
   // S2: wait for every completion event that was read to be acked; S13: same for async events.
   if (!cq->WaitAllAcked()) {
-    return Internal(who + "more completion events were acked than were read "
+    return Internal(who +
+                    "more completion events were acked than were read "
                     "(verbs would hang here)");
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -588,9 +588,8 @@ void SimDeviceImpl::PushAsyncLocked(const PendingAsync& event) {
 }
 
 void SimDeviceImpl::PurgeAsyncLocked(const void* object) {
-  auto it = std::remove_if(async_events_.begin(), async_events_.end(), [&](const PendingAsync& e) {
-    return e.qp == object || e.cq == object;
-  });
+  auto it = std::remove_if(async_events_.begin(), async_events_.end(),
+                           [&](const PendingAsync& e) { return e.qp == object || e.cq == object; });
   int removed = static_cast<int>(async_events_.end() - it);
   async_events_.erase(it, async_events_.end());
   async_pending_.Take(removed);
@@ -688,8 +687,7 @@ Status SimBackend::DestroyCq(backend::Cq* cq) {
 Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
   if (qp == nullptr) return NotFound("QueryQp: not a QP of sim device " + name());
-  return backend::QpCaps{qp->options().max_send_wr, qp->options().max_recv_wr,
-                         qp->options().srq};
+  return backend::QpCaps{qp->options().max_send_wr, qp->options().max_recv_wr, qp->options().srq};
 }
 
 Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,

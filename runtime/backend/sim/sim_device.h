@@ -33,8 +33,8 @@ class PendingFd {
   PendingFd();
   ~PendingFd();
   int fd() const { return fd_; }
-  void Add();           // counter += 1
-  void Take(int n = 1); // counter -= n (never blocks: the caller knows n are pending)
+  void Add();            // counter += 1
+  void Take(int n = 1);  // counter -= n (never blocks: the caller knows n are pending)
   bool nonblocking() const;
   // Blocks until the fd is readable or a signal arrives; returns false with errno on EINTR.
   bool WaitReadable() const;
@@ -162,9 +162,9 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   struct ReplayRecord {
     std::span<const ibv_wc> pattern;
     size_t next;
-    uint64_t total;        // completions the replay produces
-    double ns_per = 0;     // paced: ns between two completions (0: as fast as polled)
-    uint64_t start_ns = 0; // paced: when completion 0 became pollable
+    uint64_t total;         // completions the replay produces
+    double ns_per = 0;      // paced: ns between two completions (0: as fast as polled)
+    uint64_t start_ns = 0;  // paced: when completion 0 became pollable
   };
   std::atomic<ReplayRecord*> replay_{nullptr};
   std::vector<std::unique_ptr<ReplayRecord>> replay_records_;  // guarded by ack_mu_
@@ -214,8 +214,7 @@ class SimDeviceImpl final : public SimDevice {
   Status DestroyCq(SimCq* cq) override;
   // DestroyCq with its error messages prefixed by `who` (the backend's caller names the call).
   Status DestroyCqAs(SimCq* cq, const std::string& who);
-  Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq,
-                          const SimQpOptions& options) override;
+  Result<SimQp*> CreateQp(SimCq* send_cq, SimCq* recv_cq, const SimQpOptions& options) override;
   Status DestroyQp(SimQp* qp) override;
   Status RaiseQpEvent(SimQp* qp, ibv_event_type type) override;
   Status RaiseDeviceEvent(ibv_event_type type, int port_num) override;

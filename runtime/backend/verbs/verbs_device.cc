@@ -20,7 +20,9 @@ Status VerbsCq::Resize(int depth) {
 }
 
 VerbsBackend::VerbsBackend(ibv_context* context, bool close_on_destroy)
-    : context_(context), close_on_destroy_(close_on_destroy), name_(ibv_get_device_name(context->device)) {}
+    : context_(context),
+      close_on_destroy_(close_on_destroy),
+      name_(ibv_get_device_name(context->device)) {}
 
 VerbsBackend::~VerbsBackend() {
   if (close_on_destroy_) ibv_close_device(context_);
@@ -41,8 +43,7 @@ Status VerbsBackend::DestroyChannel(backend::Channel* channel) {
   return Status::Ok();
 }
 
-Result<backend::Cq*> VerbsBackend::CreateCq(int depth, backend::Channel* channel,
-                                            int comp_vector) {
+Result<backend::Cq*> VerbsBackend::CreateCq(int depth, backend::Channel* channel, int comp_vector) {
   ibv_comp_channel* ch = channel ? static_cast<VerbsChannel*>(channel)->channel() : nullptr;
   ibv_cq* cq = ibv_create_cq(context_, depth, nullptr, ch, comp_vector);
   if (cq == nullptr) {
@@ -166,8 +167,8 @@ Result<ibv_context*> OpenDevice(const std::string& name) {
   ibv_free_device_list(list);
   if (context != nullptr) return context;
   if (found) return ErrnoStatus("ibv_open_device(" + name + ")", err);
-  return NotFound("no RDMA device \"" + name + "\" (devices: " +
-                  (names.empty() ? "none" : names) + ")");
+  return NotFound("no RDMA device \"" + name + "\" (devices: " + (names.empty() ? "none" : names) +
+                  ")");
 }
 
 }  // namespace cqd::verbs_internal

@@ -1,4 +1,5 @@
-// runtime/backend/verbs/verbs_device.h: the seam over libibverbs (rxe, mlx5, any rdma-core provider).
+// runtime/backend/verbs/verbs_device.h: the seam over libibverbs (rxe, mlx5, any rdma-core
+// provider).
 //
 // Each call is the verbs call of the same name; the wrappers add no state on the poll path
 // (Poll is ibv_poll_cq on the wrapped CQ). CQs are keyed by their ibv_cq*, channels by their

@@ -54,11 +54,12 @@ int main(int argc, char** argv) {
       const unsigned long long events = stats.cq_events, acked = stats.cq_acked_events;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       cqd::Stats later = rt->GetStats();
-      printf("round %d: right after SimDevice::DestroyCq returned (every event acked on the "
-             "device), Stats said %llu CQ events read and %llu acked; 200 ms later %llu and "
-             "%llu\n",
-             i, events, acked, static_cast<unsigned long long>(later.cq_events),
-             static_cast<unsigned long long>(later.cq_acked_events));
+      printf(
+          "round %d: right after SimDevice::DestroyCq returned (every event acked on the "
+          "device), Stats said %llu CQ events read and %llu acked; 200 ms later %llu and "
+          "%llu\n",
+          i, events, acked, static_cast<unsigned long long>(later.cq_events),
+          static_cast<unsigned long long>(later.cq_acked_events));
       return 1;
     }
   }

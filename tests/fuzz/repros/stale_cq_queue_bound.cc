@@ -72,11 +72,11 @@ int main() {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   cqd::Stats stats = rt->GetStats();
   const cqd::ConsumerStats& c = stats.consumers[0];
-  printf("queue_capacity 1, spill_capacity 1: queue depth %llu, high water %llu, spill depth %llu"
-         "; CQ A still holds %d\n",
-         static_cast<unsigned long long>(c.queue_depth),
-         static_cast<unsigned long long>(c.high_water),
-         static_cast<unsigned long long>(c.spill_depth), cq_a->size());
+  printf(
+      "queue_capacity 1, spill_capacity 1: queue depth %llu, high water %llu, spill depth %llu"
+      "; CQ A still holds %d\n",
+      static_cast<unsigned long long>(c.queue_depth), static_cast<unsigned long long>(c.high_water),
+      static_cast<unsigned long long>(c.spill_depth), cq_a->size());
   while (rt->Drain(0, 64) > 0) {
   }
   for (int i = 0; i < 50 && handler.n < 8; ++i) {  // the last one may wait in a spill
@@ -84,8 +84,7 @@ int main() {
     while (rt->Drain(0, 64) > 0) {
     }
   }
-  printf("the new QP's handler (on CQ B) got %zu completions the old QP left in CQ A\n",
-         handler.n);
+  printf("the new QP's handler (on CQ B) got %zu completions the old QP left in CQ A\n", handler.n);
   const bool bound_held = c.high_water <= 1;
   reg.Unregister();
   (void)rt->DestroyCq(a);
