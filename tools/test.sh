@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
 # formatting (tools/check_format.sh), runs every test, then every test but the rxe ones again
-# under ThreadSanitizer and under AddressSanitizer (with UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on
-# rule for half that, and prints one summary line counting GoogleTest cases: "cqd tests: N
-# passed, M failed, K skipped" (a case is skipped only where a sanitizer cannot run it, e.g.
-# under an address-space limit). The exit status is non-zero if anything failed.
+# under ThreadSanitizer and under AddressSanitizer (with UBSan), then fuzzes the runtime for about
+# a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that, and prints one summary line
+# counting GoogleTest cases: "cqd tests: N passed, M failed, K skipped" (a case is skipped only
+# where a sanitizer cannot run it, e.g. under an address-space limit). The exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
