@@ -5,7 +5,6 @@
 // Layout: consumer 0 is runtime-owned and runs both channels' CmHandlers and the client's QP;
 // consumer 1 is engine-driven (the test thread drains it) and holds the server's QP, so that the
 // test decides exactly when the server's queued CM events are dispatched.
-#include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 
 #include "cqd/runtime.h"
 #include "gtest/gtest.h"
+#include "tests/rxe/cm_bed.h"
 #include "tests/rxe/verbs_util.h"
 #include "tests/test_util.h"
 
@@ -35,11 +35,6 @@ constexpr ConsumerId kOwned = 0;
 constexpr ConsumerId kEngine = 1;
 constexpr ConsumerId kEngine2 = 2;
 constexpr int kPairs = 4;
-
-const char* Address() {
-  const char* addr = getenv("CQD_RDMA_ADDR");
-  return addr != nullptr && *addr != '\0' ? addr : "10.0.2.15";
-}
 
 std::string Str(rdma_cm_event_type type) { return rdma_event_str(type); }
 
@@ -67,41 +62,7 @@ class Conn : public QpHandler {
   std::vector<CmEvent> events_;
 };
 
-// Records (type, id) pairs in arrival order and runs `react` on the consumer.
-class Channel : public CmHandler {
- public:
-  struct Seen {
-    rdma_cm_event_type type;
-    rdma_cm_id* id;
-  };
-  void OnCmEvent(const CmEvent& event) noexcept override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.push_back({event.type, event.id});
-    }
-    if (react) react(event);
-  }
-  std::vector<Seen> seen() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return seen_;
-  }
-  bool Saw(rdma_cm_event_type type) const {
-    for (const Seen& s : seen()) {
-      if (s.type == type) return true;
-    }
-    return false;
-  }
-  std::string Names() const {
-    std::string out;
-    for (const Seen& s : seen()) out += Str(s.type) + " ";
-    return out;
-  }
-  std::function<void(const CmEvent&)> react;
-
- private:
-  mutable std::mutex mu_;
-  std::vector<Seen> seen_;
-};
+using Channel = rxe::RecordingCmHandler;
 
 // One connection, its QPs on `client_consumer` and `server_consumer`; the server tells pairs
 // apart by the pair's index in the connect private data.
@@ -113,23 +74,10 @@ struct Pair {
   ConsumerId server_consumer = kEngine;
 };
 
-class RxeCmAttack : public ::testing::Test {
+class RxeCmAttack : public ::testing::Test, protected rxe::CmBed {
  protected:
   // `engine` configures consumers 1 and 2 (engine-driven), `owned` consumer 0.
   void Start(ConsumerOptions engine = {}, ConsumerOptions owned = {}) {
-    server_channel_ = rdma_create_event_channel();
-    client_channel_ = rdma_create_event_channel();
-    ASSERT_NE(server_channel_, nullptr) << "rdma_create_event_channel: " << strerror(errno);
-    ASSERT_NE(client_channel_, nullptr);
-    ASSERT_EQ(rdma_create_id(server_channel_, &listen_id_, nullptr, RDMA_PS_TCP), 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    ASSERT_EQ(inet_pton(AF_INET, Address(), &addr.sin_addr), 1);
-    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0) << strerror(errno);
-    ASSERT_NE(listen_id_->verbs, nullptr) << Address() << " is not an RDMA device's address";
-    server_addr_ = addr;
-    server_addr_.sin_port = rdma_get_src_port(listen_id_);
-
     RuntimeOptions options;
     options.pollers = 2;
     options.consumers.resize(3);
@@ -137,20 +85,7 @@ class RxeCmAttack : public ::testing::Test {
     options.consumers[kOwned] = owned;
     options.consumers[kEngine] = engine;
     options.consumers[kEngine2] = engine;
-    auto rt = Runtime::Create(options);
-    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
-    rt_ = std::move(rt).value();
-    auto dev = rt_->AddVerbsDevice(listen_id_->verbs);
-    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-    dev_ = *dev;
-    pd_ = ibv_alloc_pd(listen_id_->verbs);
-    ASSERT_NE(pd_, nullptr);
-    CQD_ASSERT_OK(buffers_.Register(pd_, kQueueDepth, 64));
-    for (int shard = 0; shard < 2; ++shard) {
-      auto cq = rt_->CreateCq(dev_, shard, {});
-      ASSERT_TRUE(cq.ok()) << cq.status().ToString();
-      cqs_.push_back(*cq);
-    }
+    ASSERT_NO_FATAL_FAILURE(StartBed(options, kQueueDepth));
   }
 
   void TearDown() override {
@@ -163,16 +98,7 @@ class RxeCmAttack : public ::testing::Test {
       }
     }
     for (rdma_cm_id* id : extra_ids_) rdma_destroy_id(id);
-    if (listen_id_ != nullptr) rdma_destroy_id(listen_id_);
-    if (rt_ != nullptr) {
-      for (CqHandle cq : cqs_) (void)rt_->DestroyCq(cq);
-      if (buffers_.mr != nullptr) ibv_dereg_mr(buffers_.mr);
-      buffers_.mr = nullptr;
-      if (pd_ != nullptr) ibv_dealloc_pd(pd_);
-      rt_.reset();
-    }
-    if (server_channel_ != nullptr) rdma_destroy_event_channel(server_channel_);
-    if (client_channel_ != nullptr) rdma_destroy_event_channel(client_channel_);
+    StopBed(/*expect_cqs_destroyed=*/false);
   }
 
   // An RC QP on shard 0's CQ alone (so each of its events travels as one part), registered with
@@ -184,20 +110,7 @@ class RxeCmAttack : public ::testing::Test {
     attr.qp_type = type;
     attr.cap.max_send_wr = attr.cap.max_recv_wr = kQueueDepth;
     attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-    if (rdma_create_qp(id, pd_, &attr) != 0) {
-      ADD_FAILURE() << "rdma_create_qp: " << strerror(errno);
-      return false;
-    }
-    for (int i = 0; i < recvs; ++i) {
-      if (!rxe::PostRecv(id->qp, i, buffers_, i).ok()) return false;
-    }
-    auto registration = rt_->RegisterQp(id, conn, consumer);
-    if (!registration.ok()) {
-      ADD_FAILURE() << registration.status().ToString();
-      return false;
-    }
-    conn.registration = std::move(registration).value();
-    return true;
+    return MakeCmQp(id, attr, recvs, conn, consumer, &conn.registration);
   }
 
   // Watches both channels (their CmHandlers on `cm_consumer`) and listens; connections then
@@ -272,20 +185,11 @@ class RxeCmAttack : public ::testing::Test {
     return -1;
   }
 
-  std::unique_ptr<Runtime> rt_;
-  DeviceId dev_ = 0;
-  rdma_event_channel* server_channel_ = nullptr;
-  rdma_event_channel* client_channel_ = nullptr;
-  rdma_cm_id* listen_id_ = nullptr;
   Pair pairs_[kPairs];
   // Pair 0, under the names the single-connection tests use.
   std::atomic<rdma_cm_id*>& server_id_ = pairs_[0].server;
   rdma_cm_id*& client_id_ = pairs_[0].client;
   std::vector<rdma_cm_id*> extra_ids_;
-  sockaddr_in server_addr_{};
-  ibv_pd* pd_ = nullptr;
-  rxe::Buffers buffers_;
-  std::vector<CqHandle> cqs_;
   Channel server_cm_, client_cm_;
   Conn& server_conn_ = pairs_[0].server_conn;
   Conn& client_conn_ = pairs_[0].client_conn;

@@ -1,8 +1,6 @@
 // Connection management through librdmacm on rxe: CM events reach the QP handler of a QP
 // registered with its rdma_cm_id, ordered with its completions; the rest reach the channel's
-// CmHandler. Server and client share the one device (rdma_cm loops back over its address,
-// $CQD_RDMA_ADDR, default the VM's 10.0.2.15).
-#include <arpa/inet.h>
+// CmHandler. Server and client share the one device (cm_bed.h).
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
@@ -15,6 +13,7 @@
 
 #include "cqd/runtime.h"
 #include "gtest/gtest.h"
+#include "tests/rxe/cm_bed.h"
 #include "tests/rxe/verbs_util.h"
 #include "tests/test_util.h"
 
@@ -27,11 +26,6 @@ using std::chrono::milliseconds;
 constexpr int kMessages = 256;
 constexpr int kQueueDepth = kMessages + 16;
 void* const kClientContext = reinterpret_cast<void*>(uintptr_t{0xc11e47});
-
-const char* Address() {
-  const char* addr = getenv("CQD_RDMA_ADDR");
-  return addr != nullptr && *addr != '\0' ? addr : "10.0.2.15";
-}
 
 // One connection's QP handler: counts successful completions, and for each CM event notes how
 // many had arrived before it.
@@ -81,38 +75,7 @@ class Conn : public QpHandler {
   std::atomic<int> successes_{0};
 };
 
-// Records what a channel's CmHandler got, and runs `react` for it on the consumer.
-class Channel : public CmHandler {
- public:
-  void OnCmEvent(const CmEvent& event) noexcept override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      types_.push_back(event.type);
-      contexts_.push_back(event.context);
-    }
-    if (react) react(event);
-  }
-  std::vector<rdma_cm_event_type> types() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return types_;
-  }
-  bool Saw(rdma_cm_event_type type) const {
-    for (rdma_cm_event_type t : types()) {
-      if (t == type) return true;
-    }
-    return false;
-  }
-  std::vector<void*> contexts() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return contexts_;
-  }
-  std::function<void(const CmEvent&)> react;
-
- private:
-  mutable std::mutex mu_;
-  std::vector<rdma_cm_event_type> types_;
-  std::vector<void*> contexts_;
-};
+using Channel = rxe::RecordingCmHandler;
 
 std::string Names(const std::vector<Conn::Seen>& seen) {
   std::string out;
@@ -122,22 +85,9 @@ std::string Names(const std::vector<Conn::Seen>& seen) {
   return out;
 }
 
-class RxeCm : public ::testing::Test {
+class RxeCm : public ::testing::Test, protected rxe::CmBed {
  protected:
   void SetUp() override {
-    server_channel_ = rdma_create_event_channel();
-    client_channel_ = rdma_create_event_channel();
-    ASSERT_NE(server_channel_, nullptr) << "rdma_create_event_channel: " << strerror(errno);
-    ASSERT_NE(client_channel_, nullptr);
-    ASSERT_EQ(rdma_create_id(server_channel_, &listen_id_, nullptr, RDMA_PS_TCP), 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    ASSERT_EQ(inet_pton(AF_INET, Address(), &addr.sin_addr), 1);
-    ASSERT_EQ(rdma_bind_addr(listen_id_, reinterpret_cast<sockaddr*>(&addr)), 0) << strerror(errno);
-    ASSERT_NE(listen_id_->verbs, nullptr) << Address() << " is not an RDMA device's address";
-    server_addr_ = addr;
-    server_addr_.sin_port = rdma_get_src_port(listen_id_);
-
     RuntimeOptions options;
     options.pollers = 2;
     options.consumers.resize(2);  // 0: server, 1: client
@@ -145,20 +95,7 @@ class RxeCm : public ::testing::Test {
     // still in the CQ when DISCONNECTED is read.
     options.consumers[0].queue_capacity = 16;
     options.consumers[0].spill_capacity = 16;
-    auto rt = Runtime::Create(options);
-    ASSERT_TRUE(rt.ok()) << rt.status().ToString();
-    rt_ = std::move(rt).value();
-    auto dev = rt_->AddVerbsDevice(listen_id_->verbs);  // librdmacm's context
-    ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-    dev_ = *dev;
-    pd_ = ibv_alloc_pd(listen_id_->verbs);
-    ASSERT_NE(pd_, nullptr);
-    CQD_ASSERT_OK(buffers_.Register(pd_, kQueueDepth, 64));
-    for (int shard = 0; shard < 2; ++shard) {
-      auto cq = rt_->CreateCq(dev_, shard, {});
-      ASSERT_TRUE(cq.ok()) << cq.status().ToString();
-      cqs_.push_back(*cq);
-    }
+    ASSERT_NO_FATAL_FAILURE(StartBed(options, kQueueDepth));
     CQD_ASSERT_OK(rt_->WatchCmChannel(server_channel_, server_cm_, 0));
     CQD_ASSERT_OK(rt_->WatchCmChannel(client_channel_, client_cm_, 1));
   }
@@ -170,16 +107,7 @@ class RxeCm : public ::testing::Test {
       if (id->qp != nullptr) rdma_destroy_qp(id);
       rdma_destroy_id(id);
     }
-    if (listen_id_ != nullptr) rdma_destroy_id(listen_id_);
-    if (rt_ != nullptr) {
-      for (CqHandle cq : cqs_) EXPECT_TRUE(rt_->DestroyCq(cq).ok());
-      if (buffers_.mr != nullptr) ibv_dereg_mr(buffers_.mr);
-      buffers_.mr = nullptr;
-      if (pd_ != nullptr) ibv_dealloc_pd(pd_);
-      rt_.reset();
-    }
-    if (server_channel_ != nullptr) rdma_destroy_event_channel(server_channel_);
-    if (client_channel_ != nullptr) rdma_destroy_event_channel(client_channel_);
+    StopBed(/*expect_cqs_destroyed=*/true);
   }
 
   // Gives `id` an RC QP whose sends go to shard 0's CQ and receives to shard 1's (so its events
@@ -193,20 +121,7 @@ class RxeCm : public ::testing::Test {
     attr.cap.max_recv_wr = kQueueDepth;
     attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
     attr.cap.max_inline_data = 64;
-    if (rdma_create_qp(id, pd_, &attr) != 0) {
-      ADD_FAILURE() << "rdma_create_qp: " << strerror(errno);
-      return false;
-    }
-    for (int i = 0; i < recvs; ++i) {
-      if (!rxe::PostRecv(id->qp, i, buffers_, i).ok()) return false;
-    }
-    auto registration = rt_->RegisterQp(id, conn, consumer);
-    if (!registration.ok()) {
-      ADD_FAILURE() << registration.status().ToString();
-      return false;
-    }
-    conn.registration = std::move(registration).value();
-    return true;
+    return MakeCmQp(id, attr, recvs, conn, consumer, &conn.registration);
   }
 
   // The server accepts one connection; the client resolves and connects to `port`.
@@ -242,17 +157,8 @@ class RxeCm : public ::testing::Test {
         << strerror(errno);
   }
 
-  std::unique_ptr<Runtime> rt_;
-  DeviceId dev_ = 0;
-  rdma_event_channel* server_channel_ = nullptr;
-  rdma_event_channel* client_channel_ = nullptr;
-  rdma_cm_id* listen_id_ = nullptr;
   std::atomic<rdma_cm_id*> server_id_{nullptr};
   rdma_cm_id* client_id_ = nullptr;
-  sockaddr_in server_addr_{};
-  ibv_pd* pd_ = nullptr;
-  rxe::Buffers buffers_;
-  std::vector<CqHandle> cqs_;
   Channel server_cm_, client_cm_;
   Conn server_conn_{std::chrono::microseconds(200)};  // slow: completions queue up behind it
   Conn client_conn_;
