@@ -25,6 +25,7 @@
 
 #include "cqd/runtime.h"
 #include "examples/blockd/protocol.h"
+#include "examples/common/client.h"
 #include "examples/common/cm_util.h"
 #include "examples/common/stats_out.h"
 
@@ -41,26 +42,12 @@ void Pattern(char* out, uint32_t block_size, uint64_t block, uint32_t round) {
   }
 }
 
-enum class State { kConnecting, kRunning, kDone, kFailed };
-
-class Client;
-
-class Conn : public QpHandler {
+class Conn : public ClientConn {
  public:
-  Conn(Client& client, uint32_t index, uint64_t first, uint64_t count, int window, int rounds)
-      : client_(client),
-        index_(index),
-        first_(first),
-        count_(count),
-        window_(window),
-        rounds_(rounds) {}
-  bool Connect(rdma_event_channel* channel, const sockaddr_in& server);
-  void OnSetupEvent(const CmEvent& event) noexcept;  // via the channel's CmHandler
+  Conn(ClientEngine& client, uint32_t index, uint64_t first, uint64_t count, int window, int rounds)
+      : ClientConn(client, index), first_(first), count_(count), window_(window), rounds_(rounds) {}
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
   void OnCmEvent(const CmEvent& event) noexcept override;
-  bool Finish();  // main thread: drained teardown, destroy
-  State state() const { return state_.load(std::memory_order_acquire); }
-  uint64_t verified() const { return verified_.load(std::memory_order_relaxed); }
 
  private:
   struct Slot {
@@ -69,20 +56,15 @@ class Conn : public QpHandler {
     uint64_t block = 0;
     uint32_t blocks = 0;
   };
+  void Establish() noexcept override;
   void Pump() noexcept;  // issues requests while the window has room
   bool Issue(int slot, uint8_t op, uint64_t block, uint32_t blocks) noexcept;
   void OnReply(uint32_t imm) noexcept;
-  void Fail(const char* why) noexcept;
   char* Data(int slot) { return buffers_.data + static_cast<size_t>(slot) * slot_bytes_; }
 
-  Client& client_;
-  const uint32_t index_;
   const uint64_t first_, count_;
   const int window_, rounds_;
-  rdma_cm_id* id_ = nullptr;
-  void* context_ = nullptr;  // the id's context (SetupRouter::Track)
-  Region buffers_;           // window data slots of kMaxRead blocks, then window request slots
-  Registration registration_;
+  Region buffers_;  // window data slots of kMaxRead blocks, then window request slots
   uint32_t block_size_ = 0;
   size_t slot_bytes_ = 0;
   std::vector<Slot> slots_;
@@ -91,54 +73,21 @@ class Conn : public QpHandler {
   uint64_t next_ = 0;     // the phase's next block (relative)
   int outstanding_ = 0;
   uint32_t seq_ = 0;
-  std::atomic<uint64_t> verified_{0};
-  std::atomic<State> state_{State::kConnecting};
 };
 
-class Client {
- public:
-  explicit Client(const Flags& flags) : flags_(flags) {}
-  int Run();
-  SetupRouter<Conn> setup;  // the CM channel's CmHandler, on consumer 0; outlives the runtime
-  Engine engine;
-  int consumers = 2;
-
- private:
-  const Flags& flags_;
-};
-
-bool Conn::Connect(rdma_event_channel* channel, const sockaddr_in& server) {
-  context_ = client_.setup.Track(this);
-  if (rdma_create_id(channel, &id_, context_, RDMA_PS_TCP) != 0) {
-    return false;
-  }
-  sockaddr_in to = server;
-  return rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 5000) == 0;
-}
-
-void Conn::OnSetupEvent(const CmEvent& event) noexcept {
-  if (event.type == RDMA_CM_EVENT_ADDR_RESOLVED) {
-    if (rdma_resolve_route(id_, 5000) != 0) Fail("rdma_resolve_route");
-    return;
-  }
-  if (event.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
-    if (state() == State::kConnecting) Fail(rdma_event_str(event.type));
-    return;
-  }
+void Conn::Establish() noexcept {
   Engine& e = client_.engine;
   QpShape shape;
   shape.send_wrs = 2 * window_ + 1;  // a request's SEND may complete after its reply
   shape.recv_wrs = window_ + 1;
-  if (!CreateQp(id_, e.pd, e.CqFor(index_), shape)) return Fail("rdma_create_qp");
+  if (!CreateQp(id(), e.pd, e.CqFor(index_), shape)) return Fail("rdma_create_qp");
   // Replies are WRITE WITH IMMEDIATE: each consumes a receive, with no buffer.
   for (int i = 0; i < window_ + 1; ++i) {
     ibv_recv_wr wr{};
     ibv_recv_wr* bad = nullptr;
-    if (ibv_post_recv(id_->qp, &wr, &bad) != 0) return Fail("ibv_post_recv");
+    if (ibv_post_recv(id()->qp, &wr, &bad) != 0) return Fail("ibv_post_recv");
   }
-  auto registration = e.runtime->RegisterQp(id_, *this, index_ % client_.consumers);
-  if (!registration.ok()) return Fail(registration.status().ToString().c_str());
-  registration_ = std::move(registration).value();
+  if (!Register()) return;
   rdma_conn_param param{};
   param.responder_resources = static_cast<uint8_t>(window_);  // the server's RDMA READs
   param.initiator_depth = 1;
@@ -146,12 +95,12 @@ void Conn::OnSetupEvent(const CmEvent& event) noexcept {
   param.rnr_retry_count = 7;
   param.private_data = kHello;
   param.private_data_len = sizeof(kHello);
-  if (rdma_connect(id_, &param) != 0) Fail("rdma_connect");
+  if (rdma_connect(id(), &param) != 0) Fail("rdma_connect");
 }
 
 void Conn::OnCmEvent(const CmEvent& event) noexcept {
   if (event.type != RDMA_CM_EVENT_ESTABLISHED) {
-    if (state() != State::kDone) Fail(rdma_event_str(event.type));
+    if (state() != ConnState::kDone) Fail(rdma_event_str(event.type));
     return;
   }
   Geometry geometry;
@@ -169,18 +118,18 @@ void Conn::OnCmEvent(const CmEvent& event) noexcept {
     return Fail("ibv_reg_mr");
   }
   slots_.assign(window_, Slot{});
-  state_.store(State::kRunning, std::memory_order_release);
+  Running();
   Pump();
 }
 
 void Conn::Pump() noexcept {
-  for (int slot = 0; slot < window_ && state() == State::kRunning; ++slot) {
+  for (int slot = 0; slot < window_ && state() == ConnState::kRunning; ++slot) {
     if (slots_[slot].busy) continue;
     if (next_ == count_) {
       if (outstanding_ > 0) return;  // the phase ends when all its requests are answered
       if (reading_) {
         if (round_ == rounds_) {
-          state_.store(State::kDone, std::memory_order_release);
+          Done();
           return;
         }
         ++round_;
@@ -217,7 +166,7 @@ bool Conn::Issue(int slot, uint8_t op, uint64_t block, uint32_t blocks) noexcept
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) return false;
+  if (ibv_post_send(id()->qp, &wr, &bad) != 0) return false;
   slots_[slot] = Slot{true, op, block, blocks};
   ++outstanding_;
   return true;
@@ -237,78 +186,51 @@ void Conn::OnReply(uint32_t imm) noexcept {
         fprintf(stderr, "blockd_client: block %" PRIu64 " read back wrong\n", s.block + b);
         return Fail("verification");
       }
-      verified_.fetch_add(1, std::memory_order_relaxed);
+      Verified(1);
     }
   }
   s.busy = false;
   --outstanding_;
   ibv_recv_wr wr{};
   ibv_recv_wr* bad = nullptr;
-  if (ibv_post_recv(id_->qp, &wr, &bad) != 0) return Fail("ibv_post_recv");
+  if (ibv_post_recv(id()->qp, &wr, &bad) != 0) return Fail("ibv_post_recv");
   Pump();
 }
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   for (const ibv_wc& wc : wcs) {
-    const State state = this->state();
-    if (state == State::kDone || state == State::kFailed) continue;
+    const ConnState state = this->state();
+    if (state == ConnState::kDone || state == ConnState::kFailed) continue;
     if (wc.status != IBV_WC_SUCCESS) return Fail(ibv_wc_status_str(wc.status));
     if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) OnReply(be32toh(wc.imm_data));
   }
 }
 
-void Conn::Fail(const char* why) noexcept {
-  if (state() == State::kFailed) return;
-  fprintf(stderr, "blockd_client: connection %u: %s\n", index_, why);
-  state_.store(State::kFailed, std::memory_order_release);
-}
-
-bool Conn::Finish() {
-  bool ok = state() == State::kDone;
-  if (id_ != nullptr) {
-    client_.setup.Forget(context_);
-    ok &= CloseConnection(*client_.engine.runtime, id_, registration_);
-    id_ = nullptr;
-  }
-  return ok;
-}
-
-int Client::Run() {
-  RuntimeOptions options;
-  options.pollers = static_cast<int>(flags_.Int("pollers", 2));
-  consumers = static_cast<int>(flags_.Int("consumers", 2));
-  options.consumers.resize(consumers);
-  if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
-  sockaddr_in server;
-  if (!MakeAddress(flags_.Str("server", ""), flags_.Int("port", 7472), &server)) return 1;
-  if (!engine.WatchCm(setup, 0)) return 1;
-  rdma_event_channel* channel = engine.channel;
-  const int connections = static_cast<int>(flags_.Int("connections", 4));
-  const uint64_t per = static_cast<uint64_t>(flags_.Int("blocks-per-connection", 64));
-  const uint64_t first = static_cast<uint64_t>(flags_.Int("first-block", 0));
-  const int rounds = static_cast<int>(flags_.Int("rounds", 2));
-  const int window = std::clamp<int>(static_cast<int>(flags_.Int("window", 4)), 1, 15);
-  std::vector<std::unique_ptr<Conn>> conns;
-  for (int i = 0; i < connections; ++i) {
-    conns.push_back(std::make_unique<Conn>(*this, i, first + i * per, per, window, rounds));
-    if (!conns.back()->Connect(channel, server)) return 1;
-  }
-  uint64_t verified = 0, ok = 0;
-  for (auto& conn : conns) {
-    while (conn->state() == State::kConnecting || conn->state() == State::kRunning) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    verified += conn->verified();
-    if (conn->Finish()) ++ok;
-  }
+int Run(const Flags& flags) {
+  ClientEngine client;
+  if (!client.Start("blockd_client", flags, 7472)) return 1;
+  const int connections = static_cast<int>(flags.Int("connections", 4));
+  const uint64_t per = static_cast<uint64_t>(flags.Int("blocks-per-connection", 64));
+  const uint64_t first = static_cast<uint64_t>(flags.Int("first-block", 0));
+  const int rounds = static_cast<int>(flags.Int("rounds", 2));
+  const int window = std::clamp<int>(static_cast<int>(flags.Int("window", 4)), 1, 15);
+  // One life per connection: its rounds run inside it, on one QP.
+  LoopTotals totals;
+  const bool started = RunConnections(
+      client, connections, /*rounds=*/1,
+      [&](int i) {
+        return std::make_unique<Conn>(client, i, first + i * per, per, window, rounds);
+      },
+      &totals);
+  if (!started) return 1;
   const uint64_t expected = static_cast<uint64_t>(connections) * per * rounds;
   printf("blockd_client: connections=%d verified_blocks=%" PRIu64 " of %" PRIu64 " clean=%" PRIu64
          "\n",
-         connections, verified, expected, ok);
-  WriteStats(*engine.runtime, flags_.Str("stats-json", ""));
-  (void)engine.runtime->Shutdown();
-  conns.clear();
-  return verified == expected && ok == static_cast<uint64_t>(connections) ? 0 : 1;
+         connections, totals.verified, expected, totals.teardowns_ok);
+  client.Stop(flags);
+  return totals.verified == expected && totals.teardowns_ok == static_cast<uint64_t>(connections)
+             ? 0
+             : 1;
 }
 
 }  // namespace
@@ -316,6 +238,5 @@ int Client::Run() {
 
 int main(int argc, char** argv) {
   cqd::examples::Flags flags(argc, argv);
-  cqd::examples::blockd::Client client(flags);
-  return client.Run();
+  return cqd::examples::blockd::Run(flags);
 }
