@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
-# formatting (tools/check_format.sh), runs every test, then every test but the rxe ones again
-# under ThreadSanitizer and under AddressSanitizer (with UBSan), then fuzzes the runtime for about
-# a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that, and prints one summary line
-# counting GoogleTest cases: "cqd tests: N passed, M failed, K skipped" (a case is skipped only
-# where a sanitizer cannot run it, e.g. under an address-space limit). The exit status is non-zero if anything failed.
+# formatting (tools/check_format.sh) and the layering (tools/check_layers.sh), runs every test,
+# then every test but the rxe ones again under ThreadSanitizer and under AddressSanitizer (with
+# UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule
+# for half that, and prints one summary line counting GoogleTest cases: "cqd tests: N passed, M
+# failed, K skipped" (a case is skipped only where a sanitizer cannot run it, e.g. under an
+# address-space limit). The exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -50,6 +51,13 @@ run() {  # run <label> <options...> -- <targets...>
 echo "== format: tools/check_format.sh"
 if ! tools/check_format.sh; then
   echo "== format: FAILED"
+  status=1
+fi
+
+# The layers: an include that runs back up a layer must fail to build (a few small builds).
+echo "== layers: tools/check_layers.sh"
+if ! tools/check_layers.sh; then
+  echo "== layers: FAILED"
   status=1
 fi
 

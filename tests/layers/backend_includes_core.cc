@@ -1,0 +1,2 @@
+// Must not build: a backend may not include the core.
+#include "runtime/core/records.h"

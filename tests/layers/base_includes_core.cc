@@ -1,0 +1,2 @@
+// Must not build: runtime/base may not include the core.
+#include "runtime/core/poller.h"

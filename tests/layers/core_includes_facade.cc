@@ -1,0 +1,2 @@
+// Must not build: the core may not include the facade's header.
+#include "cqd/runtime.h"

@@ -1,0 +1,2 @@
+// Must not build: the core may not include a backend.
+#include "runtime/backend/sim/sim_device.h"

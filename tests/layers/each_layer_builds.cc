@@ -1,0 +1,7 @@
+// Must build: each layer with what it may include (so that the other targets here fail for
+// their include, not for a mistake of this package).
+#include "cqd/types.h"
+#include "runtime/backend/device.h"
+#include "runtime/base/thread_role.h"
+#include "runtime/core/poller.h"
+#include "runtime/observe/latency.h"

@@ -1,0 +1,2 @@
+// Must not build: runtime/observe may not include the core.
+#include "runtime/core/consumer.h"

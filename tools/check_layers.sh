@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Checks that the build enforces the runtime's layers (docs/DESIGN.md section 2): every
+# //tests/layers:*_includes_* target (a file that includes a header of a layer above the one its
+# target depends on) must fail to build for that include, and //tests/layers:each_layer_builds
+# must build. Exits non-zero, naming the target, if either is not so.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+status=0
+if ! bazel build //tests/layers:each_layer_builds >/tmp/cqd_layers.log 2>&1; then
+  echo "check_layers: //tests/layers:each_layer_builds does not build:" >&2
+  tail -20 /tmp/cqd_layers.log >&2
+  exit 1
+fi
+for cc in tests/layers/*_includes_*.cc; do
+  target=$(basename "$cc" .cc)
+  if bazel build "//tests/layers:$target" >/tmp/cqd_layers.log 2>&1; then
+    echo "check_layers: //tests/layers:$target built: an include ran back up a layer" >&2
+    status=1
+  elif ! grep -qE "No such file or directory|undeclared inclusion" /tmp/cqd_layers.log; then
+    echo "check_layers: //tests/layers:$target failed for another reason:" >&2
+    tail -20 /tmp/cqd_layers.log >&2
+    status=1
+  fi
+done
+(( status == 0 )) && echo "check_layers: every include up a layer fails to build"
+exit $status
