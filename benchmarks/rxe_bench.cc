@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "cqd/runtime.h"
-#include "tests/rxe/verbs_util.h"
+#include "tools/rdma/verbs_util.h"
 
 namespace {
 

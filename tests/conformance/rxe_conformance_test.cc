@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "runtime/backend/verbs/verbs_device.h"
 #include "tests/conformance/bed.h"
-#include "tests/rxe/verbs_util.h"
+#include "tools/rdma/verbs_util.h"
 
 namespace cqd::conformance {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "cqd/runtime.h"
 #include "tests/rxe/rxe_fixture.h"
-#include "tests/rxe/verbs_util.h"
 #include "tests/test_util.h"
+#include "tools/rdma/verbs_util.h"
 
 namespace cqd {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/rxe/verbs_util.h"
+#include "tools/rdma/verbs_util.h"
 
 #include <chrono>
 #include <cstring>

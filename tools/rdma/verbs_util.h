@@ -1,8 +1,8 @@
-// tests/rxe/verbs_util.h: plain verbs plumbing for the tests that run on rxe (or a real device):
-// open the device, register memory, create RC QPs and connect two of them to each other on the
-// same port (loopback through the device's own GID).
-#ifndef CQD_TESTS_RXE_VERBS_UTIL_H_
-#define CQD_TESTS_RXE_VERBS_UTIL_H_
+// tools/rdma/verbs_util.h: plain verbs plumbing for the tests and benchmarks that run on rxe (or
+// a real device): open the device, register memory, create RC QPs and connect two of them to each
+// other on the same port (loopback through the device's own GID).
+#ifndef CQD_TOOLS_RDMA_VERBS_UTIL_H_
+#define CQD_TOOLS_RDMA_VERBS_UTIL_H_
 
 #include <infiniband/verbs.h>
 
@@ -63,4 +63,4 @@ std::vector<ibv_wc> PollN(ibv_cq* cq, int n, int timeout_ms = 10000);
 
 }  // namespace cqd::rxe
 
-#endif  // CQD_TESTS_RXE_VERBS_UTIL_H_
+#endif  // CQD_TOOLS_RDMA_VERBS_UTIL_H_

@@ -2,11 +2,11 @@
 // Stats::cq_events can stay above Stats::cq_acked_events for good, although every event was acked
 // on the device (its destroy does not hang).
 //
-// Status after the runtime's fix (released CQs are counted live): the imbalance no longer stays;
-// it is still seen for a moment. CqRecord::Ack (runtime/core/records.h) calls the device's ack and
-// only then adds to acked_events, so a thread that learns from the device that every event was
-// acked (SimDevice::DestroyCq returning, as ibv_destroy_cq would) can still read one event
-// unacked in Stats. The program reports both readings: right after the destroy and 200 ms later.
+// Status: fixed. Released CQs are counted live, and CqRecord::Ack (runtime/core/records.h) adds
+// to acked_events (release) before it calls the device's ack, so once the device says every
+// event was acked (SimDevice::DestroyCq returning, as ibv_destroy_cq would), a Stats read sees
+// them acked too (GetStats reads acked_events with acquire before events). The program still
+// reports both readings, right after the destroy and 200 ms later, and finds no imbalance.
 //
 // Loop: adopt a CQ, let the poller arm it and sleep, inject one completion (the CQ's event is
 // raised), release the CQ at once with DestroyCq, destroy it on the device, compare the totals.
