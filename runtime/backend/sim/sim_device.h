@@ -228,7 +228,7 @@ class SimDeviceImpl final : public SimDevice {
   SimCqImpl* FindCq(void* native);
   // Returns the QP if `native` is a live SimQp of this device, else nullptr.
   SimQpImpl* FindQp(void* native);
-  // The seam's StartQpDrain (see backend.h).
+  // The seam's StartQpDrain (see runtime/backend/device.h).
   Result<backend::DrainStart> StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
                                            uint64_t recv_marker);
   int async_fd() const { return async_pending_.fd(); }
