@@ -189,6 +189,9 @@ TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
     void OnDeviceEvent(const AsyncEvent&) noexcept override {
       create = static_cast<int>(rt->CreateCq(dev, 0).status().code());
       shutdown = static_cast<int>(rt->Shutdown().code());
+      // Refused before the arguments are looked at.
+      add_null = static_cast<int>(rt->AddSimDevice(nullptr).status().code());
+      find_null = static_cast<int>(rt->FindVerbsDevice(nullptr).status().code());
       reg->Unregister();
       still_registered = reg->registered();
       done.store(true);
@@ -196,7 +199,7 @@ TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
     Runtime* rt = nullptr;
     DeviceId dev = 0;
     Registration* reg = nullptr;
-    int create = -1, shutdown = -1;
+    int create = -1, shutdown = -1, add_null = -1, find_null = -1;
     bool still_registered = false;
     std::atomic<bool> done{false};
   };
@@ -215,6 +218,8 @@ TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
   ASSERT_TRUE(WaitFor([&] { return handler.done.load(); }));
   EXPECT_EQ(handler.create, static_cast<int>(StatusCode::kFailedPrecondition));
   EXPECT_EQ(handler.shutdown, static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_EQ(handler.add_null, static_cast<int>(StatusCode::kFailedPrecondition));
+  EXPECT_EQ(handler.find_null, static_cast<int>(StatusCode::kFailedPrecondition));
   EXPECT_TRUE(handler.still_registered);
   reg.Unregister();  // from an ordinary thread it works
   EXPECT_FALSE(reg.registered());

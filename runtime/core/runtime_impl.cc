@@ -13,24 +13,30 @@ std::string Str(long long v) { return std::to_string(v); }
 
 // Control calls wait for pollers and the event thread while holding the runtime mutex, so they
 // cannot be made from those threads (an OrphanHandler or a DeviceEventHandler).
-#define CQD_REFUSE_ON_RUNTIME_THREAD(op)                                                 \
-  do {                                                                                   \
-    if (OnRuntimeThread()) {                                                             \
-      return FailedPrecondition(std::string(op) +                                        \
-                                ": called from a cqd poller or event thread (an "        \
-                                "OrphanHandler or DeviceEventHandler), which must not "  \
-                                "call the runtime");                                     \
-    }                                                                                    \
-    if (InLogSink()) {                                                                   \
-      return FailedPrecondition(std::string(op) +                                        \
-                                ": called from the RuntimeOptions::log sink, which may " \
-                                "run under the runtime mutex");                          \
-    }                                                                                    \
+#define CQD_REFUSE_ON_RUNTIME_THREAD(op)                                \
+  do {                                                                  \
+    if (Status refused = RuntimeImpl::CheckCaller(op); !refused.ok()) { \
+      return refused;                                                   \
+    }                                                                   \
   } while (0)
 
 std::atomic<uint64_t> next_runtime_serial{1};
 
 }  // namespace
+
+Status RuntimeImpl::CheckCaller(const char* op) {
+  if (OnRuntimeThread()) {
+    return FailedPrecondition(std::string(op) +
+                              ": called from a cqd poller or event thread (an OrphanHandler or "
+                              "DeviceEventHandler), which must not call the runtime");
+  }
+  if (InLogSink()) {
+    return FailedPrecondition(std::string(op) +
+                              ": called from the RuntimeOptions::log sink, which may run under "
+                              "the runtime mutex");
+  }
+  return Status::Ok();
+}
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     : options_(options),
@@ -102,7 +108,7 @@ Result<DeviceId> RuntimeImpl::AddDevice(const char* op, std::unique_ptr<backend:
   CQD_REFUSE_ON_RUNTIME_THREAD(op);
   std::lock_guard<ControlMutex> lock(mu_);
   for (auto& d : devices_) {
-    if (d->backend->native() == device->native()) {
+    if (d->backend->kind() == device->kind() && d->backend->native() == device->native()) {
       return AlreadyExists(std::string(op) + ": " + device->name() +
                            " was already added as device " + Str(d->id));
     }
@@ -156,13 +162,13 @@ Result<void*> RuntimeImpl::DeviceNative(const char* op, DeviceId id, backend::Ki
   return device.native();
 }
 
-Result<DeviceId> RuntimeImpl::FindDevice(const char* op, void* native) {
+Result<DeviceId> RuntimeImpl::FindDevice(const char* op, backend::Kind kind, void* native) {
   CQD_REFUSE_ON_RUNTIME_THREAD(op);
   std::lock_guard<ControlMutex> lock(mu_);
   for (auto& d : devices_) {
-    if (d->backend->native() == native) return d->id;
+    if (d->backend->kind() == kind && d->backend->native() == native) return d->id;
   }
-  return NotFound(std::string(op) + ": no device was added with this context");
+  return NotFound(std::string(op) + ": no device was added with this context (AddVerbsDevice)");
 }
 
 Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handler,

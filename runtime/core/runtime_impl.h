@@ -54,19 +54,22 @@ struct PolledCq {
 
 class RuntimeImpl final : private TeardownHost {
  public:
+  // Returns kFailedPrecondition, naming `op`, on the threads no control call may come from (a
+  // poller or the event thread: an OrphanHandler or DeviceEventHandler; the log sink), else OK.
+  static Status CheckCaller(const char* op);
   // `options` passed CheckOptions (options_check.h).
   explicit RuntimeImpl(const RuntimeOptions& options);
   ~RuntimeImpl();
   Status Start();
 
   // Adds `device` (destroyed here on failure); `op` names the public call in messages.
-  // kAlreadyExists if a device with the same native() was added.
+  // kAlreadyExists if a device of the same kind and native() was added.
   Result<DeviceId> AddDevice(const char* op, std::unique_ptr<backend::Device> device,
                              DeviceEventHandler* events);
   // Returns the device's native() if it is of `kind`, else kInvalidArgument.
   Result<void*> DeviceNative(const char* op, DeviceId device, backend::Kind kind);
-  // Returns the device added with this native(), or kNotFound.
-  Result<DeviceId> FindDevice(const char* op, void* native);
+  // Returns the device of `kind` added with this native(), or kNotFound.
+  Result<DeviceId> FindDevice(const char* op, backend::Kind kind, void* native);
   Result<PolledCq> CreateCq(DeviceId device, int shard, const CqOptions& options);
   // The shard's channel as the backend knows it (ibv_comp_channel* or SimChannel*), if the
   // device is of `kind`.

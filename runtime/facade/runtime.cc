@@ -105,11 +105,15 @@ Result<ibv_context*> Runtime::VerbsContext(DeviceId device) {
   });
 }
 Result<DeviceId> Runtime::FindVerbsDevice(ibv_context* context) {
+  if (Status s = internal::RuntimeImpl::CheckCaller("FindVerbsDevice"); !s.ok()) return s;
   if (context == nullptr) return InvalidArgument("FindVerbsDevice: context is null");
-  return Guarded("FindVerbsDevice", [&] { return impl_->FindDevice("FindVerbsDevice", context); });
+  return Guarded("FindVerbsDevice", [&] {
+    return impl_->FindDevice("FindVerbsDevice", backend::Kind::kVerbs, context);
+  });
 }
 Result<DeviceId> Runtime::AddSimDevice(std::shared_ptr<SimDevice> device,
                                        DeviceEventHandler* events) {
+  if (Status s = internal::RuntimeImpl::CheckCaller("AddSimDevice"); !s.ok()) return s;
   return Guarded("AddSimDevice", [&]() -> Result<DeviceId> {
     auto backend = sim_internal::SimBackend::Over(std::move(device));
     if (!backend.ok()) {
