@@ -90,7 +90,9 @@ void CmBed::StopBed(bool expect_cqs_destroyed) {
   if (rt_ != nullptr) {
     for (CqHandle cq : cqs_) {
       Status s = rt_->DestroyCq(cq);
-      if (expect_cqs_destroyed) EXPECT_TRUE(s.ok()) << s.ToString();
+      if (expect_cqs_destroyed) {
+        EXPECT_TRUE(s.ok()) << s.ToString();
+      }
     }
     cqs_.clear();
     if (buffers_.mr != nullptr) ibv_dereg_mr(buffers_.mr);
