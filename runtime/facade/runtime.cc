@@ -74,6 +74,7 @@ Result<Registration> Runtime::ToRegistration(Result<internal::RegisteredQp> regi
   registration.qp_num_ = registered->qp_num;
   return registration;
 }
+
 Runtime::~Runtime() = default;
 
 Result<DeviceId> Runtime::AddVerbsDevice(ibv_context* context, DeviceEventHandler* events) {
