@@ -86,7 +86,7 @@ RuntimeImpl::~RuntimeImpl() {
   for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
   // The threads are gone: poll every CQ empty (to the orphan sink), flush its unacked events
   // (S2) so destroy cannot hang, and destroy or release it.
-  for (auto& [id, cq] : cqs_) {
+  for (auto& [id, cq] : cqs_.live()) {
     pollers_[cq->shard]->RemoveCq(cq.get());
     cq->Ack(cq->acks.TakeAll());
     if (cq->adopted) {
@@ -95,7 +95,7 @@ RuntimeImpl::~RuntimeImpl() {
       (void)cq->device->backend->DestroyCq(cq->cq);  // fails only while the engine holds QPs
     }
   }
-  for (auto& cq : released_) cq->Ack(cq->acks.TakeAll());
+  for (auto& cq : cqs_.released()) cq->Ack(cq->acks.TakeAll());
   for (auto& device : devices_) {
     for (backend::Channel* channel : device->channels) {
       (void)device->backend->DestroyChannel(channel);
@@ -271,7 +271,7 @@ Result<PolledCq> RuntimeImpl::AdoptCq(DeviceId id, int shard, backend::Kind kind
   if ((*device)->backend->kind() != kind) {
     return InvalidArgument("AdoptCq: the CQ's kind does not match device " + Str(id));
   }
-  if (cqs_by_native_.contains(native)) {
+  if (cqs_.FindNative(native) != nullptr) {
     return AlreadyExists("AdoptCq: the CQ is already polled by this runtime");
   }
   Result<backend::Cq*> cq = (*device)->backend->AdoptCq(native, (*device)->channels[shard]);
@@ -287,14 +287,11 @@ Result<PolledCq> RuntimeImpl::AdoptCq(DeviceId id, int shard, backend::Kind kind
 }
 
 Result<PolledCq> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
-  CqRecord* cq = record.get();
-  cq->id = next_cq_id_++;
-  cq->native = cq->cq->native();
+  record->native = record->cq->native();
+  CqRecord* cq = cqs_.Add(std::move(record));
   // Map before the poller can arm it, so that its first event is already known.
   events_->RunSync([&] { events_->MapCq(cq); });
   pollers_[cq->shard]->AddCq(cq);
-  cqs_by_native_[cq->native] = cq;
-  cqs_[cq->id] = std::move(record);
   return PolledCq{serial_,   cq->id, cq->shard, cq->device->id, cq->device->backend->kind(),
                   cq->native};
 }
@@ -307,11 +304,10 @@ Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
     return InvalidArgument("DestroyCq: CQ " + Str(id) +
                            " was created or adopted by another runtime");
   }
-  auto it = cqs_.find(id);
-  if (it == cqs_.end()) {
+  CqRecord* cq = cqs_.Find(id);
+  if (cq == nullptr) {
     return NotFound("DestroyCq: no CQ " + Str(id) + " (already destroyed or released)");
   }
-  CqRecord* cq = it->second.get();
   if (cq->registered_qps > 0) {
     return FailedPrecondition("DestroyCq: CQ " + Str(cq->id) + " still has " +
                               Str(cq->registered_qps) + " registered QP uses");
@@ -324,14 +320,12 @@ Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
   if (cq->adopted) {
     // Keep the record mapped: an event still in flight for it gets acked by the event thread
     // rather than leaving the engine's ibv_destroy_cq waiting forever. Its counters stay live
-    // in GetStats (released_).
+    // in GetStats (CqTable::Release).
     cq->device->backend->ReleaseCq(cq->cq);
     // Let an event the event thread is handling for it finish (and be acked), so that the totals
     // balance when this returns.
     events_->RunSync([] {});
-    cqs_by_native_.erase(cq->native);
-    released_.push_back(std::move(it->second));
-    cqs_.erase(it);
+    cqs_.Release(id);
     return Status::Ok();
   }
   if (Status s = cq->device->backend->DestroyCq(cq->cq); !s.ok()) {
@@ -343,16 +337,8 @@ Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
     return Status(s.code(), "DestroyCq: " + s.message());
   }
   events_->RunSync([&] { events_->UnmapCq(cq); });
-  cqs_by_native_.erase(cq->native);
-  RetireCounters(*cq);
-  cqs_.erase(it);
+  cqs_.Erase(id);
   return Status::Ok();
-}
-
-void RuntimeImpl::RetireCounters(const CqRecord& cq) {
-  gone_events_ += cq.events.load(std::memory_order_relaxed);
-  gone_acked_ += cq.acked_events.load(std::memory_order_relaxed);
-  gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
 }
 
 Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
@@ -385,12 +371,8 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
                            Str(consumers_.size() - 1));
   }
   if (qp_num > 0xffffff) return InvalidArgument("RegisterQp: qp_num exceeds 24 bits");
-  auto find = [&](void* native) -> CqRecord* {
-    auto it = cqs_by_native_.find(native);
-    return it == cqs_by_native_.end() ? nullptr : it->second;
-  };
-  CqRecord* send = find(send_native);
-  CqRecord* recv = find(recv_native);
+  CqRecord* send = cqs_.FindNative(send_native);
+  CqRecord* recv = cqs_.FindNative(recv_native);
   if (send == nullptr || recv == nullptr) {
     return NotFound("RegisterQp: qp_num " + Str(qp_num) + ": its " +
                     (send == nullptr ? "send" : "recv") + " CQ is not polled by this runtime");
@@ -470,8 +452,7 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   const uint32_t commits[2] = {slot.send_commit, slot.recv_commit};
   CqRecord* cqs[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
-    auto it = cqs_.find(ids[k]);
-    if (it != cqs_.end()) cqs[k] = it->second.get();
+    cqs[k] = cqs_.Find(ids[k]);
   }
   // Leftovers before the registration dies: a pass before this saw it live and draining and
   // marked what it polled; a pass after finds the leftover first. (The other way round, a pass in
@@ -676,31 +657,7 @@ Stats RuntimeImpl::GetStats() const {
   placement_.FillStats(stats);
   if (OnRuntimeThread() || InLogSink()) return stats;  // the CQ part needs the mutex
   std::lock_guard<ControlMutex> lock(mu_);
-  for (const auto& [id, cq] : cqs_) {
-    CqStats c;
-    c.id = id;
-    c.shard = cq->shard;
-    c.comp_vector = cq->comp_vector;
-    c.completions = cq->completions.load(std::memory_order_relaxed);
-    // Acked first (acquire, see CqRecord::Ack): an event is counted before it is acked, so the
-    // snapshot never shows more acked than read.
-    c.acked_events = cq->acked_events.load(std::memory_order_acquire);
-    c.events = cq->events.load(std::memory_order_relaxed);
-    c.ack_calls = cq->ack_calls.load(std::memory_order_relaxed);
-    c.poll_errors = cq->poll_errors.load(std::memory_order_relaxed);
-    stats.cqs.push_back(c);
-    stats.cq_events += c.events;
-    stats.cq_acked_events += c.acked_events;
-    stats.cq_ack_calls += c.ack_calls;
-  }
-  for (const auto& cq : released_) {  // adopted, released, still acked if an event comes
-    stats.cq_acked_events += cq->acked_events.load(std::memory_order_acquire);  // first, as above
-    stats.cq_events += cq->events.load(std::memory_order_relaxed);
-    stats.cq_ack_calls += cq->ack_calls.load(std::memory_order_relaxed);
-  }
-  stats.cq_events += gone_events_;
-  stats.cq_acked_events += gone_acked_;
-  stats.cq_ack_calls += gone_ack_calls_;
+  cqs_.FillStats(stats);
   stats.orphans = orphans_.total();
   stats.async_events = events_->async_events();
   stats.failed_fds = events_->failed_fds();

@@ -25,6 +25,7 @@
 #include "runtime/base/placement.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
+#include "runtime/core/cq_table.h"
 #include "runtime/core/event_loop.h"
 #include "runtime/core/orphans.h"
 #include "runtime/core/poller.h"
@@ -119,8 +120,6 @@ class RuntimeImpl final : private TeardownHost {
   Result<PolledCq> AddCq(std::unique_ptr<CqRecord> record);
   // Commits `wrs` more work requests on `cq`, growing it if allowed; kResourceExhausted if not.
   Status Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num);
-  // Moves a destroyed CQ's event counters into the runtime totals.
-  void RetireCounters(const CqRecord& cq);
 
   const RuntimeOptions options_;
   const uint64_t serial_;  // tells this runtime's CqHandles from another's
@@ -137,15 +136,7 @@ class RuntimeImpl final : private TeardownHost {
   std::unique_ptr<EventLoop> events_;
   std::unique_ptr<TeardownWorker> teardowns_;
   std::vector<std::unique_ptr<DeviceRecord>> devices_;  // id - 1
-  std::map<uint32_t, std::unique_ptr<CqRecord>> cqs_;   // by id
-  std::unordered_map<void*, CqRecord*> cqs_by_native_;
-  // Adopted, released: still acked (and counted) if an event comes.
-  std::vector<std::unique_ptr<CqRecord>> released_;
-  uint32_t next_cq_id_ = 1;
-  // Event counters of destroyed CQs (guarded by mu_).
-  uint64_t gone_events_ = 0;
-  uint64_t gone_acked_ = 0;
-  uint64_t gone_ack_calls_ = 0;
+  CqTable cqs_;                                         // guarded by mu_
   // NUMA placement of the threads and completion vectors of CQs (placement.h; own mutex).
   Placement placement_{options_};
   // RuntimeOptions::stats_socket. Last: its thread calls GetStats, so it goes first.
