@@ -7,19 +7,21 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 status=0
-if ! bazel build //tests/layers:each_layer_builds >/tmp/cqd_layers.log 2>&1; then
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! bazel build //tests/layers:each_layer_builds >"$log" 2>&1; then
   echo "check_layers: //tests/layers:each_layer_builds does not build:" >&2
-  tail -20 /tmp/cqd_layers.log >&2
+  tail -20 "$log" >&2
   exit 1
 fi
 for cc in tests/layers/*_includes_*.cc; do
   target=$(basename "$cc" .cc)
-  if bazel build "//tests/layers:$target" >/tmp/cqd_layers.log 2>&1; then
+  if bazel build "//tests/layers:$target" >"$log" 2>&1; then
     echo "check_layers: //tests/layers:$target built: an include ran back up a layer" >&2
     status=1
-  elif ! grep -qE "No such file or directory|undeclared inclusion" /tmp/cqd_layers.log; then
+  elif ! grep -qE "No such file or directory|undeclared inclusion" "$log"; then
     echo "check_layers: //tests/layers:$target failed for another reason:" >&2
-    tail -20 /tmp/cqd_layers.log >&2
+    tail -20 "$log" >&2
     status=1
   fi
 done
