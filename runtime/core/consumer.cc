@@ -37,18 +37,23 @@ bool DispatchingOnThisThread(const Consumer* consumer) {
 }  // namespace
 
 Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
-                   OrphanSink& orphans, int producers)
+                   OrphanSink& orphans, int pollers)
     : index_(index),
       options_(options),
       slots_(slots),
       orphans_(orphans),
-      // Preallocate the capacity plus two blocks of slack per producer, so that steady-state
-      // enqueues never allocate.
-      queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (producers + 1)),
+      // Preallocate the capacity plus two blocks of slack per producer (the pollers, and the
+      // event thread after Shutdown), so that steady-state enqueues never allocate.
+      queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (pollers + 2)),
       consumer_token_(queue_),
-      wcs_(std::make_unique<ibv_wc[]>(options.dispatch_batch)),
-      meta_(std::make_unique<ItemMeta[]>(options.dispatch_batch)),
+      items_(std::make_unique<Item[]>(options.dispatch_batch)),
+      pieces_(std::make_unique<Piece[]>(options.dispatch_batch)),
       batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
+  for (int p = 0; p < pollers; ++p) {
+    lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(p),
+                                            static_cast<uint32_t>(options.spill_capacity),
+                                            options.queue_capacity));
+  }
   if (options_.kind == ConsumerKind::kEngineDriven) {
     notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(notify_fd_);
@@ -145,7 +150,8 @@ void Consumer::NoteDepth(uint64_t depth) noexcept {
   }
 }
 
-void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept {
+void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n,
+                    size_t /*entries*/) noexcept {
   // try_enqueue_bulk never allocates; past the preallocation (a capacity raised beyond the
   // index size, or many producers) fall back to the allocating path rather than drop.
   if (!queue_.try_enqueue_bulk(token, items, n)) {
@@ -158,65 +164,111 @@ bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept
   std::lock_guard<std::mutex> lock(close_mu_);
   if (closed_) return false;
   Reserve(1);
-  Push(token, &item, 1);
+  Push(token, &item, 1, 1);
   return true;
 }
 
+Item* Consumer::NextItem() noexcept {
+  if (item_next_ == item_count_) {
+    item_count_ = queue_.try_dequeue_bulk(consumer_token_, items_.get(),
+                                          static_cast<size_t>(options_.dispatch_batch));
+    item_next_ = 0;
+    run_done_ = 0;
+    if (item_count_ == 0) return nullptr;
+  }
+  return &items_[item_next_];
+}
+
 int Consumer::Dispatch(int max) noexcept {
-  // An idle consumer spins here, on the one line producers write once per slice, rather than in
-  // the queue, whose lines the producers need.
+  // An idle consumer spins here, on the one line producers write once per hand-over, rather
+  // than in the queue, whose lines the producers need.
   if (depth_.load(std::memory_order_relaxed) == 0) return 0;
-  size_t want = static_cast<size_t>(std::clamp(max, 0, options_.dispatch_batch));
-  size_t n = DequeueBatch(want);
-  if (n == 0) return 0;
-  RunBatch(n);
-  return static_cast<int>(n);
+  const uint32_t want = static_cast<uint32_t>(std::clamp(max, 0, options_.dispatch_batch));
+  // Gather up to `want` entries, lane ranges split where the ring wraps.
+  uint32_t entries = 0;
+  size_t pieces = 0;
+  while (entries < want) {
+    Item* item = NextItem();
+    if (item == nullptr) break;
+    if (item->kind != ItemKind::kLaneRun) {
+      pieces_[pieces++] = {nullptr, item, 0, 1, 0};
+      ++entries;
+      ++item_next_;
+      continue;
+    }
+    Lane& lane = *lanes_[item->run.lane];
+    const uint64_t pos = item->run.begin + run_done_;
+    const uint32_t at = lane.IndexOf(pos);
+    const uint32_t n = std::min(
+        {item->run.count - run_done_, want - entries, static_cast<uint32_t>(lane.size() - at)});
+    pieces_[pieces++] = {&lane, nullptr, at, n, pos + n};
+    entries += n;
+    run_done_ += n;
+    if (run_done_ == item->run.count) {
+      ++item_next_;
+      run_done_ = 0;
+    }
+  }
+  if (entries == 0) return 0;
+  RunBatch(pieces);
+  // The handlers have returned: the lane memory may be reused, and the entries leave the depth.
+  for (size_t k = 0; k < pieces; ++k) {
+    if (pieces_[k].lane != nullptr) pieces_[k].lane->Release(pieces_[k].end);
+  }
+  depth_.fetch_sub(entries, std::memory_order_release);
+  return static_cast<int>(entries);
 }
 
-void Consumer::LoadBatch(const Item* items, size_t n) noexcept {
-  SplitWriter out(wcs_.get(), meta_.get());
-  for (size_t k = 0; k < n; ++k, ++out) *out = items[k];
+void Consumer::DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) noexcept {
+  pieces_[0] = {&lane, nullptr, at, n, end};
+  RunBatch(1);
+  lane.Release(end);
 }
 
-void Consumer::DispatchLoaded(size_t n) noexcept { RunBatch(n); }
-
-void Consumer::RunBatch(size_t n) noexcept {
+void Consumer::RunBatch(size_t pieces) noexcept {
   if (latency_ != nullptr) [[unlikely]] {
-    latency_->RecordBatch(meta_.get(), n, ItemKind::kCompletion);
+    for (size_t k = 0; k < pieces; ++k) {
+      const Piece& piece = pieces_[k];
+      if (piece.lane != nullptr) {
+        latency_->RecordBatch(&piece.lane->meta(piece.at), piece.n, ItemKind::kCompletion);
+      } else {
+        latency_->RecordBatch(piece.item, 1, ItemKind::kCompletion);
+      }
+    }
   }
   const DispatchFrame frame{this, tls_dispatch_frames};
   tls_dispatch_frames = &frame;
   // Publish which slots this batch may call (see the header), then make the sequence odd.
   uint32_t listed = 0;
-  for (size_t k = 0; k < n; ++k) {
-    if (listed == 0 || meta_[k].slot != meta_[k - 1].slot) {
-      batch_slots_[listed++].store(meta_[k].slot, std::memory_order_release);
+  uint32_t last = kNoSlot;
+  auto list = [&](uint32_t slot) {
+    if (listed == 0 || slot != last) {
+      batch_slots_[listed++].store(slot, std::memory_order_release);
+      last = slot;
+    }
+  };
+  for (size_t k = 0; k < pieces; ++k) {
+    const Piece& piece = pieces_[k];
+    if (piece.lane == nullptr) {
+      list(piece.item->slot);
+      continue;
+    }
+    for (uint32_t i = piece.at, end = piece.at + piece.n; i < end;) {
+      const EntryMeta& meta = piece.lane->meta(i);
+      list(meta.slot);
+      i += meta.kind == ItemKind::kCompletion ? std::min<uint32_t>(meta.run, end - i) : 1;
     }
   }
   batch_slot_count_.store(listed, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
-  size_t i = 0;
-  while (i < n) {
-    const ItemMeta& first = meta_[i];
-    if (first.kind != ItemKind::kCompletion) {
-      if (first.kind == ItemKind::kAsyncEvent) {
-        DeliverEvent(first);
-      } else if (first.kind == ItemKind::kListenerEvent) {
-        DeliverListenerEvent(first);
-      } else {
-        DeliverMarker(first, wcs_[i]);
-      }
-      ++i;
-      continue;
+  for (size_t k = 0; k < pieces; ++k) {
+    const Piece& piece = pieces_[k];
+    if (piece.lane != nullptr) {
+      RunLane(*piece.lane, piece.at, piece.n);
+    } else {
+      RunItem(*piece.item);
     }
-    size_t j = i + 1;
-    while (j < n && meta_[j].kind == ItemKind::kCompletion && meta_[j].slot == first.slot &&
-           meta_[j].generation == first.generation) {
-      ++j;
-    }
-    DeliverRun(i, j - i);
-    i = j;
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
   tls_dispatch_frames = frame.outer;
@@ -229,17 +281,52 @@ void Consumer::RunBatch(size_t n) noexcept {
   }
 }
 
-size_t Consumer::DequeueBatch(size_t max) noexcept {
-  size_t n = queue_.try_dequeue_bulk(consumer_token_, SplitWriter(wcs_.get(), meta_.get()), max);
-  if (n > 0) depth_.fetch_sub(n, std::memory_order_release);
-  return n;
+void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
+  const uint32_t end = at + n;
+  uint32_t i = at;
+  while (i < end) {
+    const EntryMeta& first = lane.meta(i);
+    if (first.kind == ItemKind::kCompletion) [[likely]] {
+      const uint32_t len = std::min<uint32_t>(first.run, end - i);
+      DeliverRun(&lane.wc(i), len, first.slot, first.generation);
+      i += len;
+      continue;
+    }
+    if (first.kind == ItemKind::kAsyncEvent) {
+      DeliverEvent(lane.join(i), first.slot, first.generation);
+    } else if (first.kind == ItemKind::kListenerEvent) {
+      DeliverListenerEvent(lane.join(i));
+    } else {
+      DeliverMarker(first.slot, first.generation, lane.wc(i));
+    }
+    ++i;
+  }
 }
 
-void Consumer::DeliverRun(size_t first, size_t n) noexcept {
-  const ibv_wc* wcs = &wcs_[first];
-  Slot& slot = slots_.slot(meta_[first].slot);
+void Consumer::RunItem(const Item& item) noexcept {
+  switch (item.kind) {
+    case ItemKind::kCompletion:
+      DeliverRun(&item.wc, 1, item.slot, item.generation);
+      break;
+    case ItemKind::kAsyncEvent:
+      DeliverEvent(item.join, item.slot, item.generation);
+      break;
+    case ItemKind::kListenerEvent:
+      DeliverListenerEvent(item.join);
+      break;
+    case ItemKind::kTeardownMarker:
+      DeliverMarker(item.slot, item.generation, item.wc);
+      break;
+    case ItemKind::kLaneRun:
+      break;  // gathered as lane pieces, never run as an item
+  }
+}
+
+void Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
+                          uint32_t generation) noexcept {
+  Slot& slot = slots_.slot(slot_index);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (StateLiveAs(state, meta_[first].generation)) {
+  if (StateLiveAs(state, generation)) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   } else {
@@ -247,16 +334,15 @@ void Consumer::DeliverRun(size_t first, size_t n) noexcept {
   }
 }
 
-void Consumer::DeliverEvent(const ItemMeta& item) noexcept {
-  EventJoin* join = item.join;
+void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t generation) noexcept {
   if (!join->ReleasePart()) return;  // the other poller's part is still on its way
-  Slot& slot = slots_.slot(item.slot);
+  Slot& slot = slots_.slot(slot_index);
   if (join->kind == EventJoin::Kind::kCm) {
     DeliverCm(join, slot);
     return;
   }
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLiveAs(state, item.generation)) {
+  if (!StateLiveAs(state, generation)) {
     delete join;  // unregistered after it was routed here
     return;
   }
@@ -301,8 +387,7 @@ bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {
   return true;
 }
 
-void Consumer::DeliverListenerEvent(const ItemMeta& item) noexcept {
-  EventJoin* join = item.join;
+void Consumer::DeliverListenerEvent(EventJoin* join) noexcept {
   join->watch->handler->OnCmEvent(join->cm);
   CountEvent();
   join->Finish();
@@ -314,10 +399,10 @@ void Consumer::CountEvent() noexcept {
                          std::memory_order_relaxed);
 }
 
-void Consumer::DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept {
-  Slot& slot = slots_.slot(item.slot);
+void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv_wc& wc) noexcept {
+  Slot& slot = slots_.slot(slot_index);
   uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLiveAs(state, item.generation)) return;
+  if (!StateLiveAs(state, generation)) return;
   // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
   // which nulls the pointer and then waits for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
@@ -405,16 +490,39 @@ int Consumer::Drain(int max) noexcept {
 
 void Consumer::OrphanRemaining() noexcept {
   for (;;) {
-    size_t n = DequeueBatch(options_.dispatch_batch);
-    if (n == 0) return;
-    for (size_t k = 0; k < n; ++k) {
-      if (meta_[k].kind == ItemKind::kCompletion) {
-        orphans_.Take({&wcs_[k], 1});
-      } else if (meta_[k].kind == ItemKind::kAsyncEvent) {
-        ReleaseEventPart(meta_[k].join, /*hand_on=*/false);  // no thread is left to run a CmHandler
-      } else if (meta_[k].kind == ItemKind::kListenerEvent) {
-        EventJoin::ReleaseHold(meta_[k].join);
+    Item* item = NextItem();
+    if (item == nullptr) return;
+    if (item->kind == ItemKind::kLaneRun) {
+      Lane& lane = *lanes_[item->run.lane];
+      for (uint32_t k = run_done_; k < item->run.count; ++k) {
+        OrphanLane(lane, lane.IndexOf(item->run.begin + k), 1);
       }
+    } else if (item->kind == ItemKind::kCompletion) {
+      orphans_.Take({&item->wc, 1});
+    } else if (item->kind == ItemKind::kAsyncEvent) {
+      ReleaseEventPart(item->join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+    } else if (item->kind == ItemKind::kListenerEvent) {
+      EventJoin::ReleaseHold(item->join);
+    }
+    ++item_next_;
+    run_done_ = 0;
+  }
+}
+
+void Consumer::OrphanLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
+  for (uint32_t i = at; i < at + n; ++i) {
+    switch (lane.meta(i).kind) {
+      case ItemKind::kCompletion:
+        orphans_.Take({&lane.wc(i), 1});
+        break;
+      case ItemKind::kAsyncEvent:
+        ReleaseEventPart(lane.join(i), /*hand_on=*/false);
+        break;
+      case ItemKind::kListenerEvent:
+        EventJoin::ReleaseHold(lane.join(i));
+        break;
+      default:
+        break;  // a teardown marker is the runtime's own
     }
   }
 }

@@ -1,17 +1,19 @@
-// runtime/core/consumer.h: a consumer's queue and the dispatch of queued items to handlers.
+// runtime/core/consumer.h: a consumer's queue and lanes, and the dispatch of their entries to
+// handlers.
 //
-// Producers are the pollers only: each holds a moodycamel ProducerToken per consumer and hands
-// over slices from its spill (spill.h) with bulk enqueues. Async events reach the consumer
-// through the pollers of the QP's CQs too, so that one producer's FIFO order puts an event
-// behind every completion that poller took off the QP's CQ before it. Depth is reserved before
-// enqueue (ReserveUpTo) and released after dequeue, so `depth` never undercounts and the queue
-// never holds more than `queue_capacity` items (Shutdown's final hand-over excepted): a full
-// consumer makes pollers keep items in their spills, never drop them. A run-to-completion
-// consumer's own poller skips the queue while it is empty: it dispatches straight from its
-// spill (LoadBatch, DispatchLoaded), and queues only what the spill cannot hold. What it queued
-// is older than what its spill holds, so the queue goes first and each QP's order stays.
+// Producers are the pollers only. Each writes completions and async-event parts into its own
+// lane of this consumer (lane.h) and hands them over as ranges: one Item of kind kLaneRun per
+// flush, enqueued with the poller's moodycamel ProducerToken, so one producer's FIFO order puts
+// an event behind every completion that poller took off the QP's CQ before it. Depth counts the
+// entries handed over and not yet dispatched: it is reserved before enqueue (ReserveUpTo) and
+// released after the entries' handlers have returned, so `depth` never undercounts and never
+// exceeds `queue_capacity` (Shutdown's final hand-over excepted): a full consumer makes pollers
+// keep entries in their lanes' spills, never drop them. A run-to-completion consumer's own poller
+// skips the queue while it is empty: it dispatches straight from the spill of its lane
+// (DispatchLane), and queues only what the spill cannot hold. What it queued is older than what
+// its spill holds, so the queue goes first and each QP's order stays.
 //
-// Dispatch() and DispatchLoaded() run on the consumer's thread only (the owned thread, the engine
+// Dispatch() and DispatchLane() run on the consumer's thread only (the owned thread, the engine
 // thread calling Drain, or for kRunToCompletion its poller's thread). Before a batch's first
 // handler call they list the batch's slots in `batch_slots_` (release) and make `batch_seq_` odd
 // (seq_cst); after the last call they make it even. Each reads each slot's state (seq_cst) right
@@ -29,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "concurrentqueue/concurrentqueue.h"
 #include "cqd/handler.h"
@@ -36,80 +39,12 @@
 #include "cqd/status.h"
 #include "runtime/base/parker.h"
 #include "runtime/core/event_join.h"
+#include "runtime/core/lane.h"
 #include "runtime/core/orphans.h"
 #include "runtime/core/registry.h"
 #include "runtime/observe/latency.h"
 
 namespace cqd::internal {
-
-// kAsyncEvent: a part of an EventJoin for a registration (async, fence or CM event).
-// kTeardownMarker: a completion of a TeardownQp marker work request (teardown.h).
-// kListenerEvent: a CM event for a channel's CmHandler (EventJoin kind kListener; slot kNoSlot).
-enum class ItemKind : uint32_t { kCompletion, kAsyncEvent, kTeardownMarker, kListenerEvent };
-inline constexpr uint32_t kNoSlot = ~uint32_t{0};
-
-// One queued completion or async-event part, tagged with the registration it was routed to.
-struct Item {
-  Item() : wc{} {}
-  union {
-    ibv_wc wc;
-    EventJoin* join;  // kAsyncEvent, kListenerEvent
-  };
-  uint32_t slot = 0;
-  uint32_t generation = 0;
-  ItemKind kind = ItemKind::kCompletion;
-  uint32_t stamp = 0;  // completions: when polled, if latency is recorded (latency.h)
-};
-static_assert(sizeof(Item) == 64, "an Item is one cache line");
-
-// What the consumer keeps of a dequeued Item besides its work completion. Dispatch dequeues
-// through a SplitWriter: the completions land side by side in one ibv_wc array, so a run of one
-// QP's completions reaches its handler as a span of that array, with no further copy.
-struct ItemMeta {
-  EventJoin* join;  // kAsyncEvent, kListenerEvent
-  uint32_t slot;
-  uint32_t generation;
-  ItemKind kind;
-  uint32_t stamp;
-};
-
-// An output iterator for moodycamel's dequeue_bulk that stores item k's wc in wcs[k] and the
-// rest in meta[k].
-class SplitWriter {
- public:
-  SplitWriter(ibv_wc* wcs, ItemMeta* meta) noexcept : wcs_(wcs), meta_(meta) {}
-  struct Ref {
-    ibv_wc* wc;
-    ItemMeta* meta;
-    Ref& operator=(const Item& item) noexcept {
-      if (item.kind == ItemKind::kAsyncEvent || item.kind == ItemKind::kListenerEvent) {
-        meta->join = item.join;
-      } else {
-        *wc = item.wc;
-      }
-      meta->slot = item.slot;
-      meta->generation = item.generation;
-      meta->kind = item.kind;
-      meta->stamp = item.stamp;
-      return *this;
-    }
-  };
-  Ref operator*() const noexcept { return {wcs_, meta_}; }
-  SplitWriter& operator++() noexcept {
-    ++wcs_;
-    ++meta_;
-    return *this;
-  }
-  SplitWriter operator++(int) noexcept {
-    SplitWriter before = *this;
-    ++*this;
-    return before;
-  }
-
- private:
-  ibv_wc* wcs_;
-  ItemMeta* meta_;
-};
 
 struct ItemQueueTraits : moodycamel::ConcurrentQueueDefaultTraits {
   static const size_t BLOCK_SIZE = 256;
@@ -119,9 +54,9 @@ using ItemQueue = moodycamel::ConcurrentQueue<Item, ItemQueueTraits>;
 
 class Consumer {
  public:
-  // `producers`: how many producer tokens will be made (sizes the preallocation).
+  // `pollers`: how many pollers produce (one lane and one producer token each).
   Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
-           OrphanSink& orphans, int producers);
+           OrphanSink& orphans, int pollers);
   ~Consumer();
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
@@ -157,24 +92,25 @@ class Consumer {
   // to run once it is over, and returns true; elsewhere returns false.
   static bool DeferHeldEvents(HeldEvents* held) noexcept;
 
-  // Producers. ReserveUpTo reserves room for at most `n` items and returns how many (0 when the
-  // queue holds queue_capacity items). Reserve always succeeds (Shutdown's final hand-over).
+  // Poller `poller`'s lane into this consumer.
+  Lane& lane(int poller) noexcept { return *lanes_[poller]; }
+
+  // Producers. ReserveUpTo reserves room for at most `n` entries and returns how many (0 when
+  // queue_capacity entries are handed over). Reserve always succeeds (Shutdown's final hand-over).
   size_t ReserveUpTo(size_t n) noexcept;
   void Reserve(size_t n) noexcept;
-  // Enqueues `n` reserved items and wakes the consumer if it sleeps.
-  void Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept;
+  // Enqueues `n` items carrying `entries` reserved entries and wakes the consumer if it sleeps.
+  void Push(moodycamel::ProducerToken& token, Item* items, size_t n, size_t entries) noexcept;
   // Reserve(1) and Push, unless the consumer has closed (an owned consumer whose thread exited
   // at Shutdown: nothing would dispatch it); returns false then. Callers serialize per token.
   bool PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept;
 
-  // Consumer thread: dispatches up to `max` items; returns how many.
+  // Consumer thread: dispatches up to `max` entries; returns how many.
   int Dispatch(int max) noexcept;
   // kRunToCompletion, its poller's thread, while nothing is queued (Pending() is false): the
-  // poller dispatches items straight from its spill, skipping the queue. LoadBatch copies
-  // items[0, n) (n <= dispatch_batch()) into the batch, so the caller may drop them from the
-  // spill before any handler runs; DispatchLoaded(n) then dispatches them as Dispatch would.
-  void LoadBatch(const Item* items, size_t n) noexcept;
-  void DispatchLoaded(size_t n) noexcept;
+  // poller dispatches the entries [at, at + n) of its lane (n <= dispatch_batch(), no wrap),
+  // which it has already taken out of the spill, in place, then releases them up to `end`.
+  void DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) noexcept;
   size_t dispatch_batch() const { return static_cast<size_t>(options_.dispatch_batch); }
   // Engine thread: Dispatch plus notify-fd upkeep (see Runtime::Drain).
   int Drain(int max) noexcept;
@@ -189,7 +125,8 @@ class Consumer {
   // Async and CM events handed to QP handlers and CmHandlers.
   uint64_t async_delivered() const { return async_delivered_.load(std::memory_order_relaxed); }
   uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
-  // Returns true if items are queued or reserved (seq_cst: a sleeper's re-check, parker.h).
+  // Returns true if entries are queued, reserved or being dispatched (seq_cst: a sleeper's
+  // re-check, parker.h).
   bool Pending() const noexcept { return depth_.load(std::memory_order_seq_cst) > 0; }
   uint64_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
   // Null unless ConsumerOptions::record_latency.
@@ -198,28 +135,46 @@ class Consumer {
  private:
   void Run();
   void NoteDepth(uint64_t depth) noexcept;
-  // Delivers wcs_[first, first + n): one registration's completions.
-  void DeliverRun(size_t first, size_t n) noexcept;
-  void DeliverEvent(const ItemMeta& item) noexcept;
-  void DeliverCm(EventJoin* join, const Slot& slot) noexcept;
-  void DeliverListenerEvent(const ItemMeta& item) noexcept;
-  void CountEvent() noexcept;
-  void DeliverMarker(const ItemMeta& item, const ibv_wc& wc) noexcept;
-  // Dequeues up to `max` items into wcs_ and meta_; returns how many.
-  size_t DequeueBatch(size_t max) noexcept;
-  // Runs the handlers of the `n` items in wcs_ and meta_.
+  // A contiguous part of one batch: lane entries [at, at + n) ending before position `end`, or
+  // one queued `item` (lane null).
+  struct Piece {
+    Lane* lane;
+    const Item* item;
+    uint32_t at;
+    uint32_t n;
+    uint64_t end;
+  };
+  // Runs the handlers of pieces_[0, n).
   void RunBatch(size_t n) noexcept;
+  void RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
+  void RunItem(const Item& item) noexcept;
+  // Delivers one registration's run of completions.
+  void DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot, uint32_t generation) noexcept;
+  void DeliverEvent(EventJoin* join, uint32_t slot, uint32_t generation) noexcept;
+  void DeliverCm(EventJoin* join, const Slot& slot) noexcept;
+  void DeliverListenerEvent(EventJoin* join) noexcept;
+  void CountEvent() noexcept;
+  void DeliverMarker(uint32_t slot, uint32_t generation, const ibv_wc& wc) noexcept;
+  // The next dequeued item not yet dispatched (refilling from the queue), or null.
+  Item* NextItem() noexcept;
+  // Hands what `n` entries of lane `l` from `at` hold to the orphan sink and releases events.
+  void OrphanLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
   void Signal() noexcept;  // engine-driven: make the notify fd readable
 
   const uint32_t index_;
   const ConsumerOptions options_;
   const SlotPool& slots_;
   OrphanSink& orphans_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // one per poller
   ItemQueue queue_;
   moodycamel::ConsumerToken consumer_token_;
-  // The batch being dispatched, split (SplitWriter).
-  std::unique_ptr<ibv_wc[]> wcs_;
-  std::unique_ptr<ItemMeta[]> meta_;
+  // Items dequeued and not yet fully dispatched: items_[item_next_, item_count_), of which the
+  // first has had `run_done_` entries dispatched (a lane range may span batches).
+  std::unique_ptr<Item[]> items_;
+  size_t item_count_ = 0;
+  size_t item_next_ = 0;
+  uint32_t run_done_ = 0;
+  std::unique_ptr<Piece[]> pieces_;  // the batch being dispatched
   // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
   std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
   std::atomic<uint32_t> batch_slot_count_{0};

@@ -20,17 +20,17 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       orphans_(orphans),
       may_park_(!options.busy_poll && options.cq_park_after.count() > 0),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
+      batch_slots_(std::make_unique<const Slot*[]>(options.poll_batch)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
                          [](const ConsumerOptions& c) { return c.record_latency; })) {
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
-    spills_.push_back(
-        std::make_unique<Spill>(static_cast<uint32_t>(options.consumers[c].spill_capacity)));
+    lanes_.push_back(&consumers_[c]->lane(index_));
     const ConsumerOptions& co = options.consumers[c];
     if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
       consumers_[c]->RunOnPoller(&parker_);
       hosted_.push_back(consumers_[c]);
-      spills_.back()->direct = true;
+      lanes_.back()->direct = true;
     }
   }
   listed_.reserve(consumers_.size());
@@ -80,21 +80,23 @@ bool Poller::RunHosted() noexcept {
 bool Poller::DispatchHosted(Consumer& consumer) noexcept {
   // What this poller queued is older than its spill: the queue goes first.
   if (consumer.Pending()) return consumer.Dispatch(1024) > 0;
-  Spill& spill = *spills_[consumer.index()];
-  if (spill.empty()) return false;
-  uint32_t n;
-  const Item* items = spill.Front(static_cast<uint32_t>(consumer.dispatch_batch()), &n);
-  consumer.LoadBatch(items, n);
-  // Off the spill before any handler runs: one may purge it (Unregister runs inline here).
-  spill.PopFront(n);
+  Lane& lane = *lanes_[consumer.index()];
+  if (lane.spill_empty()) return false;
+  const uint64_t begin = lane.published();
+  const uint32_t at = lane.IndexOf(begin);
+  const uint32_t n = std::min({lane.spill_size(), static_cast<uint32_t>(consumer.dispatch_batch()),
+                               static_cast<uint32_t>(lane.size() - at)});
+  // Out of the spill before any handler runs: one may purge it (Unregister runs inline here).
+  // The ring keeps the entries until DispatchLane releases them.
+  lane.PopFront(n);
   NoteSpill(consumer.index());
-  consumer.DispatchLoaded(n);
+  consumer.DispatchLane(lane, at, n, begin + n);
   return true;
 }
 
 bool Poller::HostedPending() const noexcept {
   for (const Consumer* consumer : hosted_) {
-    if (consumer->Pending() || !spills_[consumer->index()]->empty()) return true;
+    if (consumer->Pending() || !lanes_[consumer->index()]->spill_empty()) return true;
   }
   return false;
 }
@@ -187,22 +189,24 @@ void Poller::DropUse(CqRecord* cq, uint32_t consumer) {
 
 void Poller::PurgeDead(uint32_t consumer) {
   RunSync([&] {
-    auto live = [&](const Item& item) {
-      if (item.kind == ItemKind::kListenerEvent) return true;  // nobody's registration
-      uint64_t state = slots_.slot(item.slot).state.load(std::memory_order_acquire);
-      return StateLiveAs(state, item.generation);
+    auto live = [&](ItemKind kind, uint32_t slot, uint32_t generation) {
+      if (kind == ItemKind::kListenerEvent) return true;  // nobody's registration
+      uint64_t state = slots_.slot(slot).state.load(std::memory_order_acquire);
+      return StateLiveAs(state, generation);
     };
-    spills_[consumer]->Filter([&](const Item& item) {
-      if (live(item)) return true;
-      if (item.kind == ItemKind::kCompletion) {
-        orphans_.Take({&item.wc, 1});
-      } else if (item.kind == ItemKind::kAsyncEvent) {
-        ReleaseEventPart(item.join);
+    Lane& lane = *lanes_[consumer];
+    lane.Filter([&](const EntryMeta& meta, uint32_t at) {
+      if (live(meta.kind, meta.slot, meta.generation)) return true;
+      if (meta.kind == ItemKind::kCompletion) {
+        orphans_.Take({&lane.wc(at), 1});
+      } else if (meta.kind == ItemKind::kAsyncEvent) {
+        ReleaseEventPart(lane.join(at));
       }  // a teardown marker is the runtime's own: nobody else may see it
       return false;
     });
     std::erase_if(deferred_, [&](const PostedEvent& posted) {
-      if (posted.consumer != consumer || live(posted.item)) return false;
+      const Item& item = posted.item;
+      if (posted.consumer != consumer || live(item.kind, item.slot, item.generation)) return false;
       ReleaseEventPart(posted.item.join);
       return true;
     });
@@ -299,17 +303,21 @@ void Poller::Run() {
     std::lock_guard<std::mutex> lock(inbox_mu_);
     for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
     inbox_.clear();
-    for (PostedEvent& posted : deferred_) AppendTo(posted.consumer) = posted.item;
-    deferred_.clear();
     Flush(/*force=*/true);
+    // Behind everything the lanes handed over, each event on its own (it needs no lane room).
+    for (PostedEvent& posted : deferred_) {
+      consumers_[posted.consumer]->Reserve(1);
+      consumers_[posted.consumer]->Push(tokens_[posted.consumer], &posted.item, 1, 1);
+    }
+    deferred_.clear();
     inbox_open_ = false;
   }
   // The run-to-completion consumers' last handlers run here (events posted meanwhile go straight
   // to their queues, and whatever a handler's control call routes here meanwhile is dispatched
   // from the spill); then they close.
   for (Consumer* consumer : hosted_) {
-    const Spill& spill = *spills_[consumer->index()];
-    while (!spill.empty() || !consumer->CloseIfEmpty()) RunHosted();
+    const Lane& lane = *lanes_[consumer->index()];
+    while (!lane.spill_empty() || !consumer->CloseIfEmpty()) RunHosted();
   }
   mailbox_.Close();
 }
@@ -327,12 +335,12 @@ bool Poller::PlaceEvents() {
   held_.assign(consumers_.size(), false);
   for (size_t i = 0; i < deferred_.size(); ++i) {
     PostedEvent& posted = deferred_[i];
-    if (held_[posted.consumer] || !CatchUp(posted) || spills_[posted.consumer]->full()) {
+    if (held_[posted.consumer] || !CatchUp(posted) || lanes_[posted.consumer]->room() == 0) {
       held_[posted.consumer] = true;
       deferred_[kept++] = posted;
       continue;
     }
-    AppendTo(posted.consumer) = posted.item;
+    AppendEvent(posted.consumer, posted.item);
     moved = true;
   }
   deferred_.resize(kept);
@@ -360,7 +368,7 @@ bool Poller::CatchUp(PostedEvent& posted) noexcept {
 int Poller::RoomFor(const CqRecord& cq) noexcept {
   int room = options_.poll_batch;
   for (const CqRecord::Use& use : cq.uses) {
-    room = std::min<int>(room, static_cast<int>(spills_[use.consumer]->room()));
+    room = std::min<int>(room, static_cast<int>(lanes_[use.consumer]->room()));
   }
   return room;
 }
@@ -452,7 +460,16 @@ void Poller::Unpark() noexcept {
 }
 
 int Poller::PollOne(CqRecord* cq, int room) noexcept {
-  int n = cq->cq->Poll(room, wcs_.get());
+  // Every registered QP of the CQ goes to one consumer: poll straight into its lane.
+  const uint32_t direct = cq->uses.size() == 1 ? cq->uses[0].consumer : kNoConsumer;
+  int n;
+  if (direct != kNoConsumer) {
+    Lane& lane = *lanes_[direct];
+    n = cq->cq->Poll(std::min<int>(room, static_cast<int>(lane.contiguous())),
+                     &lane.wc(lane.tail_at()));
+  } else {
+    n = cq->cq->Poll(room, wcs_.get());
+  }
   Count(polls_, 1);
   if (n == 0) {
     Count(empty_polls_, 1);
@@ -466,61 +483,184 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
   Count(cq->completions, n);
   Count(completions_, n);
   if (stamp_) poll_stamp_ = NowNs32();
-  RouteCompletions(cq, n);
+  if (direct != kNoConsumer) {
+    RouteInLane(cq, direct, n);
+  } else {
+    RouteCompletions(cq, 0, n);
+  }
   Flush(false);
   return n;
 }
 
-Item& Poller::AppendTo(uint32_t consumer) noexcept {
-  Spill& spill = *spills_[consumer];
-  // RouteCompletions only sends a CQ's completions to consumers among its uses, whose room bounded
-  // the poll; this is the last line of defence should that ever not hold.
-  if (spill.full()) FlushOne(consumer, /*force=*/true);
-  if (!spill.listed) {
-    spill.listed = true;
-    listed_.push_back(consumer);
+void Poller::LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {
+  // Independent loads, one pass ahead of routing, so that their misses overlap.
+  const QpTable& table = cq->device->qps;
+  uint32_t last_qp = kNoQp;
+  const Slot* last = nullptr;
+  for (int i = 0; i < n; ++i) {
+    const uint32_t qp_num = wcs[i].qp_num;
+    if (qp_num != last_qp) {
+      last_qp = qp_num;
+      last = table.Lookup(qp_num);
+      if (last != nullptr) __builtin_prefetch(last);
+    }
+    batch_slots_[i] = last;
   }
-  return spill.Append();
 }
 
-void Poller::RouteCompletions(CqRecord* cq, int n) noexcept {
-  const QpTable& table = cq->device->qps;
-  const DeviceId device = cq->device->id;
-  for (int i = 0; i < n; ++i) {
-    const ibv_wc& wc = wcs_[i];
-    // A retired QP's completions still in this CQ, up to its teardown marker: nobody's.
-    if (!leftovers_.empty()) [[unlikely]] {
-      if (TakeLeftover(cq, wc)) continue;
-    }
-    const Slot* slot = table.Lookup(wc.qp_num);
-    if (slot != nullptr) {
-      uint64_t state = slot->state.load(std::memory_order_acquire);
-      if (StateLive(state) && slot->Holds(device, wc.qp_num) && slot->Uses(cq->id)) {
-        ItemKind kind = ItemKind::kCompletion;
-        if (StateDraining(state)) [[unlikely]] {
-          // Non-null while the state says draining: a teardown nulls it only after the state
-          // died, and makes its leftovers (KeepLeftovers, on this thread between two passes)
-          // before that, so a marker is either marked `polled` here or found a leftover above.
-          TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
-          const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
-          if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
-            kind = ItemKind::kTeardownMarker;
-            teardown->polled.fetch_or(
-                wc.wr_id == marker ? TeardownState::kSendMarker : TeardownState::kRecvMarker,
-                std::memory_order_relaxed);
-          }
-        }
-        Item& item = AppendTo(StateConsumer(state));
-        item.wc = wc;
-        item.slot = slot->index;
-        item.generation = StateGeneration(state);
-        item.kind = kind;
-        item.stamp = poll_stamp_;
-        continue;
-      }
-    }
-    orphans_.Take({&wc, 1});
+inline uint32_t Poller::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slot,
+                                 RouteCache& cache, EntryMeta& meta) noexcept {
+  // A retired QP's completions still in this CQ, up to its teardown marker: nobody's.
+  if (!leftovers_.empty()) [[unlikely]] {
+    if (TakeLeftover(cq, wc)) return kTaken;
+  } else if (wc.qp_num == cache.qp_num) {
+    meta = cache.meta;
+    return cache.consumer;
   }
+  if (slot == nullptr) return kOrphan;
+  const uint64_t state = slot->state.load(std::memory_order_acquire);
+  if (!StateLive(state) || !slot->Holds(cq->device->id, wc.qp_num) || !slot->Uses(cq->id)) {
+    return kOrphan;
+  }
+  meta = {slot->index, StateGeneration(state), ItemKind::kCompletion, 1, poll_stamp_};
+  if (!StateDraining(state)) [[likely]] {
+    // The next completions of this QP in the poll route the same way (the consumer re-checks
+    // the registration before it calls the handler, as it does for every run).
+    cache = {wc.qp_num, StateConsumer(state), meta};
+    return cache.consumer;
+  }
+  // Non-null while the state says draining: a teardown nulls it only after the state died, and
+  // makes its leftovers (KeepLeftovers, on this thread between two passes) before that, so a
+  // marker is either marked `polled` here or found a leftover above.
+  TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
+  const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
+  if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
+    meta.kind = ItemKind::kTeardownMarker;
+    teardown->polled.fetch_or(
+        wc.wr_id == marker ? TeardownState::kSendMarker : TeardownState::kRecvMarker,
+        std::memory_order_relaxed);
+  }
+  return StateConsumer(state);
+}
+
+void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
+  Lane& lane = *lanes_[consumer];
+  const uint32_t base = lane.tail_at();
+  ibv_wc* wcs = &lane.wc(base);
+  EntryMeta* metas = &lane.meta(base);
+  LookUpBatch(cq, wcs, n);
+  // The common case, a run of one QP's completions at a time: one state read per run, its entries
+  // stay where the poll put them. Anything else (leftovers, a draining QP, a completion for
+  // another consumer) finishes on the general path.
+  uint32_t kept = 0;  // entries [0, kept) stay: routed to `consumer`
+  uint32_t i = 0;
+  const uint32_t count = static_cast<uint32_t>(n);
+  while (i < count && leftovers_.empty()) {
+    const uint32_t qp_num = wcs[i].qp_num;
+    uint32_t j = i + 1;
+    while (j < count && wcs[j].qp_num == qp_num) ++j;
+    const Slot* slot = batch_slots_[i];
+    if (slot == nullptr) {
+      orphans_.Take({wcs + i, j - i});
+      i = j;
+      continue;
+    }
+    const uint64_t state = slot->state.load(std::memory_order_acquire);
+    if (!StateLive(state) || !slot->Holds(cq->device->id, qp_num) || !slot->Uses(cq->id)) {
+      orphans_.Take({wcs + i, j - i});
+      i = j;
+      continue;
+    }
+    if (StateDraining(state) || StateConsumer(state) != consumer) [[unlikely]]
+      break;
+    EntryMeta meta{slot->index, StateGeneration(state), ItemKind::kCompletion, 0, poll_stamp_};
+    for (; i < j; ++i) {
+      if (kept != i) wcs[kept] = wcs[i];  // close the gap an orphan left
+      meta.run = static_cast<uint16_t>(j - i);
+      metas[kept++] = meta;
+    }
+  }
+  RouteCache cache;
+  for (; i < count; ++i) {
+    EntryMeta& meta = metas[kept];
+    const uint32_t to = Classify(cq, wcs[i], batch_slots_[i], cache, meta);
+    if (to == consumer) {
+      if (kept != i) wcs[kept] = wcs[i];
+      ++kept;
+    } else if (to == kOrphan) {
+      orphans_.Take({&wcs[i], 1});
+    } else if (to != kTaken) [[unlikely]] {
+      // Unreachable while `uses` is kept (a live QP's consumer is among its CQ's uses); should
+      // that ever not hold, the rest of the poll takes the general path, behind what stays.
+      const EntryMeta moved = meta;
+      lane.Advance(kept);
+      if (kept > 0) ListLane(consumer);
+      const uint32_t rest = count - i;
+      std::copy(&wcs[i], &wcs[i] + rest, wcs_.get());
+      AppendCompletion(to, moved, wcs_[0]);
+      RouteCompletions(cq, 1, static_cast<int>(rest));
+      return;
+    }
+  }
+  lane.Advance(kept);
+  if (kept > 0) ListLane(consumer);
+}
+
+void Poller::RouteCompletions(CqRecord* cq, int first, int end) noexcept {
+  LookUpBatch(cq, &wcs_[first], end - first);
+  RouteCache cache;
+  for (int i = first; i < end; ++i) {
+    const ibv_wc& wc = wcs_[i];
+    EntryMeta meta;
+    const uint32_t to = Classify(cq, wc, batch_slots_[i - first], cache, meta);
+    if (to == kTaken) continue;
+    if (to == kOrphan) {
+      orphans_.Take({&wc, 1});
+      continue;
+    }
+    AppendCompletion(to, meta, wc);
+  }
+}
+
+void Poller::ListLane(uint32_t consumer) noexcept {
+  Lane& lane = *lanes_[consumer];
+  if (!lane.listed) {
+    lane.listed = true;
+    listed_.push_back(consumer);
+  }
+}
+
+void Poller::AppendCompletion(uint32_t consumer, const EntryMeta& meta, const ibv_wc& wc) noexcept {
+  Lane& lane = *lanes_[consumer];
+  if (lane.room() == 0) [[unlikely]] {
+    // A CQ's completions go only to consumers among its uses, whose room bounded the poll; this
+    // is the last line of defence should that ever not hold: the spill is handed over past the
+    // queue bound, and this completion behind it on its own.
+    FlushOne(consumer, /*force=*/true);
+    Item item;
+    item.wc = wc;
+    item.slot = meta.slot;
+    item.generation = meta.generation;
+    item.kind = meta.kind;
+    item.stamp = meta.stamp;
+    consumers_[consumer]->Reserve(1);
+    consumers_[consumer]->Push(tokens_[consumer], &item, 1, 1);
+    return;
+  }
+  const uint32_t at = lane.tail_at();
+  lane.wc(at) = wc;
+  lane.meta(at) = meta;
+  lane.Append();
+  ListLane(consumer);
+}
+
+void Poller::AppendEvent(uint32_t consumer, const Item& item) noexcept {
+  Lane& lane = *lanes_[consumer];  // the caller saw room()
+  const uint32_t at = lane.tail_at();
+  lane.SetJoin(at, item.join);
+  lane.meta(at) = {item.slot, item.generation, item.kind, 1, 0};
+  lane.Append();
+  ListLane(consumer);
 }
 
 bool Poller::Flush(bool force) noexcept {
@@ -528,14 +668,15 @@ bool Poller::Flush(bool force) noexcept {
   size_t kept = 0;
   for (size_t i = 0; i < listed_.size(); ++i) {
     uint32_t consumer = listed_[i];
-    Spill& spill = *spills_[consumer];
+    Lane& lane = *lanes_[consumer];
     // A run-to-completion consumer of this thread with nothing queued is dispatched straight
     // from the spill (DispatchHosted), unless the spill fills up: then the queue takes it.
-    const bool direct = spill.direct && !force && !spill.full() && !consumers_[consumer]->Pending();
+    const bool direct =
+        lane.direct && !force && !lane.spill_full() && !consumers_[consumer]->Pending();
     if (!direct) moved |= FlushOne(consumer, force);
     NoteSpill(consumer);
-    if (spill.empty()) {
-      spill.listed = false;
+    if (lane.spill_empty()) {
+      lane.listed = false;
     } else {
       listed_[kept++] = consumer;
     }
@@ -545,36 +686,35 @@ bool Poller::Flush(bool force) noexcept {
 }
 
 bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
-  Spill& spill = *spills_[consumer];
+  Lane& lane = *lanes_[consumer];
+  if (lane.spill_empty()) return false;
   Consumer& c = *consumers_[consumer];
-  bool moved = false;
-  while (!spill.empty()) {
-    uint32_t n;
-    Item* items = spill.Front(spill.size(), &n);
-    size_t take = n;
-    if (force) {
-      c.Reserve(n);
-    } else {
-      take = c.ReserveUpTo(n);
-      if (take == 0) break;
-    }
-    c.Push(tokens_[consumer], items, take);
-    spill.PopFront(static_cast<uint32_t>(take));
-    moved = true;
+  const uint32_t n = lane.spill_size();
+  size_t take = n;
+  if (force) {
+    c.Reserve(n);
+  } else {
+    take = c.ReserveUpTo(n);
+    if (take == 0) return false;
   }
-  return moved;
+  Item item;
+  item.kind = ItemKind::kLaneRun;
+  item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_)};
+  c.Push(tokens_[consumer], &item, 1, take);
+  lane.PopFront(static_cast<uint32_t>(take));
+  return true;
 }
 
 void Poller::NoteSpill(uint32_t consumer) noexcept {
-  Spill& spill = *spills_[consumer];
-  uint64_t size = spill.size();
+  Lane& spill = *lanes_[consumer];
+  uint64_t size = spill.spill_size();
   spill.depth_stat.store(size, std::memory_order_relaxed);
   if (size > spill.high_water.load(std::memory_order_relaxed)) {
     spill.high_water.store(size, std::memory_order_relaxed);
   }
-  if (spill.full() != spill.stalled) {  // a stall starts or ends: rare, so read the clock
+  if (spill.spill_full() != spill.stalled) {  // a stall starts or ends: rare: read the clock
     Clock::time_point now = Clock::now();
-    spill.stalled = spill.full();
+    spill.stalled = spill.spill_full();
     if (spill.stalled) {
       spill.full_since = now;
       Count(spill.stalls, 1);
@@ -633,7 +773,7 @@ PollerStats Poller::stats() const {
 }
 
 void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
-  const Spill& spill = *spills_[consumer];
+  const Lane& spill = *lanes_[consumer];
   out.spill_depth += spill.depth_stat.load(std::memory_order_relaxed);
   out.spill_high_water =
       std::max(out.spill_high_water, spill.high_water.load(std::memory_order_relaxed));

@@ -1,10 +1,14 @@
 // runtime/core/poller.h: one poller thread, owning one CQ shard.
 //
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
-// cannot starve the others), routes each completion by qp_num through its device's QpTable into
-// the destination consumer's spill (spill.h; a completion whose registration does not use
-// this CQ is a leftover of an earlier QP with that number and goes to the orphan sink) and moves
-// spills into consumer queues while they have room. Async events reach it from the event thread
+// cannot starve the others) and routes each completion by qp_num through its device's QpTable to
+// the destination consumer's lane (lane.h; a completion whose registration does not use this CQ
+// is a leftover of an earlier QP with that number and goes to the orphan sink). A CQ whose
+// registered QPs all go to one consumer (`CqRecord::uses` has one entry) is polled straight into
+// that consumer's lane, and routing writes only the metadata beside each completion; other CQs
+// are polled into a scratch array and each completion is copied once into its lane. After each
+// poll the lanes' spills are handed to the consumers' queues, one item per lane, while the
+// queues have room. Async events reach it from the event thread
 // (PostEvent) and join the same spills. Before it places an event, the poller catches up on the
 // QP's CQs of its shard: it polls them until they are empty or it has taken a CQ depth's worth
 // since the event arrived, so the event follows every completion that was in those CQs when the
@@ -35,13 +39,16 @@
 // Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
 // more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
 // CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while
-// an spill holds items (kRecheckStalled: to retry the full consumer), or while an arm failed or the
-// shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification costs
+// a spill holds entries (kRecheckStalled: to retry the full consumer), or while an arm failed or
+// the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification costs
 // latency, never a hang.
 //
 // Run-to-completion consumers of this shard (ConsumerKind::kRunToCompletion) are dispatched by
 // this thread once per pass, after polling, with the wait duty of thread_role.h set: their
 // handlers may make control calls, and the calls that would wait for this poller run inline.
+// While such a consumer's queue is empty its handlers read their completions where the poll put
+// them, in the spill of its lane; the entries leave the spill before the first handler runs, so
+// a control call's purge (Unregister) cannot move them under it.
 // Producers wake this poller instead of such a consumer, and the sleep re-checks their queues.
 // When the thread stops it dispatches what they still hold and closes them.
 //
@@ -64,10 +71,10 @@
 #include "runtime/base/mailbox.h"
 #include "runtime/base/parker.h"
 #include "runtime/core/consumer.h"
+#include "runtime/core/lane.h"
 #include "runtime/core/orphans.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
-#include "runtime/core/spill.h"
 #include "runtime/core/teardown.h"
 
 namespace cqd::internal {
@@ -161,26 +168,49 @@ class Poller {
   // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (or a
   // negative errno once the CQ has failed).
   int PollOne(CqRecord* cq, int room) noexcept;
+  // Where a polled completion goes: a consumer's index, the orphan sink, or nowhere (kTaken: a
+  // leftover, already dealt with).
+  static constexpr uint32_t kOrphan = ~uint32_t{0};
+  static constexpr uint32_t kTaken = ~uint32_t{0} - 1;
+  static constexpr uint32_t kNoConsumer = ~uint32_t{0} - 2;
+  static constexpr uint32_t kNoQp = ~uint32_t{0};  // qp_num has 24 bits
+  // The route of the last QP classified in one poll, reused for its next completions there.
+  struct RouteCache {
+    uint32_t qp_num = kNoQp;
+    uint32_t consumer = kNoConsumer;
+    EntryMeta meta{};
+  };
+  // Looks up the slots of wcs[0, n) into batch_slots_, prefetching them.
+  void LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept;
+  // Returns where `wc` (polled from `cq`, `slot` its lookup) goes; for a consumer, sets `meta`.
+  uint32_t Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slot, RouteCache& cache,
+                    EntryMeta& meta) noexcept;
   // Polls the event's CQs until it may be placed; false while a full spill holds it back.
   bool CatchUp(PostedEvent& posted) noexcept;
   // Returns how many completions `cq` may be polled for now (0: skip it).
   int RoomFor(const CqRecord& cq) noexcept;
-  void RouteCompletions(CqRecord* cq, int n) noexcept;
+  // Routes the `n` completions just polled into `consumer`'s lane at its tail, in place.
+  void RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept;
+  // Routes wcs_[first, end), copying each into its lane.
+  void RouteCompletions(CqRecord* cq, int first, int end) noexcept;
+  void AppendCompletion(uint32_t consumer, const EntryMeta& meta, const ibv_wc& wc) noexcept;
+  // Requires room in the lane.
+  void AppendEvent(uint32_t consumer, const Item& item) noexcept;
+  void ListLane(uint32_t consumer) noexcept;
   // Returns true if `wc` (polled from `cq`) is a leftover: a marker (dropped, its commitment
   // released) or a completion behind one (to the orphan sink).
   bool TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept;
-  // Moves spills into their consumers' queues; returns true if anything moved. With `force`,
-  // everything moves regardless of capacity.
+  // Hands the lanes' spills to their consumers' queues; returns true if anything moved. With
+  // `force`, everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
   bool FlushOne(uint32_t consumer, bool force) noexcept;
-  Item& AppendTo(uint32_t consumer) noexcept;
   void NoteSpill(uint32_t consumer) noexcept;
-  // Moves posted events into spills that have room; returns true if any moved.
+  // Moves posted events into lanes that have room; returns true if any moved.
   bool PlaceEvents();
   // Dispatches the run-to-completion consumers this poller hosts; true if a handler ran.
   bool RunHosted() noexcept;
-  // One batch of hosted `consumer`: from its queue if anything is queued, else straight from
-  // this poller's spill. Returns true if it dispatched anything.
+  // One batch of hosted `consumer`: from its queue if anything is queued, else in place from
+  // the spill of this poller's lane. Returns true if it dispatched anything.
   bool DispatchHosted(Consumer& consumer) noexcept;
   bool HostedPending() const noexcept;
   static void ServeMailbox(void* self);  // the wait duty of RunHosted's handlers
@@ -213,14 +243,15 @@ class Poller {
   const bool may_park_;              // parking is on (cq_park_after > 0, not busy_poll)
   uint32_t seen_cq_events_ = 0;      // cq_events_ when parked_ was last checked
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
-  std::vector<std::unique_ptr<Spill>> spills_;     // one per consumer
+  std::vector<Lane*> lanes_;                       // one per consumer: this poller's lane
   std::vector<uint32_t> listed_;                   // consumers whose spill is not empty
-  std::unique_ptr<ibv_wc[]> wcs_;
-  std::vector<PostedEvent> deferred_;  // posted events not yet placed in an spill
-  std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
-  bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
-  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which RouteCompletions
-  // writes into each completion's Item (latency.h).
+  std::unique_ptr<ibv_wc[]> wcs_;                  // scratch: polls of CQs shared by consumers
+  std::unique_ptr<const Slot*[]> batch_slots_;     // LookUpBatch's result for the poll routed
+  std::vector<PostedEvent> deferred_;              // posted events not yet placed in a lane
+  std::vector<bool> held_;                         // PlaceEvents: consumers with an event held back
+  bool arm_failed_ = false;                        // the last TrySleep could not arm every CQ
+  // Some consumer records latency: PollOne reads the clock into poll_stamp_, which routing
+  // writes into each completion's EntryMeta (latency.h).
   const bool stamp_;
   uint32_t poll_stamp_ = 0;
 

@@ -49,7 +49,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     ConsumerOptions c = options_.consumers[i];
     if (c.name.empty()) c.name = "consumer" + Str(i);
     consumers_.push_back(std::make_unique<Consumer>(static_cast<uint32_t>(i), c, slots_, orphans_,
-                                                    options_.pollers + 1));
+                                                    options_.pollers));
     consumers.push_back(consumers_.back().get());
   }
   std::vector<Poller*> pollers;

@@ -2,7 +2,7 @@
 // (ConsumerOptions::record_latency).
 //
 // The poller reads the clock once per CQ poll that returned completions and writes the low 32
-// bits of the steady-clock time in nanoseconds into every Item of that poll (Item::stamp). The
+// bits of the steady-clock time in nanoseconds into every Item of that poll (EntryMeta::stamp). The
 // consumer reads the clock once per dispatch batch, after taking the batch off its queue and
 // before calling its handlers, and records `now - stamp` (mod 2^32) for each completion in it.
 // Completions of one poll share a stamp and usually sit next to each other in a batch, so a run

@@ -1,0 +1,220 @@
+// runtime/core/lane.h: the memory a poller hands completions to one consumer in (its lane), and
+// the items that travel through the consumer's queue.
+//
+// A lane is a ring of entries, each a 48-byte ibv_wc and a 16-byte EntryMeta kept apart (two
+// arrays), owned by the consumer, written by one poller. The poller polls a CQ whose registered
+// QPs all go to one consumer straight into that consumer's lane, and writes only the metadata
+// (slot, generation, kind) beside each completion; completions of a CQ shared by consumers are
+// polled into the poller's scratch array and copied once into their lanes. Nothing copies a
+// completion after that: the consumer's handlers read their spans in the lane.
+//
+// Positions only grow; entry `pos` lives at index pos % size(). Three positions split the ring:
+//
+//   released <= published <= tail
+//   [released, published)  handed to the consumer: its queue holds an Item (kind kLaneRun) naming
+//                          each range, one per flush; the consumer releases them in order once
+//                          their handlers have returned.
+//   [published, tail)      the spill: polled, not yet handed over because the consumer's queue
+//                          had no room (at most `spill_limit` entries). A run-to-completion
+//                          consumer's own poller dispatches straight from here (TakeFront).
+//
+// size() = queue_capacity + spill_limit: the queue bound (depth, consumer.h) keeps the handed-over
+// part within queue_capacity, so the ring has room for the spill without the poller reading the
+// consumer's position. It reads `released` (acquire) only when its cached copy says the ring may
+// be full, which Shutdown's forced hand-over can bring about; in steady state that is once per
+// lap, so the line the consumer writes per batch rarely crosses back.
+//
+// Threading: tail, published and the spill stats belong to the poller thread (PurgeDead's Filter
+// too, between two passes). `released` is written by the one thread dispatching the consumer
+// (release) after its handlers returned; entries are read by that thread between the queue's
+// dequeue (which orders them after the poller's writes) and that store.
+#ifndef CQD_RUNTIME_CORE_LANE_H_
+#define CQD_RUNTIME_CORE_LANE_H_
+
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+namespace cqd::internal {
+
+struct EventJoin;
+
+// kCompletion: a work completion for a registration.
+// kAsyncEvent: a part of an EventJoin for a registration (async, fence or CM event).
+// kTeardownMarker: a completion of a TeardownQp marker work request (teardown.h).
+// kListenerEvent: a CM event for a channel's CmHandler (EventJoin kind kListener; slot kNoSlot).
+// kLaneRun: (queue items only) a range of a lane's entries.
+enum class ItemKind : uint16_t {
+  kCompletion,
+  kAsyncEvent,
+  kTeardownMarker,
+  kListenerEvent,
+  kLaneRun
+};
+inline constexpr uint32_t kNoSlot = ~uint32_t{0};
+
+// What the runtime knows of one lane entry besides its ibv_wc.
+struct EntryMeta {
+  uint32_t slot;
+  uint32_t generation;
+  ItemKind kind;
+  // Completions: how many entries from this one on (this one included) are completions of the
+  // same registration, routed by one poll; at least 1. The consumer hands each run to its
+  // handler in one call and lists the batch's slots run by run, not entry by entry.
+  uint16_t run;
+  uint32_t stamp;  // completions: when polled, if latency is recorded (latency.h)
+};
+static_assert(sizeof(EntryMeta) == 16);
+
+// A range of lane entries handed to the consumer (Item kind kLaneRun).
+struct LaneRun {
+  uint64_t begin;  // position of the first entry
+  uint32_t count;
+  uint32_t lane;  // the lane's index in its consumer (the poller's index)
+};
+
+// One item of a consumer's queue: a lane range, or one entry that travels by itself (an event
+// posted after the poller stopped, or what Shutdown's hand-over and the routing guard push).
+struct Item {
+  Item() : wc{} {}
+  union {
+    ibv_wc wc;        // kCompletion, kTeardownMarker
+    EventJoin* join;  // kAsyncEvent, kListenerEvent
+    LaneRun run;      // kLaneRun
+  };
+  uint32_t slot = 0;
+  uint32_t generation = 0;
+  ItemKind kind = ItemKind::kCompletion;
+  uint32_t stamp = 0;
+};
+static_assert(sizeof(Item) == 64, "an Item is one cache line");
+
+class Lane {
+ public:
+  Lane(uint32_t index, uint32_t spill_limit, uint64_t queue_capacity)
+      : index_(index),
+        spill_limit_(spill_limit),
+        size_(queue_capacity + spill_limit),
+        // Default-initialized: pages are touched as the ring first reaches them.
+        wcs_(new ibv_wc[size_]),
+        metas_(new EntryMeta[size_]) {}
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  uint32_t index() const noexcept { return index_; }
+  uint64_t size() const noexcept { return size_; }
+  uint32_t IndexOf(uint64_t pos) const noexcept { return static_cast<uint32_t>(pos % size_); }
+  ibv_wc& wc(uint32_t at) noexcept { return wcs_[at]; }
+  EntryMeta& meta(uint32_t at) noexcept { return metas_[at]; }
+  // The event part an entry of kind kAsyncEvent or kListenerEvent carries in its wc's place.
+  EventJoin* join(uint32_t at) const noexcept {
+    EventJoin* join;
+    std::memcpy(&join, &wcs_[at], sizeof(join));
+    return join;
+  }
+
+  // Poller side.
+  uint32_t spill_size() const noexcept { return static_cast<uint32_t>(tail_ - published_); }
+  bool spill_empty() const noexcept { return tail_ == published_; }
+  bool spill_full() const noexcept { return spill_size() >= spill_limit_; }
+  // Returns how many entries may be appended now.
+  uint32_t room() noexcept {
+    const uint32_t spill_room = spill_limit_ - std::min(spill_limit_, spill_size());
+    if (size_ - (tail_ - released_seen_) >= spill_room) return spill_room;
+    released_seen_ = released_.load(std::memory_order_acquire);
+    return static_cast<uint32_t>(std::min<uint64_t>(spill_room, size_ - (tail_ - released_seen_)));
+  }
+  // Returns how many entries fit at the tail without wrapping (callers also respect room()).
+  uint32_t contiguous() const noexcept { return static_cast<uint32_t>(size_ - tail_at_); }
+  uint32_t tail_at() const noexcept { return tail_at_; }
+  // Requires room() > 0. Appends the entry at tail_at().
+  void Append() noexcept { Advance(1); }
+  // Requires n <= room() and n <= contiguous(): entries [tail_at(), tail_at() + n) were written.
+  void Advance(uint32_t n) noexcept {
+    tail_ += n;
+    tail_at_ += n;
+    if (tail_at_ == size_) tail_at_ = 0;
+  }
+  // Writes an event entry at the tail (the caller appends it).
+  void SetJoin(uint32_t at, EventJoin* join) noexcept {
+    std::memcpy(&wcs_[at], &join, sizeof(join));
+  }
+  uint64_t published() const noexcept { return published_; }
+  uint64_t tail() const noexcept { return tail_; }
+  // Moves the first `n` spill entries out of the spill (handed over, or taken for dispatch).
+  void PopFront(uint32_t n) noexcept { published_ += n; }
+
+  // Keeps the spill entries for which keep(meta, at) is true, in order; returns how many were
+  // removed. Poller thread, between passes.
+  template <typename Keep>
+  uint32_t Filter(Keep&& keep) {
+    uint64_t write = published_;
+    for (uint64_t read = published_; read != tail_; ++read) {
+      const uint32_t from = IndexOf(read);
+      if (!keep(metas_[from], from)) continue;
+      if (write != read) {
+        const uint32_t to = IndexOf(write);
+        wcs_[to] = wcs_[from];
+        metas_[to] = metas_[from];
+      }
+      ++write;
+    }
+    const uint32_t removed = static_cast<uint32_t>(tail_ - write);
+    tail_ = write;
+    tail_at_ = IndexOf(tail_);
+    if (removed > 0) {  // a run may have lost entries: count them again, back to front
+      uint16_t next = 0;
+      for (uint64_t pos = tail_; pos-- != published_;) {
+        EntryMeta& meta = metas_[IndexOf(pos)];
+        const bool joins = next > 0 && meta.kind == ItemKind::kCompletion &&
+                           metas_[IndexOf(pos + 1)].kind == ItemKind::kCompletion &&
+                           metas_[IndexOf(pos + 1)].slot == meta.slot &&
+                           metas_[IndexOf(pos + 1)].generation == meta.generation &&
+                           next < UINT16_MAX;
+        meta.run = joins ? static_cast<uint16_t>(next + 1) : 1;
+        next = meta.run;
+      }
+    }
+    return removed;
+  }
+
+  // Consumer side: every entry before `pos` may be reused.
+  void Release(uint64_t pos) noexcept { released_.store(pos, std::memory_order_release); }
+
+  // Spill stats (poller writes, anyone reads), on a line of their own.
+  alignas(64) std::atomic<uint64_t> depth_stat{0};  // spill_size() after the poller's last change
+  std::atomic<uint64_t> high_water{0};              // most entries the spill held at once
+  std::atomic<uint64_t> stalls{0};      // times the spill filled up (its CQs were skipped)
+  std::atomic<uint64_t> stalled_ns{0};  // time spent full, summed over stalls that ended
+  std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
+  bool stalled = false;                                // poller-owned
+  bool listed = false;  // poller-owned: in the poller's list of lanes with a spill
+  // Poller-owned, set once: the lane of a run-to-completion consumer of this poller, which
+  // dispatches straight from the spill while the consumer's queue is empty.
+  bool direct = false;
+
+ private:
+  // Read by both sides, written once: a line that never changes.
+  alignas(64) const uint32_t index_;
+  const uint32_t spill_limit_;
+  const uint64_t size_;
+  const std::unique_ptr<ibv_wc[]> wcs_;
+  const std::unique_ptr<EntryMeta[]> metas_;
+  // Poller-owned, written per poll: a line the consumer never reads.
+  alignas(64) uint64_t tail_ = 0;
+  uint32_t tail_at_ = 0;  // IndexOf(tail_)
+  uint64_t published_ = 0;
+  uint64_t released_seen_ = 0;  // the last value read from released_
+  // Written by the dispatching thread, read by the poller now and then.
+  alignas(64) std::atomic<uint64_t> released_{0};
+  char pad_[64 - sizeof(std::atomic<uint64_t>)];
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_CORE_LANE_H_
