@@ -187,11 +187,14 @@ int Consumer::Dispatch(int max) noexcept {
   // Gather up to `want` entries, lane ranges split where the ring wraps.
   uint32_t entries = 0;
   size_t pieces = 0;
+  bool holds_items = false;  // a piece points into items_: no refill until the batch has run
   while (entries < want) {
+    if (holds_items && item_next_ == item_count_) break;
     Item* item = NextItem();
     if (item == nullptr) break;
     if (item->kind != ItemKind::kLaneRun) {
       pieces_[pieces++] = {nullptr, item, 0, 1, 0};
+      holds_items = true;
       ++entries;
       ++item_next_;
       continue;
@@ -201,7 +204,13 @@ int Consumer::Dispatch(int max) noexcept {
     const uint32_t at = lane.IndexOf(pos);
     const uint32_t n = std::min(
         {item->run.count - run_done_, want - entries, static_cast<uint32_t>(lane.size() - at)});
-    pieces_[pieces++] = {&lane, nullptr, at, n, pos + n};
+    Piece* last = pieces > 0 ? &pieces_[pieces - 1] : nullptr;
+    if (last != nullptr && last->lane == &lane && last->end == pos && last->at + last->n == at) {
+      last->n += n;  // the range goes on where the last one ended, short of the ring's edge
+      last->end += n;
+    } else {
+      pieces_[pieces++] = {&lane, nullptr, at, n, pos + n};
+    }
     entries += n;
     run_done_ += n;
     if (run_done_ == item->run.count) {
@@ -287,7 +296,17 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   while (i < end) {
     const EntryMeta& first = lane.meta(i);
     if (first.kind == ItemKind::kCompletion) [[likely]] {
-      const uint32_t len = std::min<uint32_t>(first.run, end - i);
+      uint32_t len = std::min<uint32_t>(first.run, end - i);
+      // Runs of one registration that follow each other (routed by different polls, or one
+      // entry at a time by the general path) reach the handler as one span.
+      while (i + len < end) {
+        const EntryMeta& next = lane.meta(i + len);
+        if (next.kind != ItemKind::kCompletion || next.slot != first.slot ||
+            next.generation != first.generation) {
+          break;
+        }
+        len += std::min<uint32_t>(next.run, end - i - len);
+      }
       DeliverRun(&lane.wc(i), len, first.slot, first.generation);
       i += len;
       continue;
