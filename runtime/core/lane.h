@@ -124,6 +124,8 @@ class Lane {
   bool spill_full() const noexcept { return spill_size() >= spill_limit_; }
   // Returns how many entries may be appended now.
   uint32_t room() noexcept {
+    if (tail_at_ >= rewind_check_at_ && tail_ == published_) [[unlikely]]
+      TryRewind();
     const uint32_t spill_room = spill_limit_ - std::min(spill_limit_, spill_size());
     if (size_ - (tail_ - released_seen_) >= spill_room) return spill_room;
     released_seen_ = released_.load(std::memory_order_acquire);
@@ -138,7 +140,10 @@ class Lane {
   void Advance(uint32_t n) noexcept {
     tail_ += n;
     tail_at_ += n;
-    if (tail_at_ == size_) tail_at_ = 0;
+    if (tail_at_ == size_) {
+      tail_at_ = 0;
+      rewind_check_at_ = kRewindFrom;
+    }
   }
   // Writes an event entry at the tail (the caller appends it).
   void SetJoin(uint32_t at, EventJoin* join) noexcept {
@@ -183,6 +188,23 @@ class Lane {
     return removed;
   }
 
+  // Poller side, with the spill empty: if the consumer has released everything handed over,
+  // jumps to the start of the next lap, so that a lane that keeps up cycles through its first
+  // kRewindFrom entries (a few dozen KB that stay in cache) instead of the whole ring. Checked
+  // once per kRewindEvery entries past kRewindFrom: the read crosses to the consumer's core. The
+  // store cannot race the consumer's: it has released the last range handed over, and stores
+  // again only for a range handed over after this.
+  void TryRewind() noexcept {
+    rewind_check_at_ = tail_at_ + kRewindEvery;
+    released_seen_ = released_.load(std::memory_order_acquire);
+    if (released_seen_ != tail_) return;
+    const uint64_t lap = tail_ + (size_ - tail_at_);
+    tail_ = published_ = released_seen_ = lap;
+    tail_at_ = 0;
+    rewind_check_at_ = kRewindFrom;
+    released_.store(lap, std::memory_order_release);
+  }
+
   // Consumer side: every entry before `pos` may be reused.
   void Release(uint64_t pos) noexcept { released_.store(pos, std::memory_order_release); }
 
@@ -210,6 +232,9 @@ class Lane {
   uint32_t tail_at_ = 0;  // IndexOf(tail_)
   uint64_t published_ = 0;
   uint64_t released_seen_ = 0;  // the last value read from released_
+  static constexpr uint32_t kRewindFrom = 1024;
+  static constexpr uint32_t kRewindEvery = 256;
+  uint64_t rewind_check_at_ = kRewindFrom;  // tail_at_ at which TryRewind looks next
   // Written by the dispatching thread, read by the poller now and then.
   alignas(64) std::atomic<uint64_t> released_{0};
   char pad_[64 - sizeof(std::atomic<uint64_t>)];

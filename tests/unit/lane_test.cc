@@ -155,6 +155,39 @@ TEST(Lane, FilterOnlyTouchesTheSpill) {
   EXPECT_EQ(Take(lane, 10), Tags({3}));
 }
 
+TEST(Lane, AKeptUpLaneRewindsToItsStartAndAnUnreleasedOneDoesNot) {
+  Lane lane(0, 64, 4096);  // 4160 entries
+  // Up to the rewind point with everything released, then past it with ranges held back.
+  uint64_t tag = 0;
+  while (lane.tail_at() < 1000) {
+    for (int k = 0; k < 50; ++k) Push(lane, tag++);
+    Take(lane, 64);
+    lane.Release(lane.published());
+  }
+  const uint64_t held = lane.published();  // from here on the consumer releases nothing
+  while (lane.tail_at() < 1400) {
+    for (int k = 0; k < 50; ++k) Push(lane, tag++);
+    Take(lane, 64);
+  }
+  EXPECT_GE(lane.tail_at(), 1400u) << "entries unreleased: no rewind";
+  EXPECT_GT(lane.published(), held);
+  const uint32_t at = lane.tail_at();
+  lane.Release(lane.published());
+  for (int k = 0; k < 300; ++k) {  // the next check comes at most kRewindEvery entries later
+    Push(lane, tag++);
+    Take(lane, 1);
+    lane.Release(lane.published());
+    if (lane.tail_at() < at) break;
+  }
+  EXPECT_LT(lane.tail_at(), 64u) << "everything released: back at the ring's start";
+  EXPECT_EQ(lane.tail(), lane.published());
+  EXPECT_EQ(lane.IndexOf(lane.tail()), lane.tail_at());
+  EXPECT_EQ(lane.room(), 64u);
+  // The positions go on: a range handed over after the rewind reads back what was written.
+  Push(lane, 777);
+  EXPECT_EQ(Take(lane, 1), Tags({777}));
+}
+
 TEST(Lane, RandomAppendsTakesReleasesAndFiltersMatchAModel) {
   std::mt19937 rng(7);
   Lane lane(0, 5, 6);           // a ring of 11
