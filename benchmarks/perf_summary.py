@@ -80,13 +80,20 @@ def main(paths):
     out.append("\n### Ratios (goals from the issue in brackets)\n")
     out.append("| measure | ratio |")
     out.append("| --- | ---: |")
+    def cpu(r, impl, batch, qps):
+        return row(r, "dispatch", impl, batch, qps)["cpu_ns_per_completion"]
+
     out.append("| cqd / limit2, batch 32, 1000 QPs (>= 0.5) | " + ratio(
         lambda r: mcps(r, "dispatch", "cqd", 32, 1000) / mcps(r, "dispatch", "limit2", 32, 1000)) + " |")
     for alt in ("mutex", "tbb", "ceph"):
-        out.append(f"| cqd / {alt}, batch 32, 1000 QPs (mutex: >= 2) | " + ratio(
+        out.append(f"| cqd / {alt}, batch 32, 1000 QPs (mutex: >= 1.5) | " + ratio(
             lambda r, a=alt: mcps(r, "dispatch", "cqd", 32, 1000) / mcps(r, "dispatch", a, 32, 1000)) + " |")
-    out.append("| cqd_rtc / limit, batch 32, 1000 QPs | " + ratio(
+    out.append("| cqd CPU ns / mutex CPU ns, batch 32, 1000 QPs (<= 1) | " + ratio(
+        lambda r: cpu(r, "cqd", 32, 1000) / cpu(r, "mutex", 32, 1000)) + " |")
+    out.append("| cqd_rtc / limit, batch 32, 1000 QPs (>= 0.6) | " + ratio(
         lambda r: mcps(r, "dispatch", "cqd_rtc", 32, 1000) / mcps(r, "dispatch", "limit", 32, 1000)) + " |")
+    out.append("| cqd_rtc / limit, batch 32, 1 QP (>= 0.5) | " + ratio(
+        lambda r: mcps(r, "dispatch", "cqd_rtc", 32, 1) / mcps(r, "dispatch", "limit", 32, 1)) + " |")
     out.append("| 1000 CQs (10 active) / 10 CQs (>= 0.8) | " + ratio(
         lambda r: mcps(r, "cqs", "cqd", 32, 1000, 1000) / mcps(r, "cqs", "cqd", 32, 1000, 10)) + " |")
     out.append("| 100000 QPs / 1000 QPs, random order (>= 0.8) | " + ratio(

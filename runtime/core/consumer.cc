@@ -150,8 +150,7 @@ void Consumer::NoteDepth(uint64_t depth) noexcept {
   }
 }
 
-void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n,
-                    size_t /*entries*/) noexcept {
+void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept {
   // try_enqueue_bulk never allocates; past the preallocation (a capacity raised beyond the
   // index size, or many producers) fall back to the allocating path rather than drop.
   if (!queue_.try_enqueue_bulk(token, items, n)) {
@@ -164,7 +163,7 @@ bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept
   std::lock_guard<std::mutex> lock(close_mu_);
   if (closed_) return false;
   Reserve(1);
-  Push(token, &item, 1, 1);
+  Push(token, &item, 1);
   return true;
 }
 

@@ -99,8 +99,8 @@ class Consumer {
   // queue_capacity entries are handed over). Reserve always succeeds (Shutdown's final hand-over).
   size_t ReserveUpTo(size_t n) noexcept;
   void Reserve(size_t n) noexcept;
-  // Enqueues `n` items carrying `entries` reserved entries and wakes the consumer if it sleeps.
-  void Push(moodycamel::ProducerToken& token, Item* items, size_t n, size_t entries) noexcept;
+  // Enqueues `n` items (whose entries the caller reserved) and wakes the consumer if it sleeps.
+  void Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept;
   // Reserve(1) and Push, unless the consumer has closed (an owned consumer whose thread exited
   // at Shutdown: nothing would dispatch it); returns false then. Callers serialize per token.
   bool PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept;

@@ -307,7 +307,7 @@ void Poller::Run() {
     // Behind everything the lanes handed over, each event on its own (it needs no lane room).
     for (PostedEvent& posted : deferred_) {
       consumers_[posted.consumer]->Reserve(1);
-      consumers_[posted.consumer]->Push(tokens_[posted.consumer], &posted.item, 1, 1);
+      consumers_[posted.consumer]->Push(tokens_[posted.consumer], &posted.item, 1);
     }
     deferred_.clear();
     inbox_open_ = false;
@@ -644,7 +644,7 @@ void Poller::AppendCompletion(uint32_t consumer, const EntryMeta& meta, const ib
     item.kind = meta.kind;
     item.stamp = meta.stamp;
     consumers_[consumer]->Reserve(1);
-    consumers_[consumer]->Push(tokens_[consumer], &item, 1, 1);
+    consumers_[consumer]->Push(tokens_[consumer], &item, 1);
     return;
   }
   const uint32_t at = lane.tail_at();
@@ -700,7 +700,7 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
   Item item;
   item.kind = ItemKind::kLaneRun;
   item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_)};
-  c.Push(tokens_[consumer], &item, 1, take);
+  c.Push(tokens_[consumer], &item, 1);
   lane.PopFront(static_cast<uint32_t>(take));
   return true;
 }

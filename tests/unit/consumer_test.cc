@@ -52,7 +52,7 @@ class ConsumerTest : public ::testing::Test {
     item.kind = ItemKind::kLaneRun;
     item.run = {begin, static_cast<uint32_t>(tags.size()), 0};
     consumer_->Reserve(tags.size());
-    consumer_->Push(*token_, &item, 1, tags.size());
+    consumer_->Push(*token_, &item, 1);
   }
   // Hands over one completion as an Item of its own.
   void PushAlone(uint64_t tag) {
@@ -62,7 +62,7 @@ class ConsumerTest : public ::testing::Test {
     item.generation = 1;
     item.kind = ItemKind::kCompletion;
     consumer_->Reserve(1);
-    consumer_->Push(*token_, &item, 1, 1);
+    consumer_->Push(*token_, &item, 1);
   }
 
   ConsumerOptions options_;
