@@ -37,14 +37,16 @@ struct ConsumerOptions {
   int cpu = -1;
   // kRunToCompletion: the poller (shard) whose thread runs the handlers (0..pollers-1).
   int poller = 0;
-  // Items (completions and async events) queued for this consumer at most; the bound holds
-  // except at Shutdown, when pollers hand over everything they hold.
+  // Items (completions and async events) handed to this consumer and not yet dispatched, at
+  // most; the bound holds except at Shutdown, when pollers hand over everything they hold.
   std::size_t queue_capacity = 1 << 16;
   // Items each poller holds for this consumer while its queue is full (1..1<<20). When they are
   // full too, that poller stops polling the CQs this consumer's QPs use until there is room
   // again; completions stay in those CQs, none is dropped. CQs the consumer does not use are not
-  // held back. Memory: pollers * spill_capacity * 64 bytes. kRunToCompletion: its poller
-  // dispatches straight from here while the queue is empty, and queues only what does not fit.
+  // held back. kRunToCompletion: its poller dispatches straight from here while the queue is
+  // empty, and queues only what does not fit. Memory for this consumer: one lane per poller of
+  // (queue_capacity + spill_capacity) * 64 bytes, touched as used, and the queue's preallocated
+  // queue_capacity * 64 bytes.
   std::size_t spill_capacity = 4096;
   int dispatch_batch = 64;  // items taken off the queue at once (1..1024)
   // kOwnedThread: spin this long on an empty queue before sleeping (0..24 h).

@@ -64,8 +64,8 @@ struct ConsumerStats {
   int numa_node = -1;         // NUMA node whose CPUs auto_placement confined it to, or -1
   uint64_t delivered = 0;     // completions handed to handlers
   uint64_t async_events = 0;  // async events handed to handlers
-  uint64_t queue_depth = 0;   // items queued now
-  uint64_t high_water = 0;    // most items ever queued at once
+  uint64_t queue_depth = 0;   // items handed over and not yet dispatched (their handlers done)
+  uint64_t high_water = 0;    // most such items at once
   // Spill: items pollers hold because the queue was full (summed over pollers; see
   // ConsumerOptions::spill_capacity). A stall is a time a poller's spill for this consumer was
   // full, so that it skipped the CQs this consumer uses. A run-to-completion consumer's poller

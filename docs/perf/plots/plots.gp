@@ -7,7 +7,7 @@ set logscale x 2
 set xtics (1, 8, 32, 64)
 set xlabel 'poll batch'
 set output 'throughput.svg'
-set multiplot layout 1,2 title "Delivered completions/s by poll batch (log scale): median of the runs, bars lowest-highest\nIntel(R) Xeon(R) Processor @ 2.80GHz, 2 CPUs, 5 runs (2026-11-22)"
+set multiplot layout 1,2 title "Delivered completions/s by poll batch (log scale): median of the runs, bars lowest-highest\nAMD EPYC, 2 CPUs, 5 runs (2026-11-24)"
 set title '1 QP, 1 consumer'
 set ylabel 'M completions/s'
 set logscale y
@@ -30,7 +30,7 @@ plot 'data/mcps_q1000_limit.dat' using 1:2:3:4 with yerrorlines title 'limit', \
      'data/mcps_q1000_ceph.dat' using 1:2:3:4 with yerrorlines title 'ceph'
 unset multiplot
 set output 'cpu.svg'
-set multiplot layout 1,2 title "CPU ns per completion, all threads (log scale): median of the runs, bars lowest-highest\nIntel(R) Xeon(R) Processor @ 2.80GHz, 2 CPUs, 5 runs (2026-11-22)"
+set multiplot layout 1,2 title "CPU ns per completion, all threads (log scale): median of the runs, bars lowest-highest\nAMD EPYC, 2 CPUs, 5 runs (2026-11-24)"
 set title '1 QP, 1 consumer'
 set ylabel 'CPU ns per completion'
 set logscale y
@@ -55,7 +55,7 @@ unset multiplot
 set output 'latency.svg'
 set terminal svg size 1000,500 dynamic font 'sans,11'
 set termoption noenhanced
-set title "Latency percentiles per mode (ns, log scale): median of the runs, bars lowest-highest\nIntel(R) Xeon(R) Processor @ 2.80GHz, 2 CPUs, 5 runs (2026-11-22)"
+set title "Latency percentiles per mode (ns, log scale): median of the runs, bars lowest-highest\nAMD EPYC, 2 CPUs, 5 runs (2026-11-24)"
 unset logscale x
 set logscale y
 set xlabel ''
