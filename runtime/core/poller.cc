@@ -460,36 +460,44 @@ void Poller::Unpark() noexcept {
 }
 
 int Poller::PollOne(CqRecord* cq, int room) noexcept {
-  // Every registered QP of the CQ goes to one consumer: poll straight into its lane.
+  // Every registered QP of the CQ goes to one consumer: poll straight into its lane. A poll into
+  // a lane stops at the ring's edge; the rest of `room` is polled into the ring's start, so that
+  // fewer than `room` taken still means the CQ is empty (CatchUp relies on it).
   const uint32_t direct = cq->uses.size() == 1 ? cq->uses[0].consumer : kNoConsumer;
-  int n;
-  if (direct != kNoConsumer) {
-    Lane& lane = *lanes_[direct];
-    n = cq->cq->Poll(std::min<int>(room, static_cast<int>(lane.contiguous())),
-                     &lane.wc(lane.tail_at()));
-  } else {
-    n = cq->cq->Poll(room, wcs_.get());
+  int taken = 0;
+  for (;;) {
+    int want = room - taken;
+    ibv_wc* into = wcs_.get();
+    if (direct != kNoConsumer) {
+      Lane& lane = *lanes_[direct];
+      want = std::min<int>(want, static_cast<int>(lane.contiguous()));
+      into = &lane.wc(lane.tail_at());
+    }
+    const int n = cq->cq->Poll(want, into);
+    Count(polls_, 1);
+    if (n == 0) {
+      if (taken == 0) Count(empty_polls_, 1);
+      break;
+    }
+    if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
+      cq->poll_failed = true;
+      Count(cq->poll_errors, 1);
+      if (taken == 0) return n;
+      break;
+    }
+    Count(cq->completions, n);
+    Count(completions_, n);
+    if (stamp_) poll_stamp_ = NowNs32();
+    if (direct != kNoConsumer) {
+      RouteInLane(cq, direct, n);
+    } else {
+      RouteCompletions(cq, 0, n);
+    }
+    taken += n;
+    if (n < want || taken == room) break;
   }
-  Count(polls_, 1);
-  if (n == 0) {
-    Count(empty_polls_, 1);
-    return 0;
-  }
-  if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
-    cq->poll_failed = true;
-    Count(cq->poll_errors, 1);
-    return n;
-  }
-  Count(cq->completions, n);
-  Count(completions_, n);
-  if (stamp_) poll_stamp_ = NowNs32();
-  if (direct != kNoConsumer) {
-    RouteInLane(cq, direct, n);
-  } else {
-    RouteCompletions(cq, 0, n);
-  }
-  Flush(false);
-  return n;
+  if (taken > 0) Flush(false);
+  return taken;
 }
 
 void Poller::LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {

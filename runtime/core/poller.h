@@ -165,8 +165,9 @@ class Poller {
   }
   // The CQ with id `id` in the passes or parked, or null.
   CqRecord* FindCq(uint32_t id) noexcept;
-  // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (or a
-  // negative errno once the CQ has failed).
+  // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (fewer
+  // than `room`: the CQ was found empty, or failed after some), or a negative errno once the CQ
+  // has failed.
   int PollOne(CqRecord* cq, int room) noexcept;
   // Where a polled completion goes: a consumer's index, the orphan sink, or nowhere (kTaken: a
   // leftover, already dealt with).
