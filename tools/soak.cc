@@ -865,6 +865,8 @@ struct Soak {
         case 4: {  // a QP async event
           QpSlot& slot = *slots[(r >> 8) % slots.size()];
           std::lock_guard<std::mutex> lock(slot.mu);
+          // Between a drained teardown's end and the churn's next QP the slot holds none.
+          if (slot.qp == nullptr) break;
           cqd::Status s = sim->RaiseQpEvent(slot.qp, kQpEvents[(r >> 32) % 5]);
           if (!s.ok()) ControlError("RaiseQpEvent", s);
           break;
