@@ -621,6 +621,16 @@ int main(int argc, char** argv) {
                o.lat.p99, o.lat.p999, o.cpu_cores);
       }
       return 0;
+    } else if (a == "--latency-only") {  // the busy latency rows and their floor, printed
+      const size_t samples = 20000;
+      const LatencyResult rows[] = {RunCqdLatency(true, false, samples, 5000, 0.1),
+                                    RunCqdLatency(true, true, samples, 5000, 0.1),
+                                    RunSpinHandoff(samples, 5000)};
+      fprintf(stderr, "\n");
+      for (const LatencyResult& r : rows) {
+        printf("%-18s poll->handler p50 %6.0f p99 %6.0f ns\n", r.mode.c_str(), r.p.p50, r.p.p99);
+      }
+      return 0;
     } else if (a.rfind("--only=", 0) == 0) {  // impl:batch:qps:consumers, for profiling
       PipelineConfig c;
       char impl[16] = {};
@@ -640,7 +650,8 @@ int main(int argc, char** argv) {
     } else {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] "
-              "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only]\n");
+              "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only | "
+              "--latency-only]\n");
       return 2;
     }
   }

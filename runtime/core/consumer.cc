@@ -182,6 +182,9 @@ int Consumer::Dispatch(int max) noexcept {
   // An idle consumer spins here, on the one line producers write once per hand-over, rather
   // than in the queue, whose lines the producers need.
   if (depth_.load(std::memory_order_relaxed) == 0) return 0;
+  if (item_next_ == item_count_) {
+    for (const auto& lane : lanes_) lane->PrefetchNext();
+  }
   const uint32_t want = static_cast<uint32_t>(std::clamp(max, 0, options_.dispatch_batch));
   // Gather up to `want` entries, lane ranges split where the ring wraps.
   uint32_t entries = 0;
