@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <span>
 
+#include "cqd/version.h"
+
 namespace cqd {
 
 // A device async event, copied out of `ibv_async_event` and acked before delivery (S13), so it

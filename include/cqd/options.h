@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cqd/status.h"
+#include "cqd/version.h"
 
 namespace cqd {
 

@@ -60,6 +60,7 @@
 #include "cqd/stats.h"
 #include "cqd/status.h"
 #include "cqd/types.h"
+#include "cqd/version.h"
 
 namespace cqd {
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "cqd/version.h"
+
 namespace cqd {
 
 struct PollerStats {

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "cqd/stats.h"
+#include "cqd/version.h"
 
 namespace cqd {
 

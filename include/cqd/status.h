@@ -8,11 +8,12 @@
 #ifndef CQD_STATUS_H_
 #define CQD_STATUS_H_
 
-#include <cassert>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
+
+#include "cqd/version.h"
 
 namespace cqd {
 
@@ -70,34 +71,49 @@ inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::mo
 // Returns kInternal with "<what>: <strerror(err)>".
 Status ErrnoStatus(std::string_view what, int err);
 
-// A value or a non-OK status. Accessing value() of a failed result is a programming error
-// (asserted in debug builds); check ok() first.
+namespace internal {
+// Writes "cqd: Result::value() of a failed result: <status>" to stderr and aborts.
+[[noreturn]] void DieOnFailedResult(const Status& status) noexcept;
+}  // namespace internal
+
+// A value or a non-OK status.
+//
+// value(), operator* and operator-> of a failed result are a programming error: in every build
+// mode they print the status ("cqd: Result::value() of a failed result: RESOURCE_EXHAUSTED: ...")
+// to stderr and abort the process. They never throw and never lose the message. Check ok() first
+// where a failure is expected. A Result built from an OK status holds no value: it is failed,
+// with an INTERNAL status that says so.
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) { assert(!std::get<Status>(v_).ok()); }  // NOLINT
+  Result(Status status)                      // NOLINT: implicit by design
+      : v_(status.ok() ? Status(StatusCode::kInternal, "Result built from an OK status")
+                       : std::move(status)) {}
 
   bool ok() const { return v_.index() == 0; }
   // Returns OK when a value is held.
-  Status status() const { return ok() ? Status() : std::get<Status>(v_); }
-  T& value() & {
-    assert(ok());
-    return std::get<T>(v_);
-  }
-  const T& value() const& {
-    assert(ok());
-    return std::get<T>(v_);
-  }
-  T&& value() && {
-    assert(ok());
-    return std::get<T>(std::move(v_));
-  }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-  T& operator*() & { return value(); }
+  Status status() const { return ok() ? Status() : *std::get_if<Status>(&v_); }
+  T& value() & { return *Checked(); }
+  const T& value() const& { return *Checked(); }
+  T&& value() && { return std::move(*Checked()); }
+  T* operator->() { return Checked(); }
+  const T* operator->() const { return Checked(); }
+  T& operator*() & { return *Checked(); }
+  const T& operator*() const& { return *Checked(); }
 
  private:
+  T* Checked() {
+    if (T* value = std::get_if<T>(&v_)) [[likely]]
+      return value;
+    internal::DieOnFailedResult(*std::get_if<Status>(&v_));
+  }
+  const T* Checked() const {
+    if (const T* value = std::get_if<T>(&v_)) [[likely]]
+      return value;
+    internal::DieOnFailedResult(*std::get_if<Status>(&v_));
+  }
+
   std::variant<T, Status> v_;
 };
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cqd/version.h"
+
 namespace cqd {
 
 // A device added to a Runtime (AddVerbsDevice, OpenVerbsDevice, AddSimDevice): 1, 2, ... in the

@@ -1,5 +1,7 @@
 #include "cqd/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace cqd {
@@ -40,5 +42,16 @@ Status ErrnoStatus(std::string_view what, int err) {
   const char* text = strerror_r(err, buf, sizeof(buf));  // GNU variant
   return Internal(std::string(what) + ": " + text);
 }
+
+namespace internal {
+
+void DieOnFailedResult(const Status& status) noexcept {
+  const std::string text = status.ToString();
+  std::fprintf(stderr, "cqd: Result::value() of a failed result: %s\n", text.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace cqd

@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <thread>
 
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
+#include "cqd/version.h"
 
 namespace {
 
@@ -46,6 +48,14 @@ int Fail(const char* what, const cqd::Status& status) {
 }  // namespace
 
 int main() {
+  // The library linked in is the one the headers describe.
+  const cqd::VersionInfo version = cqd::Version();
+  if (std::strcmp(version.string, CQD_VERSION_STRING) != 0 || version.major != CQD_VERSION_MAJOR ||
+      version.minor != CQD_VERSION_MINOR || version.patch != CQD_VERSION_PATCH) {
+    std::fprintf(stderr, "consumer: cqd::Version() is %s, the headers say %s\n", version.string,
+                 CQD_VERSION_STRING);
+    return 1;
+  }
   cqd::RuntimeOptions options;
   options.pollers = 1;
   options.consumers = {cqd::ConsumerOptions{.name = "engine"}};

@@ -3,9 +3,11 @@
 # tools/install.sh (--from: no bazel inside bazel) under a temporary prefix, then builds
 # consumer.cc with plain g++ and pkg-config and runs it.
 #
-#   pkgconfig_test.sh VERSION INSTALL_SH CONSUMER_CC DIST_FILES...
+#   pkgconfig_test.sh INSTALL_SH CONSUMER_CC DIST_FILES...
 #
-# Checks: the installed layout and cqd.pc (real prefix, version, pkg-config --validate); that
+# Checks: the installed layout and cqd.pc (real prefix, pkg-config --validate, the version the
+# installed cqd/version.h defines, which the consumer also compares with cqd::Version()); that a
+# compiler below C++20 stops at the headers' #error, which says what is needed; that
 # the public headers do not need moodycamel; that the consumer builds and runs with
 #   g++ -std=c++20 consumer.cc $(pkg-config --cflags --libs --static cqd)
 # and with the non-static `pkg-config --libs cqd` too, printing "consumer: OK 2000 completions"
@@ -16,8 +18,8 @@ set -euo pipefail
 export PATH="/usr/bin:/bin:${PATH:-}"
 export TMPDIR="${TEST_TMPDIR:?run me with bazel test}"
 
-version=$1 install_sh=$2 consumer_cc=$3
-shift 3
+install_sh=$1 consumer_cc=$2
+shift 2
 dist= flags_file=
 for f in "$@"; do
   case $f in
@@ -49,6 +51,9 @@ for f in lib/libcqd.a lib/pkgconfig/cqd.pc include/cqd/runtime.h include/cqd/sim
 done
 expect_eq "cqd.pc prefix" "$(grep '^prefix=' "$prefix/lib/pkgconfig/cqd.pc")" "prefix=$prefix"
 
+version=$(sed -n 's/^#define CQD_VERSION_STRING "\(.*\)"$/\1/p' "$prefix/include/cqd/version.h")
+[[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "cqd/version.h: no CQD_VERSION_STRING: '$version'"
+
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 pkg-config --validate cqd || fail "pkg-config --validate cqd"
 expect_eq "pkg-config --modversion cqd" "$(pkg-config --modversion cqd)" "$version"
@@ -69,6 +74,17 @@ while IFS= read -r line; do
   [[ $line =~ ^#include\ (\"cqd/[a-z_]+\.h\"|\<[a-z_]+\>|\<infiniband/verbs\.h\>|\<rdma/rdma_cma\.h\>)$ ]] ||
     fail "unexpected include in a public header: $line"
 done < <(grep -h '^#include' "$prefix"/include/cqd/*.h)
+
+# ---- Below C++20 every public header stops at one clear #error. ----
+for h in "$prefix"/include/cqd/*.h; do
+  rc=0
+  out=$(echo "#include \"cqd/$(basename "$h")\"" |
+        g++ -std=c++17 -fsyntax-only -I"$prefix/include" -x c++ - 2>&1) || rc=$?
+  [[ $rc != 0 ]] || fail "cqd/$(basename "$h") compiles with -std=c++17"
+  expect_eq "cqd/$(basename "$h") with -std=c++17: the first error" \
+    "$(grep -m1 -o 'error: .*' <<<"$out")" \
+    "error: #error \"cqd needs C++20: compile with -std=c++20 (or -std=gnu++20, or later)\""
+done
 
 # ---- Build and run the consumer as an engine would. ----
 run_consumer() {  # run_consumer LABEL BINARY

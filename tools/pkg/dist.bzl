@@ -85,8 +85,8 @@ def _cqd_dist_impl(ctx):
                 requires.append(module)
         else:
             libs.append(flag)
-    pc = ctx.actions.declare_file(prefix + "lib/pkgconfig/%s.pc" % ctx.attr.library_name)
-    ctx.actions.write(pc, "\n".join([
+    pc_template = ctx.actions.declare_file(ctx.label.name + ".pc.in")
+    ctx.actions.write(pc_template, "\n".join([
         "prefix=${pcfiledir}/../..",
         "exec_prefix=${prefix}",
         "libdir=${exec_prefix}/lib",
@@ -94,12 +94,24 @@ def _cqd_dist_impl(ctx):
         "",
         "Name: %s" % ctx.attr.library_name,
         "Description: %s" % ctx.attr.description,
-        "Version: %s" % ctx.attr.version,
+        "Version: @VERSION@",
         "Requires: %s" % ", ".join(requires),
         "Libs: %s" % " ".join(["-L${libdir}", "-l" + ctx.attr.library_name] + libs),
         "Cflags: -I${includedir}",
         "",
     ]))
+
+    # The version comes from the one place it is defined: the header's CQD_VERSION_STRING.
+    pc = ctx.actions.declare_file(prefix + "lib/pkgconfig/%s.pc" % ctx.attr.library_name)
+    ctx.actions.run_shell(
+        inputs = [pc_template, ctx.file.version_header],
+        outputs = [pc],
+        command = ("v=$(sed -n 's/^#define CQD_VERSION_STRING \"\\(.*\\)\"$/\\1/p' \"$1\") && " +
+                   "test -n \"$v\" && sed \"s/@VERSION@/$v/\" \"$2\" > \"$3\""),
+        arguments = [ctx.file.version_header.path, pc_template.path, pc.path],
+        mnemonic = "CqdPkgConfig",
+        progress_message = "Writing %s" % pc.short_path,
+    )
 
     # include/<prefix>/*.h
     headers = []
@@ -127,7 +139,8 @@ cqd_dist = rule(
         "hdrs": attr.label_list(allow_files = [".h"], mandatory = True),
         "library_name": attr.string(mandatory = True),
         "include_dir": attr.string(mandatory = True),
-        "version": attr.string(mandatory = True),
+        # The header that defines CQD_VERSION_STRING (cqd/version.h).
+        "version_header": attr.label(allow_single_file = [".h"], mandatory = True),
         "description": attr.string(mandatory = True),
         # Link flag -> pkg-config module that provides it.
         "pc_modules": attr.string_dict(),

@@ -1,0 +1,42 @@
+// cqd/version.h: the version of cqd, as the headers know it (macros) and as the library linked
+// in knows it (Version()), and the language level the headers need.
+//
+// This file is the one place the version is defined: cqd.pc's Version and tools/install.sh read
+// it from here. The version follows semantic versioning; while MAJOR is 0, a MINOR step may
+// change the API.
+//
+// Every public header includes this one, so that a compiler below C++20 stops at its #error
+// rather than at the first std::span.
+//
+// Thread safety: Version() may be called from any thread, at any time.
+#ifndef CQD_VERSION_H_
+#define CQD_VERSION_H_
+
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "cqd needs C++20: compile with -std=c++20 (or -std=gnu++20, or later)"
+#endif
+
+#define CQD_VERSION_MAJOR 0
+#define CQD_VERSION_MINOR 1
+#define CQD_VERSION_PATCH 0
+#define CQD_VERSION_STRING "0.1.0"
+// MAJOR * 10000 + MINOR * 100 + PATCH: `#if CQD_VERSION_NUMBER >= 100` means 0.1.0 or later.
+#define CQD_VERSION_NUMBER (CQD_VERSION_MAJOR * 10000 + CQD_VERSION_MINOR * 100 + CQD_VERSION_PATCH)
+
+namespace cqd {
+
+struct VersionInfo {
+  int major;
+  int minor;
+  int patch;
+  const char* string;  // "MAJOR.MINOR.PATCH", static storage
+};
+
+// Returns the version of the cqd library linked into the process (the CQD_VERSION_* macros are
+// those of the headers compiled against; they differ when headers and library come from
+// different installs).
+VersionInfo Version() noexcept;
+
+}  // namespace cqd
+
+#endif  // CQD_VERSION_H_

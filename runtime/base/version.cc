@@ -1,0 +1,9 @@
+#include "cqd/version.h"
+
+namespace cqd {
+
+VersionInfo Version() noexcept {
+  return {CQD_VERSION_MAJOR, CQD_VERSION_MINOR, CQD_VERSION_PATCH, CQD_VERSION_STRING};
+}
+
+}  // namespace cqd
