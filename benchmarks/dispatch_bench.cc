@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd's dispatch harness: cqd beside the limits and the alternatives, in one process, on the
 // simulated device.
 //

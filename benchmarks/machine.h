@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // benchmarks/machine.h: what the harness records about where it ran, and the CPU time threads
 // used.
 //

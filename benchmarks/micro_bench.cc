@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Micro-benchmarks of the pieces on cqd's hot path, each beside what it replaces:
 //   registry lookup   cqd's two-level QpTable vs tbb::concurrent_hash_map vs std::unordered_map
 //                     under a std::shared_mutex, for 1, 10^3 and 10^5 registered QPs

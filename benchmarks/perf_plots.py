@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-2-Clause
 """Draws the kept runs of the dispatch harness with gnuplot (tools/bootstrap.sh installs
 gnuplot-nox): one command, from the JSON alone.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-2-Clause
 """Summarizes kept runs of the dispatch harness as markdown: each figure as the median of the
 runs and, in brackets, the lowest and highest run.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "benchmarks/pipelines.h"
 
 #include <oneapi/tbb/concurrent_queue.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // benchmarks/pipelines.h: the dispatch pipelines the harness puts side by side.
 //
 // Every pipeline takes completions off simulated CQs in replay mode (an endless source with no

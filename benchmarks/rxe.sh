@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Runs inside the rxe VM (see benchmarks/BUILD, target //benchmarks:rxe): perftest and cqd's
 # rxe_bench in the same boot, each RUNS times, interleaved; reports medians, writes /work/rxe.json.
 # Arguments: SIZE ITERS STREAM_COUNT RUNS GAP_US.

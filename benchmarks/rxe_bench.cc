@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd on rxe: a ping-pong and a stream between two RC QPs, both dispatched by one cqd runtime,
 // for comparison with perftest's ib_send_lat and ib_send_bw in the same VM (benchmarks/rxe.sh).
 //

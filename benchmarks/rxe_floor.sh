@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Runs inside the rxe VM: what the run-to-completion ping-pong's distance from ib_send_lat is made
 # of. RUNS rounds of: perftest's ib_send_lat (two processes, each polling its own QP); then
 # rxe_bench's ping-pong (benchmarks/rxe_bench.cc) one thread for both sides, without cqd (verbs)

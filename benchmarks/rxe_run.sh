@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # bazel run -c opt //benchmarks:rxe [-- SIZE ITERS STREAM_COUNT RUNS GAP_US]: boots the rxe VM once,
 # runs perftest and cqd's rxe_bench in it RUNS times (benchmarks/rxe.sh); writes
 # docs/perf/rxe.json.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Amortized acks (S2, S3): every completion event is acked exactly once, in at most
 // events / threshold + (one flush per CQ) ibv_ack_cq_events calls, and CQ destroy never hangs,
 // even while events race with it.

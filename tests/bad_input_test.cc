@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Bad input to the control path gets a status naming the problem: never a crash or a hang.
 #include <sys/eventfd.h>
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // RegisterQp's CQ capacity guard: the work requests a CQ's QPs may have outstanding never exceed
 // its depth; the CQ grows or the registration is refused.
 #include "cqd/runtime.h"

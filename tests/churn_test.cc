@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Registration churn under traffic: QPs are unregistered and re-registered with new handlers while
 // completions flow. After Unregister returns the old handler is never called (half of them are
 // deleted at once, so ASan catches a late call; the other half record one), and every completion

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "tests/cm_handon_rig.h"
 
 #include <algorithm>

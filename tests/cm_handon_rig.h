@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // A rig for the CM hand-on rule (runtime/core/cm_router.h) without rdma_cm: the runtime's own
 // pollers and consumers, a CmRouter, one watched (made-up) channel whose CmHandler runs on an owned
 // consumer, and made-up ids, each with an engine-driven consumer for its QP. The caller plays

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // The CM hand-on rule (runtime/core/cm_router.h) under races, without rdma_cm (cm_handon_rig.h):
 // made-up events of two bound ids are routed through real pollers and consumers, as the event
 // thread routes what it reads, while engine threads drain the QPs' consumers one item at a time

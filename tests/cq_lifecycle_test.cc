@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // CQs that leave while they still hold completions, handles from elsewhere, and the event
 // counts of released CQs.
 #include <algorithm>

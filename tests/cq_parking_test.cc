@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // CQ parking (RuntimeOptions::cq_park_after): a CQ left empty while its poller stays busy is
 // armed and left out of the passes until its event. Parked CQs must still deliver every
 // completion exactly once and in order, events must still follow completions, and control calls

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Event mode: idle pollers arm their CQs and sleep; the next completion wakes them. The stress
 // test races injection against the poller's arm / re-poll / sleep so that a lost wakeup would
 // leave a completion undelivered (and the test waiting on it until its timeout).

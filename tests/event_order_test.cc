@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // An async event reaches the QP's handler after every completion polled before it was read,
 // also while the consumer is backed up, and also when the QP's CQs are on two shards.
 #include <thread>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Exactly-once, in-order delivery under load: 4 CQs on 2 pollers, 3 consumers, 1000 QPs and
 // 10^6 completions, each carrying its per-QP sequence number in wr_id (docs/DESIGN.md section 4).
 #include "cqd/runtime.h"

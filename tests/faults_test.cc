@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Faults below the runtime: arming that fails, a channel that keeps failing, memory that runs
 // out. None may lose a wakeup, spin, or throw.
 #include <sys/resource.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Observability: Stats as JSON and Prometheus text, the poll -> dispatch latency histogram, the
 // stats endpoint on a Unix socket, and the log sink. Nothing here asserts on speed.
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // NUMA placement and completion vectors (runtime/base/placement.h): cpulist and sysfs parsing on a
 // fake sysfs tree, the placement decision with real threads, and what the runtime reports on the
 // simulated device (no NUMA node, one vector).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Handlers that call back into the runtime: Drain from handlers, and Unregister while other
 // handlers of the same consumer are blocked. A deadlock here shows as the test's timeout.
 #include <functional>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Run-to-completion consumers (ConsumerKind::kRunToCompletion): handlers on the poller's thread,
 // with the guarantees of the other kinds: order and exactly-once, events behind completions,
 // Unregister (from any thread, and from the handler), TeardownQp, control calls from handlers on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // The runtime's behaviour on the simulated device: engine-driven consumers, adopted CQs, orphans,
 // async event routing (S14), unregistering from a handler, and injected faults.
 #include "cqd/runtime.h"

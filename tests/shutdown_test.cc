@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Shutdown with traffic in flight returns, and everything already polled is delivered to a
 // handler or the orphan handler: nothing polled is lost.
 #include "cqd/runtime.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // The simulated device beyond the S1-S13 suite: what it adds to verbs (fault injection) and the
 // verbs misuse it reports instead of hanging.
 #include "runtime/backend/sim/sim_device.h"

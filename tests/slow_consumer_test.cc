@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // A consumer that stops draining: its queue bound, its spill, and what it may not hold back.
 #include <thread>
 

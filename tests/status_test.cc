@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Result<T>: a failed result's value() prints its status and aborts in every build mode (never
 // throws, never loses the message); a Result built from an OK status is failed and says why.
 // And cqd::Version() agrees with the headers' macros.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Teardowns at their edges, on the simulated device: which threads may wait for one (and that
 // the others are refused, not hung), teardowns that end without draining (deadline, device
 // failure, Shutdown) and what they leave in the CQs, and teardowns that must not wait on each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Runtime::TeardownQp on the simulated device: drained teardown, SRQ QPs with and without
 // LAST_WQE_REACHED, deadlines, shutdown, bad calls, and qp_num reuse.
 #include <algorithm>

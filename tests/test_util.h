@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tests/test_util.h: helpers shared by cqd's tests.
 #ifndef CQD_TESTS_TEST_UTIL_H_
 #define CQD_TESTS_TEST_UTIL_H_

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Tests that run inside VMs with soft-RoCE (rxe): one VM (tools/vm/run_in_vm.sh) or two joined
 only to each other (tools/vm/run_two_vms.sh). Both are `exclusive` (the VMs emulate the CPU in
 software and get the machine's cores to themselves) and tagged `rxe`, which the sanitizer passes

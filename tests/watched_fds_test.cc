@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // The fds the event thread watches, at their edges: one that fails leaves the epoll set for
 // certain, even when the engine closed or reused its number, so that the level-triggered loop
 // cannot spin on it; a CM channel comes back from UnwatchCmChannel as it came. Both failed before

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Installs the Debian 12 packages cqd builds against. Idempotent and non-interactive;
 # needs root only when something is missing (apt-get is skipped otherwise).
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Checks that every C++ file git tracks (but third_party/) is formatted as .clang-format says,
 # with clang-format-14 (tools/bootstrap.sh installs it). Prints the files that are not and exits
 # non-zero; `tools/check_format.sh --fix` formats them in place.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Checks that the build enforces the runtime's layers (docs/DESIGN.md section 2): every
 # //tests/layers:*_includes_* target (a file that includes a header of a layer above the one its
 # target depends on) must fail to build for that include, and //tests/layers:each_layer_builds

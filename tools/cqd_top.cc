@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd_top: live rates of a running cqd runtime, read from its stats endpoint
 // (RuntimeOptions::stats_socket).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # //tools:cqd_top_test: runs the demo with a stats endpoint and latency recording, then
 # cqd_top for two frames against it, and checks that the frames hold the poller, CQ and consumer
 # tables with latency figures. Nothing here depends on speed: only on the demo running.

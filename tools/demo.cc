@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd demo: traffic through the runtime on the simulated device.
 //
 //   bazel run -c opt //tools:demo -- [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Installs cqd for engines that do not build with Bazel (docs/BUILDING_WITHOUT_BAZEL.md):
 #
 #   tools/install.sh [--prefix DIR] [--from DIST_DIR]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tools/mini_json.h: a small, strict JSON (RFC 8259) parser for cqd's own tools and tests.
 //
 // It accepts exactly the JSON grammar (no comments, no trailing commas, no leading zeros, no

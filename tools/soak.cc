@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd soak: a long run of completions through the runtime on the simulated device, with every
 // fault the simulated device can inject, checking that each completion is delivered exactly once
 // (or orphaned exactly once, after its QP was unregistered) and in order.

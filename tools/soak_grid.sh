@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Runs the soak tool across a grid of its options and writes the table to docs/runs/soak_grid.md
 # (one row per run, with every figure read from that run's log, kept beside it in
 # docs/runs/soak_grid/). Usage: tools/soak_grid.sh [seconds per run, default 20]

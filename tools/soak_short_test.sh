@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # A short soak (//tools:soak_short_test): 2*10^5 completions at 5*10^4/s (about 4 s) with every
 # fault kind (error completions, registration churn where half the QPs leave by a drained
 # TeardownQp and the rest by Unregister, spurious events, EINTR/EAGAIN storms, QP and port

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
-# formatting (tools/check_format.sh) and the layering (tools/check_layers.sh), runs every test,
+# formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh) and the layering
+# (tools/check_layers.sh), runs every test,
 # then every test but the rxe ones again under ThreadSanitizer and under AddressSanitizer (with
 # UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule
 # for half that, and prints one summary line counting GoogleTest cases: "cqd tests: N passed, M
@@ -51,6 +53,13 @@ run() {  # run <label> <options...> -- <targets...>
 echo "== format: tools/check_format.sh"
 if ! tools/check_format.sh; then
   echo "== format: FAILED"
+  status=1
+fi
+
+# The licence: LICENSE at the root and an SPDX tag on every source file.
+echo "== licence: tools/check_spdx.sh"
+if ! tools/check_spdx.sh; then
+  echo "== licence: FAILED"
   status=1
 fi
 

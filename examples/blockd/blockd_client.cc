@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // blockd_client: writes blocks to blockd_server and reads every one back, verifying it.
 //
 //   blockd_client --server=ADDR [--port=7472] [--device=NAME] [--connections=4]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // blockd_server: a block server on cqd. Blocks live in one registered region; clients ask by
 // SEND and the data moves by RDMA READ / WRITE, each request answered by an RDMA WRITE WITH
 // IMMEDIATE (protocol.h). The same port also serves unmodified rping clients (rdmacm-utils),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // examples/blockd/protocol.h: the wire format between blockd_server and blockd_client, and the
 // part of rping's (Debian rdmacm-utils) that the server speaks too.
 //

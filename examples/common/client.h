@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // examples/common/client.h: the connection life and the main loop both example clients run.
 //
 // A ClientConn is one connection. Connect (main thread) makes its id and resolves the server's

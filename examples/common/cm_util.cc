@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "examples/common/cm_util.h"
 
 #include <arpa/inet.h>

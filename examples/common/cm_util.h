@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // examples/common/cm_util.h: the rdma_cm and verbs plumbing the example engines share: flags,
 // addresses, listening and connecting ids, RC QPs on cqd's CQs, registered buffers.
 //

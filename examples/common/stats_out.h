@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // examples/common/stats_out.h: how the examples report the runtime's counters at exit.
 #ifndef CQD_EXAMPLES_COMMON_STATS_OUT_H_
 #define CQD_EXAMPLES_COMMON_STATS_OUT_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // echo_client: many RC connections to echo_server, each checking every reply, coming and going.
 //
 //   echo_client --server=ADDR [--port=7471] [--device=NAME] [--connections=16] [--requests=200]

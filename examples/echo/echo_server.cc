@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // echo_server: an RC request/response server on cqd, driven by its own epoll loop.
 //
 //   echo_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--pollers=2] [--exit-after=N]

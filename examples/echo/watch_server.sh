@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Server half of a watched two-host echo run (docs/runs/echo_two_hosts_top.txt): echo_server with
 # its stats endpoint and latency histogram on, cqd_top printing its rates every 2 s meanwhile,
 # and the final stats as JSON. For run_two_vms.sh's server VM:

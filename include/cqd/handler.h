@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/handler.h: the callbacks an engine implements.
 //
 // QpHandler receives one QP's completions, async events and (for a QP registered with its

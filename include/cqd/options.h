@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/options.h: how a Runtime is shaped. Validated by Runtime::Create, which names the bad field.
 #ifndef CQD_OPTIONS_H_
 #define CQD_OPTIONS_H_

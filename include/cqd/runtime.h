@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/runtime.h: the completion dispatcher.
 //
 // A Runtime owns poller threads (one per CQ shard), consumers (runtime-owned threads or

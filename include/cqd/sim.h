@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/sim.h: a simulated RDMA device, for tests, demos and benchmarks without hardware.
 //
 // It behaves as verbs does (docs/DESIGN.md rules S1-S14), with real file descriptors: a completion

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/stats.h: a snapshot of the runtime's counters, from Runtime::GetStats().
 //
 // Each counter is written by the one thread that owns it and read with relaxed loads, so a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/stats_format.h: a Stats snapshot as JSON or as Prometheus text.
 //
 // Both are pure functions of their argument: any thread may call them, on any Stats (e.g. the

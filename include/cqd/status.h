@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/status.h: control-path error reporting.
 //
 // Every control-path call of cqd (creating a runtime, CQs, registrations) returns a `Status` or a

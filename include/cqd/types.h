@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/types.h: the small identifiers the runtime hands out, shared by every public header.
 //
 // Plain values: any thread may copy and compare them.

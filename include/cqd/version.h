@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd/version.h: the version of cqd, as the headers know it (macros) and as the library linked
 // in knows it (Version()), and the language level the headers need.
 //

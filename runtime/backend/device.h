@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/backend/device.h: the narrow seam between the runtime and a verbs implementation.
 //
 // Two implementations: the simulated device (sim_device.h) and libibverbs. Every call mirrors one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/base/log.h"
 
 #include "runtime/base/thread_role.h"

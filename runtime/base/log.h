@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/log.h: the runtime's side of RuntimeOptions::log.
 //
 // Only control paths log: the thread making a control call, the event thread, the teardown

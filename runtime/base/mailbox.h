@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/mailbox.h: lets control-path threads run a function on a runtime thread and wait.
 //
 // The owner (a poller or the event thread) checks pending() once per loop, a single acquire load,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/parker.h: puts one thread to sleep until another has work for it, without lost
 // wakeups.
 //

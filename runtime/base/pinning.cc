@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/base/pinning.h"
 
 #include <pthread.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/pinning.h: places and names the runtime's threads.
 //
 // Threading: each thread calls it for itself, once, as it starts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/placement.h: where the runtime's threads run and which completion vector a CQ uses.
 //
 // NUMA: devices are added after Runtime::Create has started the threads, so placement happens

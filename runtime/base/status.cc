@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "cqd/status.h"
 
 #include <cstdio>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/thread_role.h: tells the control path which runtime thread it is running on.
 //
 // Poller and event threads: inside an OrphanHandler or DeviceEventHandler, control calls are

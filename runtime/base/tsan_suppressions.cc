@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // ThreadSanitizer does not model the standalone fences moodycamel's explicit producers use to
 // reuse a block after the consumer emptied it, and reports the block's element write as a race.
 // moodycamel marks that very function no_sanitize("thread") itself, but only through clang's

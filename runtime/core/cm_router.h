@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/cm_router.h: connection-manager (librdmacm) events, read on the event thread and
 // routed.
 //

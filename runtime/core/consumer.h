@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/consumer.h: a consumer's queue and lanes, and the dispatch of their entries to
 // handlers.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/cq_table.h: the CQs a runtime polls, by id and by native CQ, the adopted ones it
 // released (still acked and counted should an event come), and the event counters of those
 // destroyed.

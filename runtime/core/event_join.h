@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/event_join.h: an event on its way to one handler, and every way it can get there.
 //
 // The one home of EventJoin: where it is made (PostQpEvent; the CM router makes CM ones), how it

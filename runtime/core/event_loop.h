@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/event_loop.h: the runtime's single event thread.
 //
 // It epolls every completion channel (one per device and shard), every device's async fd and a

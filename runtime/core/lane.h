@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/lane.h: the memory a poller hands completions to one consumer in (its lane), and
 // the items that travel through the consumer's queue.
 //

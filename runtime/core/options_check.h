@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/options_check.h: RuntimeOptions checked before a runtime is made.
 //
 // Threading: any thread; reads only its argument (and the process's CPU affinity).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/orphans.h: where completions that no handler may take end up.
 //
 // Called from pollers (unknown qp_num), consumers (QP unregistered while its completions were

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/core/poller.h"
 
 #include <algorithm>

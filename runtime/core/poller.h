@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/poller.h: one poller thread, owning one CQ shard.
 //
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/records.h: what the runtime keeps per device and per CQ, shared by its threads.
 //
 // Ownership: RuntimeImpl owns both (control path, under its mutex). Fields are grouped by the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/registry.h: QP registrations and the qp_num -> registration lookup.
 //
 // A Slot holds one registration. Slots live in chunks of 4096 that are allocated the first time a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/runtime_impl.h: the control path, and the owner of every runtime thread and record.
 //
 // The facade (runtime/facade, cqd/runtime.h) checks and converts what engines pass and forwards

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends
 // them.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // The facade: cqd/runtime.h on top of the core (runtime/core/runtime_impl.h). It checks and
 // converts what engines pass, makes the backend a device needs (the only place that names one),
 // and keeps exceptions from crossing the library boundary (Guarded).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/observe/latency.h: the opt-in poll -> dispatch latency histogram of a consumer
 // (ConsumerOptions::record_latency).
 //

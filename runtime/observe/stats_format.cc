@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "cqd/stats_format.h"
 
 #include <cinttypes>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/observe/stats_server.h"
 
 #include <poll.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/observe/stats_server.h: the opt-in stats endpoint (RuntimeOptions::stats_socket).
 //
 // A thread of its own ("cqd-stats") listens on a Unix stream socket and answers one client at a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tests/conformance/bed.h: what the S1-S14 conformance suite needs from a backend.
 //
 // The suite (conformance_suite.cc) drives the seam (runtime/backend/device.h) directly. A Bed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // The verbs rules S1-S14 of docs/DESIGN.md, as tests against the backend seam. Instantiated once
 // per backend (sim_conformance_test.cc here; the rxe instantiation runs the same tests on verbs).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Runs the S1-S14 conformance suite on real verbs: rxe in the VM (tools/vm), or the device named
 // by $CQD_RDMA_DEVICE on an RDMA host. Completions are made by real traffic: a second RC QP,
 // connected to the QP under test through the device's own GID, sends to it.

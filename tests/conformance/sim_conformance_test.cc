@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Runs the S1-S14 conformance suite on the simulated device.
 #include "cqd/sim.h"
 #include "gtest/gtest.h"

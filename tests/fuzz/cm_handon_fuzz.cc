@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // libFuzzer target for the CM hand-on rule (runtime/core/cm_router.h), on the rig of
 // tests/cm_handon_rig.h (the runtime's own pollers and consumers, made-up ids and events; the
 // simulated device has no rdma_cm, so no public call reaches this path without librdmacm).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-2-Clause
 """Prints a runtime_fuzz input (a corpus file or a crash-* artifact) as its operations."""
 import sys
 

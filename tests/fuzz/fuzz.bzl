@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """A libFuzzer target and its corpus replay test, from one library that defines
 LLVMFuzzerTestOneInput."""
 

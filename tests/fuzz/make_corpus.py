@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: BSD-2-Clause
 """Writes the seed corpus of //tests/fuzz:runtime_fuzz into tests/fuzz/corpus/.
 
 Each seed is 3 configuration bytes and then 3-byte operations (opcode, a, b); runtime_fuzz.cc

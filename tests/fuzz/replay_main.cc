@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // A main for runtime_fuzz.cc outside libFuzzer (gcc builds, sanitizer configs, CI): runs
 // LLVMFuzzerTestOneInput once on each file named on the command line, or on each file of each
 // directory named there. Prints one line per input; exits non-zero if there were no inputs (a

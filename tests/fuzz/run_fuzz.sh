@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Fuzzes the runtime for a bounded time: tests/fuzz/run_fuzz.sh [seconds, default 60] [target]
 #
 # `target` is runtime_fuzz (the default: the public API on the simulated device, seeds in

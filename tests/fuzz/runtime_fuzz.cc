@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // libFuzzer target: the input is a program of operations on one Runtime and one SimDevice, run on
 // the fuzzer's thread (which is also the engine thread of the engine-driven consumer) while the
 // runtime's pollers, event thread, teardown thread and (optionally) owned consumer run as usual.

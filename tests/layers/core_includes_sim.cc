@@ -1,2 +1,3 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Must not build: the core may not include a backend.
 #include "runtime/backend/sim/sim_device.h"

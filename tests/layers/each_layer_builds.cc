@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Must build: each layer with what it may include (so that the other targets here fail for
 // their include, not for a mistake of this package).
 #include "cqd/types.h"

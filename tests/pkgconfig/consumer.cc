@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tests/pkgconfig/consumer.cc: an engine built outside Bazel against the installed cqd
 // (g++ -std=c++20 consumer.cc $(pkg-config --cflags --libs cqd)); run by pkgconfig_test.sh.
 //

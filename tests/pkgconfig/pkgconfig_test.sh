@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # An engine that does not build with Bazel: installs the Bazel-built cqd_dist tree with
 # tools/install.sh (--from: no bazel inside bazel) under a temporary prefix, then builds
 # consumer.cc with plain g++ and pkg-config and runs it.

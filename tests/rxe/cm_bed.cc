@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "tests/rxe/cm_bed.h"
 
 #include <arpa/inet.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tests/rxe/cm_bed.h: what the rdma_cm tests on rxe share. A CmBed has a server and a client CM
 // channel, a listening id bound to the device's address (not yet listening), a runtime on that
 // device (librdmacm's context) with a PD, registered buffers and one CQ per poller; a

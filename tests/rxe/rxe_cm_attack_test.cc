@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Adversarial tests of connection management (rdma_cm) on rxe: sequences, through the public API
 // only, that a review found breaking what handler.h, runtime.h and README "Connection
 // management" promised; each FINDING below failed before the fix and guards it now.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Connection management through librdmacm on rxe: CM events reach the QP handler of a QP
 // registered with its rdma_cm_id, ordered with its completions; the rest reach the channel's
 // CmHandler. Server and client share the one device (cm_bed.h).

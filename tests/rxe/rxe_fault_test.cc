@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Real faults on real verbs (rxe in the VM): the link going down and up under traffic, a peer QP
 // failing or vanishing mid-traffic, drained teardown of RC and SRQ QPs, the CQ capacity guard
 // growing a CQ with ibv_resize_cq, and the device opened by a runtime that is shut down.

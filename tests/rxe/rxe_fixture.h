@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tests/rxe/rxe_fixture.h: the fixture of the tests that run cqd on real verbs (rxe in the VM, or
 // $CQD_RDMA_DEVICE on an RDMA host): a runtime on the device, a PD, registered buffers, CQs, and
 // connected RC QP pairs whose handlers keep everything they are given.

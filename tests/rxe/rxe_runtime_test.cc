@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // cqd end to end on real verbs (rxe in the VM, or $CQD_RDMA_DEVICE on an RDMA host), through the
 // public API only: RC QP pairs connected through the device's own GID.
 #include <endian.h>

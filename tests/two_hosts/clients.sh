@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Client half of the two-host example tests, run by busybox sh in run_two_vms.sh's client VM:
 # runs every command at once (each a client; "@SERVER" in it becomes $CQD_SERVER_ADDR), shows
 # each one's output as it comes with a "client N: " prefix, waits for all, and prints each one's

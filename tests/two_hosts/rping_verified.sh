@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Runs one unmodified rping client against the two-host server and judges it by what it verified.
 #
 #   rping_verified.sh COUNT SERVER PORT SIZE

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Server half of the two-host example tests, run by busybox sh in run_two_vms.sh's server VM.
 #
 #   server_side.sh 'SERVER ARGS...' ['LOCAL_CLIENT ARGS...' ['MUST_PRINT']]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Consumer (runtime/core/consumer.h): dispatch of lane ranges and of Items that travel alone,
 // across Dispatch calls whose `max` splits a range, with more Items queued between the calls.
 #include "runtime/core/consumer.h"

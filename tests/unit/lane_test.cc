@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Lane (runtime/core/lane.h): the ring a poller fills for one consumer. The spill's room and
 // fullness, FIFO order through PopFront, the ring edge (contiguous, IndexOf, wrap), the physical
 // bound that holds once entries are handed over but not released, Filter, and event entries.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Mailbox (runtime/base/mailbox.h): posted functions run on the owner, in order, exactly once;
 // before Open and after Close they run inline on the caller; a caller with a wait duty
 // (runtime/base/thread_role.h) serves it while it waits.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Parker (runtime/base/parker.h): Prepare / re-check / Cancel-or-Park. A Wake after Prepare makes
 // Park return; a parked thread is woken from another; one waker of many wins; the eventfd mode; no
 // lost wake-up over many ping-pong rounds.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // AckCounter (runtime/core/records.h): Add returns nothing below the threshold and the whole
 // count at or above it, TakeAll returns what is left, and with several threads adding at once
 // every event is returned exactly once.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Registry pieces (runtime/core/registry.h): the packed slot state and its helpers, SlotPool's
 // allocation, reuse and growth (read from another thread while it grows), Slot's checks, and
 // QpTable's qp_num -> Slot map across pages up to the 24-bit maximum, looked up concurrently.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """A second auto-configured C++ toolchain, with clang-14 as the compiler, for --config=fuzz.
 
 Bazel 4.2.3 configures @local_config_cc from the CC environment variable, so building with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """cqd_dist: the install tree of //:cqd for engines that do not build with Bazel.
 
 Lays out, under bazel-bin/<package>/<name>/:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "tools/rdma/verbs_util.h"
 
 #include <chrono>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // tools/rdma/verbs_util.h: plain verbs plumbing for the tests and benchmarks that run on rxe (or
 // a real device): open the device, register memory, create RC QPs and connect two of them to each
 // other on the same port (loopback through the device's own GID).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Puts Debian's stock kernel (the one linux-image-amd64 points at) and its modules under
 # $CQD_VM_DIR/root (default /var/cache/cqd-vm), for tools/vm/run_in_vm.sh. Idempotent.
 set -euo pipefail

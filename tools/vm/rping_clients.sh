@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Client half of //tools/vm:two_vm_rping_test, run by busybox sh in run_two_vms.sh's client VM.
 #
 #   rping_clients.sh [CLIENTS] [COUNT] [SIZE]      (defaults 3, 10, 100)

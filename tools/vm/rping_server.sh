@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Server half of //tools/vm:two_vm_rping_test, run by busybox sh in run_two_vms.sh's server VM.
 #
 #   rping_server.sh [CLIENTS] [SIZE]      (defaults 3, 100)

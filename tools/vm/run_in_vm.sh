@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Runs a program on rxe (soft-RoCE) inside a throwaway VM and reports its output and exit code.
 #
 #   tools/vm/run_in_vm.sh [--timeout SECONDS] [--with FILE]... [--fetch GUEST:HOST]...

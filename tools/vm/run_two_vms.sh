@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Runs a server program in one throwaway rxe VM and a client program in another, the two VMs
 # wired only to each other, and reports the outcome as an exit code.
 #
@@ -44,7 +45,7 @@ logs=${TEST_UNDECLARED_OUTPUTS_DIR:-}
 extra=()
 fetch_server=()
 fetch_client=()
-usage() { sed -n '5,8p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2; exit 2; }
+usage() { sed -n '6,9p' "${BASH_SOURCE[0]}" | sed 's/^# *//' >&2; exit 2; }
 while (( $# > 0 )); do
   case $1 in
     --timeout) timeout_s=$2; shift 2 ;;

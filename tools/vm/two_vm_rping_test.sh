@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # //tools/vm:two_vm_rping_test: Debian's unmodified rping (rdmacm-utils) between two rxe VMs
 # (run_two_vms.sh): a persistent rping server in one VM (rping_server.sh), 3 verifying rping
 # clients side by side in the other (rping_clients.sh), 10 pings of 100 bytes each.

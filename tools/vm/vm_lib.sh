@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 # Shared by run_in_vm.sh and run_two_vms.sh; sourced, not run. Builds the initramfs of a
 # throwaway rxe VM, gives the qemu command line that boots it, and reads its console back.
 #

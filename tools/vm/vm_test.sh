@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause
 # Bazel test wrapper: runs a GoogleTest binary on real verbs.
 #
 #   vm_test.sh BINARY [ARGS...]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/backend/sim/sim_device.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/backend/sim/sim_device.h: the simulated device behind the backend seam (internal).
 //
 // SimDeviceImpl is both the public cqd::SimDevice (what tests drive) and a backend::Device (what

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/backend/verbs/verbs_device.h"
 
 #include <cerrno>

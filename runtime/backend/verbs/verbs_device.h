@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // runtime/backend/verbs/verbs_device.h: the seam over libibverbs (rxe, mlx5, any rdma-core
 // provider).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Reproduction (found by //tests/fuzz:runtime_fuzz): after DestroyCq of an adopted CQ (release),
 // Stats::cq_events can stay above Stats::cq_acked_events for good, although every event was acked
 // on the device (its destroy does not hang).

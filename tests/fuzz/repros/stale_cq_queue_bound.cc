@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-2-Clause
 // Reproduction (found by //tests/fuzz:runtime_fuzz): completions left in a CQ by a QP that was
 // destroyed reach the consumer of a new QP that got the same qp_num on another CQ, and they are
 // queued there without regard to queue_capacity: ConsumerStats::high_water exceeds it before any

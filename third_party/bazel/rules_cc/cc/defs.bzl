@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Offline stand-in for @rules_cc: forwards to Bazel 4.2.3's native C++ rules."""
 
 def cc_library(**attrs):

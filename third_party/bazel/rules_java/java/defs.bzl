@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Offline stand-in for @rules_java: forwards to Bazel 4.2.3's native Java rules."""
 
 def java_import(**attrs):
