@@ -9,6 +9,9 @@ PACKAGES=(
   bazel-bootstrap        # Bazel 4.2.3; its deps pull in the system JDK the server runs on
   g++
   pkg-config             # cqd.pc consumers: //tests/pkgconfig:pkgconfig_test
+  cmake                  # ... find_package(cqd) there
+  ninja-build            # ... the CMake and Meson builds there
+  meson                  # ... dependency('cqd') there
   libibverbs-dev
   librdmacm-dev          # rdma_cm connection setup (the runtime's CM channel, the examples)
   rdmacm-utils           # rping, the interop client the blockd example serves

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
-# Checks that every source file git tracks (C++, shell, Python, gnuplot, Bazel, CI and config
-# files) names cqd's licence in an SPDX tag within its first three lines, and that the licence
-# text is at the root (LICENSE). Prints each file that lacks it; exits 1 if any does. CI runs it
+# Checks that every source file git tracks (C++, shell, Python, gnuplot, Bazel, CMake, linker
+# scripts, CI and config files) names cqd's licence in an SPDX tag within its first three lines,
+# and that the licence text is at the root (LICENSE). Prints each file that lacks it; exits 1 if any does. CI runs it
 # (tools/test.sh).
 #
 #   tools/check_spdx.sh
@@ -23,6 +23,7 @@ while IFS= read -r -d '' file; do
     status=1
   fi
 done < <(git ls-files -z -- '*.cc' '*.h' '*.sh' '*.py' '*.bzl' '*.gp' 'BUILD' '*/BUILD' \
-  '*.BUILD' 'WORKSPACE' '*/WORKSPACE' '.ci/run' '.bazelrc' '.clang-format' '.gitignore')
+  '*.BUILD' '*.cmake.in' '*.map' 'WORKSPACE' '*/WORKSPACE' '.ci/run' '.bazelrc' '.clang-format' \
+  '.gitignore')
 (( status == 0 )) && echo "check_spdx: $count files tagged"
 exit $status

@@ -1,37 +1,75 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
-# Installs cqd for engines that do not build with Bazel (docs/BUILDING_WITHOUT_BAZEL.md):
+# Installs cqd for engines that do not build with Bazel (docs/BUILDING_WITHOUT_BAZEL.md), or
+# removes what it installed:
 #
-#   tools/install.sh [--prefix DIR] [--from DIST_DIR]
+#   tools/install.sh [--prefix DIR] [--libdir DIR] [--from DIST_DIR]
+#   tools/install.sh --uninstall [--prefix DIR] [--libdir DIR]
 #
-# Builds //:cqd_dist with `bazel build -c opt` and installs, under DIR (default /usr/local):
-#   DIR/lib/libcqd.a  DIR/lib/pkgconfig/cqd.pc (prefix=DIR)  DIR/include/cqd/*.h
-# --from DIST_DIR skips the build and installs an already built cqd_dist tree (bazel-bin/cqd_dist,
-# or its runfiles in //tests/pkgconfig:pkgconfig_test, which runs this script inside Bazel).
-# DESTDIR, if set, is put in front of every installed path (packaging); cqd.pc still says DIR.
+# Builds //:cqd_dist with `bazel build -c opt` and installs, under PREFIX (default /usr/local) and
+# LIBDIR (default PREFIX/lib; a relative LIBDIR is taken under PREFIX, e.g. lib/x86_64-linux-gnu
+# or lib64):
+#   LIBDIR/libcqd.a
+#   LIBDIR/libcqd.so.X.Y.Z, with the links libcqd.so.X (the soname) and libcqd.so
+#   LIBDIR/pkgconfig/cqd.pc                       (pkg-config; also what Meson uses)
+#   LIBDIR/cmake/cqd/cqd{Config,ConfigVersion}.cmake  (find_package(cqd): cqd::cqd)
+#   PREFIX/include/cqd/*.h
+#   PREFIX/share/cqd/install_manifest.txt          (what --uninstall removes)
+# The version (X.Y.Z) comes from include/cqd/version.h. --from DIST_DIR skips the build and
+# installs an already built cqd_dist tree (bazel-bin/cqd_dist, or its runfiles in
+# //tests/pkgconfig:pkgconfig_test, which runs this script inside Bazel). DESTDIR, if set, is put
+# in front of every installed path (packaging); the files still name PREFIX and LIBDIR.
+# --uninstall removes the files the manifest lists, then the folders cqd made if they are empty.
 # BAZEL names the bazel command, startup options included (default: bazel), e.g.
 #   BAZEL="bazel --output_base=/tmp/bazel-x" tools/install.sh --prefix /opt/cqd
 set -euo pipefail
 
 usage() {
-  echo "usage: tools/install.sh [--prefix DIR] [--from DIST_DIR]" >&2
+  echo "usage: tools/install.sh [--uninstall] [--prefix DIR] [--libdir DIR] [--from DIST_DIR]" >&2
   exit 2
 }
 
 prefix=/usr/local
+libdir=
 from=
+uninstall=false
 while (( $# > 0 )); do
   case $1 in
     --prefix) (( $# >= 2 )) || usage; prefix=$2; shift 2 ;;
     --prefix=*) prefix=${1#--prefix=}; shift ;;
+    --libdir) (( $# >= 2 )) || usage; libdir=$2; shift 2 ;;
+    --libdir=*) libdir=${1#--libdir=}; shift ;;
     --from) (( $# >= 2 )) || usage; from=$2; shift 2 ;;
     --from=*) from=${1#--from=}; shift ;;
+    --uninstall) uninstall=true; shift ;;
     -h|--help) usage ;;
     *) echo "install.sh: unknown argument: $1" >&2; usage ;;
   esac
 done
 [[ -n $prefix ]] || usage
 prefix=$(realpath -m -- "$prefix")  # cqd.pc needs an absolute, clean prefix
+[[ -n $libdir ]] || libdir=lib
+[[ $libdir == /* ]] || libdir=$prefix/$libdir
+libdir=$(realpath -m -- "$libdir")
+root=${DESTDIR:-}
+manifest=$prefix/share/cqd/install_manifest.txt
+
+if $uninstall; then
+  if [[ ! -f $root$manifest ]]; then
+    echo "install.sh: no cqd installed under $root$prefix (no $root$manifest)" >&2
+    exit 1
+  fi
+  while IFS= read -r file; do
+    [[ $file == /* ]] || continue
+    rm -f -- "$root$file"
+  done <"$root$manifest"
+  rm -f -- "$root$manifest"
+  for dir in "$prefix/share/cqd" "$prefix/include/cqd" "$libdir/cmake/cqd"; do
+    rmdir -- "$root$dir" 2>/dev/null || true
+  done
+  echo "install.sh: removed cqd from $root$prefix"
+  exit 0
+fi
 
 if [[ -z $from ]]; then
   cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,21 +78,58 @@ if [[ -z $from ]]; then
   from="$("${bazel[@]}" info -c opt bazel-bin)/cqd_dist"
 fi
 
-for f in lib/libcqd.a lib/pkgconfig/cqd.pc include/cqd/runtime.h; do
+for f in lib/libcqd.a lib/pkgconfig/cqd.pc include/cqd/runtime.h include/cqd/version.h \
+         cmake/cqdConfig.cmake.in cmake/cqdConfigVersion.cmake.in; do
   if [[ ! -f $from/$f ]]; then
     echo "install.sh: $from is not a cqd_dist tree (no $f)" >&2
     exit 1
   fi
 done
+define() { sed -n "s/^#define $1 \\(.*\\)\$/\\1/p" "$from/include/cqd/version.h" | tr -d '"'; }
+major=$(define CQD_VERSION_MAJOR) minor=$(define CQD_VERSION_MINOR)
+version=$(define CQD_VERSION_STRING)
+[[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "install.sh: bad version '$version'" >&2; exit 1; }
 
-dest=${DESTDIR:-}$prefix
-install -d "$dest/lib/pkgconfig" "$dest/include/cqd"
-install -m 644 "$from/lib/libcqd.a" "$dest/lib/libcqd.a"
-# The built cqd.pc is relocatable (prefix=${pcfiledir}/../..); an installed one names its prefix.
-sed "s|^prefix=.*|prefix=$prefix|" "$from/lib/pkgconfig/cqd.pc" >"$dest/lib/pkgconfig/cqd.pc.tmp"
-chmod 644 "$dest/lib/pkgconfig/cqd.pc.tmp"
-mv "$dest/lib/pkgconfig/cqd.pc.tmp" "$dest/lib/pkgconfig/cqd.pc"
-install -m 644 "$from"/include/cqd/*.h "$dest/include/cqd/"
+installed=()
+put() {  # put MODE SOURCE DEST: copies a file (its target, for a link), replacing DEST atomically
+  install -D -m "$1" "$2" "$root$3.tmp"
+  mv -f "$root$3.tmp" "$root$3"
+  installed+=("$3")
+}
+fill() {  # fill TEMPLATE DEST SED_SCRIPT...: a template with its @NAMES@ replaced
+  local template=$1 dest=$2
+  shift 2
+  mkdir -p "$(dirname "$root$dest")"
+  sed "$@" "$template" >"$root$dest.tmp"
+  chmod 644 "$root$dest.tmp"
+  mv -f "$root$dest.tmp" "$root$dest"
+  installed+=("$dest")
+}
 
-echo "install.sh: installed cqd $(sed -n 's/^Version: //p' "$dest/lib/pkgconfig/cqd.pc") under $dest"
-echo "install.sh: PKG_CONFIG_PATH=$prefix/lib/pkgconfig pkg-config --cflags --libs cqd"
+put 644 "$from/lib/libcqd.a" "$libdir/libcqd.a"
+if [[ -f $from/shared/libcqd.so ]]; then  # none in sanitizer builds
+  put 755 "$from/shared/libcqd.so" "$libdir/libcqd.so.$version"
+  ln -sfn "libcqd.so.$version" "$root$libdir/libcqd.so.$major"
+  ln -sfn "libcqd.so.$major" "$root$libdir/libcqd.so"
+  installed+=("$libdir/libcqd.so.$major" "$libdir/libcqd.so")
+fi
+# The built cqd.pc is relocatable (prefix=${pcfiledir}/../..); an installed one names its prefix
+# and libdir.
+fill "$from/lib/pkgconfig/cqd.pc" "$libdir/pkgconfig/cqd.pc" \
+  -e "s|^prefix=.*|prefix=$prefix|" -e "s|^libdir=.*|libdir=$libdir|"
+cmake_dir=$libdir/cmake/cqd
+fill "$from/cmake/cqdConfig.cmake.in" "$cmake_dir/cqdConfig.cmake" \
+  -e "s|@LIBDIR_FROM_CONFIG@|$(realpath -m --relative-to="$cmake_dir" "$libdir")|" \
+  -e "s|@INCLUDEDIR_FROM_CONFIG@|$(realpath -m --relative-to="$cmake_dir" "$prefix/include")|" \
+  -e "s|@VERSION@|$version|g" -e "s|@VERSION_MAJOR@|$major|g"
+fill "$from/cmake/cqdConfigVersion.cmake.in" "$cmake_dir/cqdConfigVersion.cmake" \
+  -e "s|@VERSION@|$version|g" -e "s|@VERSION_MAJOR@|$major|g" -e "s|@VERSION_MINOR@|$minor|g"
+for header in "$from"/include/cqd/*.h; do
+  put 644 "$header" "$prefix/include/cqd/$(basename "$header")"
+done
+mkdir -p "$(dirname "$root$manifest")"
+printf '%s\n' "${installed[@]}" >"$root$manifest"
+
+echo "install.sh: installed cqd $version under $root$prefix (libraries in $root$libdir)"
+echo "install.sh: PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags --libs cqd"
+echo "install.sh: CMake: find_package(cqd) with CMAKE_PREFIX_PATH=$prefix"

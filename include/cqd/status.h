@@ -72,10 +72,9 @@ inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::mo
 // Returns kInternal with "<what>: <strerror(err)>".
 Status ErrnoStatus(std::string_view what, int err);
 
-namespace internal {
-// Writes "cqd: Result::value() of a failed result: <status>" to stderr and aborts.
+// Result's way out when a failed result's value is asked for: writes "cqd: Result::value() of a
+// failed result: <status>" to stderr and aborts. Any thread.
 [[noreturn]] void DieOnFailedResult(const Status& status) noexcept;
-}  // namespace internal
 
 // A value or a non-OK status.
 //
@@ -107,12 +106,12 @@ class [[nodiscard]] Result {
   T* Checked() {
     if (T* value = std::get_if<T>(&v_)) [[likely]]
       return value;
-    internal::DieOnFailedResult(*std::get_if<Status>(&v_));
+    DieOnFailedResult(*std::get_if<Status>(&v_));
   }
   const T* Checked() const {
     if (const T* value = std::get_if<T>(&v_)) [[likely]]
       return value;
-    internal::DieOnFailedResult(*std::get_if<Status>(&v_));
+    DieOnFailedResult(*std::get_if<Status>(&v_));
   }
 
   std::variant<T, Status> v_;

@@ -44,15 +44,11 @@ Status ErrnoStatus(std::string_view what, int err) {
   return Internal(std::string(what) + ": " + text);
 }
 
-namespace internal {
-
 void DieOnFailedResult(const Status& status) noexcept {
   const std::string text = status.ToString();
   std::fprintf(stderr, "cqd: Result::value() of a failed result: %s\n", text.c_str());
   std::fflush(stderr);
   std::abort();
 }
-
-}  // namespace internal
 
 }  // namespace cqd

@@ -9,11 +9,14 @@
 # Checks: the installed layout and cqd.pc (real prefix, pkg-config --validate, the version the
 # installed cqd/version.h defines, which the consumer also compares with cqd::Version()); that a
 # compiler below C++20 stops at the headers' #error, which says what is needed; that
-# the public headers do not need moodycamel; that the consumer builds and runs with
-#   g++ -std=c++20 consumer.cc $(pkg-config --cflags --libs --static cqd)
-# and with the non-static `pkg-config --libs cqd` too, printing "consumer: OK 2000 completions"
-# and exiting 0; and that every object in libcqd.a links with cqd.pc's libraries
-# (--whole-archive). In a sanitizer build (--config=asan/tsan/ubsan) the consumer is built with
+# the public headers do not need moodycamel and libcqd.a defines no sanitizer hook; libcqd.so's
+# soname, links and exports (the public API only); that the consumer builds and runs, printing
+# "consumer: OK 2000 completions" and exiting 0, linked four ways: g++ with
+#   -l:libcqd.a $(pkg-config --libs --static cqd)      (static)
+#   $(pkg-config --cflags --libs cqd)                  (libcqd.so)
+# CMake's find_package(cqd) with cqd::cqd (shared, and static with CQD_LINK_STATIC), and Meson's
+# dependency('cqd'); that find_package refuses the next MAJOR; that every object in libcqd.a
+# links with cqd.pc's libraries (--whole-archive); and install.sh's --libdir and --uninstall. In a sanitizer build (--config=asan/tsan/ubsan) the consumer is built with
 # the same -fsanitize options, as an engine linking that build's libcqd.a would have to be.
 set -euo pipefail
 export PATH="/usr/bin:/bin:${PATH:-}"
@@ -30,6 +33,12 @@ for f in "$@"; do
 done
 [[ -n $dist && -n $flags_file ]] || { echo "FAIL: no cqd_dist tree among: $*"; exit 1; }
 read -r -a sanitize <"$flags_file" || true
+if [[ " ${sanitize[*]} " == *thread* ]]; then
+  # libcqd.a carries no sanitizer hooks (checked below), so a TSan engine names cqd's one
+  # suppression itself, as docs/BUILDING_WITHOUT_BAZEL.md says.
+  echo "race:moodycamel::ConcurrentQueue*ExplicitProducer::enqueue_bulk" >"$TEST_TMPDIR/tsan.supp"
+  export TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}suppressions=$TEST_TMPDIR/tsan.supp"
+fi
 
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
@@ -76,6 +85,11 @@ while IFS= read -r line; do
     fail "unexpected include in a public header: $line"
 done < <(grep -h '^#include' "$prefix"/include/cqd/*.h)
 
+# ---- No sanitizer hooks in the library: they would collide with an engine's own. ----
+if hooks=$(nm -A "$prefix/lib/libcqd.a" 2>/dev/null | grep -E ' [TDRBVW] __(tsan|asan|lsan|ubsan|msan)_default'); then
+  fail "libcqd.a defines sanitizer hooks: $hooks"
+fi
+
 # ---- Below C++20 every public header stops at one clear #error. ----
 for h in "$prefix"/include/cqd/*.h; do
   rc=0
@@ -87,33 +101,153 @@ for h in "$prefix"/include/cqd/*.h; do
     "error: #error \"cqd needs C++20: compile with -std=c++20 (or -std=gnu++20, or later)\""
 done
 
+# ---- The shared library: soname, links, and only the public API exported. ----
+major=$(sed -n 's/^#define CQD_VERSION_MAJOR \([0-9]*\)$/\1/p' "$prefix/include/cqd/version.h")
+have_shared=false
+if (( ${#sanitize[@]} == 0 )); then  # sanitizer builds make no shared library
+  have_shared=true
+  so=$prefix/lib/libcqd.so.$version
+  [[ -f $so && ! -L $so ]] || fail "not installed as a file: $so"
+  expect_eq "libcqd.so.$major" "$(readlink "$prefix/lib/libcqd.so.$major")" "libcqd.so.$version"
+  expect_eq "libcqd.so" "$(readlink "$prefix/lib/libcqd.so")" "libcqd.so.$major"
+  expect_eq "libcqd.so's soname" \
+    "$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')" "libcqd.so.$major"
+  # Exported: functions and classes of namespace cqd whose names start with an upper-case letter
+  # (the public API), their type info and vtables. Not cqd::internal, cqd::sim_internal,
+  # cqd::backend, moodycamel, the standard library's instantiations or any sanitizer hook.
+  exported=$(nm -D --defined-only -C "$so" | cut -d' ' -f3- | sed 's/@@CQD_0$//')
+  outside=$(grep -v -E '^(cqd::[A-Z]|(typeinfo|typeinfo name|vtable) for cqd::[A-Z]|(non-)?virtual thunk to cqd::[A-Z]|CQD_0$)' <<<"$exported" || true)
+  [[ -z $outside ]] || fail "libcqd.so exports symbols outside the public API: $(head -5 <<<"$outside")"
+  if grep -E '^cqd::Result<|__(tsan|asan|lsan|ubsan)_default' <<<"$exported"; then
+    fail "libcqd.so exports Result instantiations or sanitizer hooks"
+  fi
+  for want in 'cqd::Runtime::Create(' 'cqd::Version()' 'cqd::DieOnFailedResult(' \
+              'cqd::SimDevice::Create(' 'cqd::StatusCodeName('; do
+    grep -qF "$want" <<<"$exported" || fail "libcqd.so does not export $want"
+  done
+  echo "ok: libcqd.so exports $(wc -l <<<"$exported") symbols, all public API"
+fi
+
 # ---- Build and run the consumer as an engine would. ----
 run_consumer() {  # run_consumer LABEL BINARY
   local out rc=0
-  out=$("$2" 2>&1) || rc=$?
+  out=$(LD_LIBRARY_PATH="$prefix/lib" "$2" 2>&1) || rc=$?
   echo "$out"
   expect_eq "$1: exit status" "$rc" 0
   expect_eq "$1: output" "$out" "consumer: OK 2000 completions"
 }
+needs_shared() {  # needs_shared LABEL BINARY WANT(true|false): whether it loads libcqd.so
+  local got=false
+  readelf -d "$2" | grep -q "NEEDED.*\[libcqd\.so\.$major\]" && got=true
+  expect_eq "$1: needs libcqd.so.$major" "$got" "$3"
+}
 
-# shellcheck disable=SC2046  # pkg-config's output is meant to be split
+# Static: the archive named explicitly, with what `pkg-config --static` lists beside it.
+static_libs=$(pkg-config --libs --static cqd)
+static_libs=${static_libs/-lcqd/-l:libcqd.a}
+# shellcheck disable=SC2086  # pkg-config's output is meant to be split
 g++ -std=c++20 -Wall -Wextra -Werror "${sanitize[@]}" "$consumer_cc" \
-  $(pkg-config --cflags --libs --static cqd) -o "$TEST_TMPDIR/consumer_static" ||
-  fail "g++ ... \$(pkg-config --cflags --libs --static cqd)"
-[[ -x $TEST_TMPDIR/consumer_static ]] && run_consumer "--static link" "$TEST_TMPDIR/consumer_static"
+  $(pkg-config --cflags cqd) $static_libs -o "$TEST_TMPDIR/consumer_static" ||
+  fail "g++ ... -l:libcqd.a \$(pkg-config --libs --static cqd)"
+if [[ -x $TEST_TMPDIR/consumer_static ]]; then
+  run_consumer "static link" "$TEST_TMPDIR/consumer_static"
+  needs_shared "static link" "$TEST_TMPDIR/consumer_static" false
+fi
 
+# Plain -lcqd: the shared library where there is one.
 # shellcheck disable=SC2046
 g++ -std=c++20 -Wall -Wextra -Werror "${sanitize[@]}" "$consumer_cc" \
   $(pkg-config --cflags --libs cqd) -o "$TEST_TMPDIR/consumer" ||
   fail "g++ ... \$(pkg-config --cflags --libs cqd)"
-[[ -x $TEST_TMPDIR/consumer ]] && run_consumer "plain link" "$TEST_TMPDIR/consumer"
+if [[ -x $TEST_TMPDIR/consumer ]]; then
+  run_consumer "plain link" "$TEST_TMPDIR/consumer"
+  needs_shared "plain link" "$TEST_TMPDIR/consumer" "$have_shared"
+fi
 
 # Every object of libcqd.a, used or not by this consumer, resolves with what cqd.pc lists.
-# shellcheck disable=SC2046
+libs=$(pkg-config --libs cqd)
+# shellcheck disable=SC2046,SC2086
 g++ -std=c++20 "${sanitize[@]}" "$consumer_cc" $(pkg-config --cflags cqd) \
-  -Wl,--whole-archive "$prefix/lib/libcqd.a" -Wl,--no-whole-archive $(pkg-config --libs cqd) \
+  -Wl,--whole-archive "$prefix/lib/libcqd.a" -Wl,--no-whole-archive ${libs/-lcqd/} \
   -o "$TEST_TMPDIR/consumer_whole" ||
   fail "libcqd.a linked whole needs libraries cqd.pc does not list"
+
+# ---- CMake: find_package(cqd) and cqd::cqd, shared and static. ----
+export HOME=$TEST_TMPDIR CXXFLAGS="${sanitize[*]}" LDFLAGS="${sanitize[*]}"
+mkdir -p "$TEST_TMPDIR/cmake_src"
+cp "$consumer_cc" "$TEST_TMPDIR/cmake_src/consumer.cc"
+cat >"$TEST_TMPDIR/cmake_src/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.18)
+project(consumer CXX)
+find_package(cqd ${version%.*} REQUIRED)
+if(NOT cqd_VERSION STREQUAL "$version")
+  message(FATAL_ERROR "cqd_VERSION is \${cqd_VERSION}")
+endif()
+add_executable(consumer consumer.cc)
+target_link_libraries(consumer PRIVATE cqd::cqd)
+CMAKE
+cmake_build() {  # cmake_build LABEL WANT_SHARED CMAKE_ARGS...
+  local label=$1 want=$2 dir="$TEST_TMPDIR/cmake_$1"
+  shift 2
+  if cmake -S "$TEST_TMPDIR/cmake_src" -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" "$@" \
+       >"$dir.log" 2>&1 && cmake --build "$dir" >>"$dir.log" 2>&1; then
+    run_consumer "cmake $label" "$dir/consumer"
+    needs_shared "cmake $label" "$dir/consumer" "$want"
+  else
+    cat "$dir.log"
+    fail "cmake $label: configure or build failed"
+  fi
+}
+cmake_build default "$have_shared"
+cmake_build static false -DCQD_LINK_STATIC=ON
+# A request for the next MAJOR is refused.
+mkdir -p "$TEST_TMPDIR/cmake_too_new"
+sed "s/find_package(cqd [0-9.]*/find_package(cqd $((major + 1)).0/" \
+  "$TEST_TMPDIR/cmake_src/CMakeLists.txt" >"$TEST_TMPDIR/cmake_too_new/CMakeLists.txt"
+cp "$consumer_cc" "$TEST_TMPDIR/cmake_too_new/consumer.cc"
+if cmake -S "$TEST_TMPDIR/cmake_too_new" -B "$TEST_TMPDIR/cmake_too_new/build" -G Ninja \
+     -DCMAKE_PREFIX_PATH="$prefix" >"$TEST_TMPDIR/cmake_too_new.log" 2>&1; then
+  fail "find_package(cqd $((major + 1)).0) accepted cqd $version"
+else
+  echo "ok: find_package(cqd $((major + 1)).0) refused"
+fi
+
+# ---- Meson: dependency('cqd') through cqd.pc. ----
+mkdir -p "$TEST_TMPDIR/meson_src"
+cp "$consumer_cc" "$TEST_TMPDIR/meson_src/consumer.cc"
+cat >"$TEST_TMPDIR/meson_src/meson.build" <<MESON
+project('consumer', 'cpp', default_options: ['cpp_std=c++20'])
+cqd = dependency('cqd', version: '>=$version')
+executable('consumer', 'consumer.cc', dependencies: cqd)
+MESON
+if meson setup "$TEST_TMPDIR/meson_build" "$TEST_TMPDIR/meson_src" >"$TEST_TMPDIR/meson.log" 2>&1 &&
+   ninja -C "$TEST_TMPDIR/meson_build" >>"$TEST_TMPDIR/meson.log" 2>&1; then
+  run_consumer "meson" "$TEST_TMPDIR/meson_build/consumer"
+  needs_shared "meson" "$TEST_TMPDIR/meson_build/consumer" "$have_shared"
+else
+  cat "$TEST_TMPDIR/meson.log"
+  fail "meson: setup or build failed"
+fi
+unset CXXFLAGS LDFLAGS
+
+# ---- --libdir (multiarch), then --uninstall leaves nothing behind. ----
+other="$TEST_TMPDIR/other"
+"$install_sh" --prefix "$other" --libdir lib/x86_64-linux-gnu --from "$dist" >/dev/null
+expect_eq "--libdir: cqd.pc libdir" \
+  "$(PKG_CONFIG_PATH=$other/lib/x86_64-linux-gnu/pkgconfig pkg-config --variable=libdir cqd)" \
+  "$other/lib/x86_64-linux-gnu"
+[[ -f $other/lib/x86_64-linux-gnu/libcqd.a && -f $other/lib/x86_64-linux-gnu/cmake/cqd/cqdConfig.cmake ]] ||
+  fail "--libdir: libcqd.a or the CMake config not under lib/x86_64-linux-gnu"
+[[ ! -e $other/lib/libcqd.a ]] || fail "--libdir: libcqd.a also under lib/"
+"$install_sh" --uninstall --prefix "$other" --libdir lib/x86_64-linux-gnu >/dev/null ||
+  fail "--uninstall failed"
+left=$(find "$other" \( -type f -o -type l \) | head -5)
+expect_eq "--uninstall: files left" "$left" ""
+if "$install_sh" --uninstall --prefix "$other" >/dev/null 2>&1; then
+  fail "--uninstall of nothing succeeded"
+else
+  echo "ok: --uninstall of nothing is refused"
+fi
 
 if (( failures > 0 )); then
   echo "pkgconfig_test: $failures failure(s)"

@@ -4,12 +4,15 @@
 Lays out, under bazel-bin/<package>/<name>/:
 
   lib/libcqd.a             every object file of the cc_library targets of this workspace that
-                           `deps` link (today //:cqd_internal and //:tsan_suppressions); a new
+                           `deps` link (today those of //:cqd); a new
                            runtime .cc file, or a new cc_library //:cqd depends on, is picked up
                            without editing this rule
   lib/pkgconfig/cqd.pc     pkg-config file; prefix=${pcfiledir}/../.., so the tree is relocatable
                            (tools/install.sh writes the real prefix instead)
   include/cqd/*.h          the public headers (`hdrs`)
+  cmake/*.cmake.in         the CMake package config's templates (`cmake_templates`)
+  shared/libcqd.so         the same objects as a shared library: soname libcqd.so.MAJOR, only
+                           what `version_script` names exported (not made in sanitizer builds)
 
 and, beside it, <name>.link_flags: the -fsanitize=... link options of the build configuration
 (empty in a plain build), which a consumer of a sanitizer build's libcqd.a must link with too.
@@ -76,6 +79,40 @@ def _cqd_dist_impl(ctx):
         progress_message = "Archiving %s" % archive.short_path,
     )
 
+    # shared/libcqd.so: the same objects as one shared library, its soname libcqd.so.MAJOR (from
+    # the version header), exporting only what the version script names. Not under lib/, so that
+    # -lcqd in the uninstalled tree keeps linking the archive; tools/install.sh installs it as
+    # libcqd.so.X.Y.Z with the libcqd.so.MAJOR and libcqd.so links. Sanitizer builds make none:
+    # their objects need the sanitizer's runtime in the executable, not in a library.
+    sanitizers = [f for f in ctx.fragments.cpp.linkopts if f.startswith("-fsanitize=")]
+    shared = []
+    if not sanitizers:
+        so = ctx.actions.declare_file(prefix + "shared/lib%s.so" % ctx.attr.library_name)
+        so_args = ctx.actions.args()
+        so_args.add_all([cc_toolchain.compiler_executable, ctx.file.version_header, so,
+                         ctx.file.version_script, ctx.attr.library_name])
+        so_args.add_all(objects)
+        so_args.add("--")
+        so_args.add_all(link_flags)
+        ctx.actions.run_shell(
+            inputs = depset(objects + [ctx.file.version_header, ctx.file.version_script],
+                            transitive = [cc_toolchain.all_files]),
+            outputs = [so],
+            arguments = [so_args],
+            command = """set -eu
+export PATH="/usr/bin:/bin:${PATH:-}"  # the compiler driver finds ld there
+cc=$1 header=$2 out=$3 map=$4 name=$5; shift 5
+objects=(); while [ "$1" != -- ]; do objects+=("$1"); shift; done; shift
+major=$(sed -n 's/^#define CQD_VERSION_MAJOR \\([0-9][0-9]*\\)$/\\1/p' "$header")
+test -n "$major"
+"$cc" -shared -o "$out" -Wl,-soname,lib$name.so.$major -Wl,--version-script="$map" \
+  -Wl,--no-undefined -Wl,--as-needed "${objects[@]}" "$@" -lstdc++ -lm
+""",
+            mnemonic = "CqdSharedLibrary",
+            progress_message = "Linking %s" % so.short_path,
+        )
+        shared.append(so)
+
     # lib/pkgconfig/cqd.pc
     requires = []
     libs = []
@@ -122,11 +159,17 @@ def _cqd_dist_impl(ctx):
         headers.append(out)
 
     # <name>.link_flags: what a consumer of this configuration's objects must link with.
-    sanitizers = [f for f in ctx.fragments.cpp.linkopts if f.startswith("-fsanitize=")]
     flags = ctx.actions.declare_file(ctx.label.name + ".link_flags")
     ctx.actions.write(flags, " ".join(sanitizers) + "\n")
 
-    files = [archive, pc] + headers
+    # cmake/*.cmake.in: the CMake package's templates, which tools/install.sh fills in.
+    cmake = []
+    for template in ctx.files.cmake_templates:
+        out = ctx.actions.declare_file(prefix + "cmake/" + template.basename)
+        ctx.actions.symlink(output = out, target_file = template)
+        cmake.append(out)
+
+    files = [archive, pc] + shared + headers + cmake
     return [DefaultInfo(
         files = depset(files + [flags]),
         runfiles = ctx.runfiles(files = files + [flags]),
@@ -142,6 +185,10 @@ cqd_dist = rule(
         "include_dir": attr.string(mandatory = True),
         # The header that defines CQD_VERSION_STRING (cqd/version.h).
         "version_header": attr.label(allow_single_file = [".h"], mandatory = True),
+        # The CMake package's templates (cqdConfig.cmake.in, cqdConfigVersion.cmake.in).
+        "cmake_templates": attr.label_list(allow_files = [".in"]),
+        # The linker version script of the shared library: what it exports.
+        "version_script": attr.label(allow_single_file = [".map"], mandatory = True),
         "description": attr.string(mandatory = True),
         # Link flag -> pkg-config module that provides it.
         "pc_modules": attr.string_dict(),
