@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
@@ -92,6 +93,26 @@ class BadCalls : public ::testing::Test {
 TEST_F(BadCalls, Devices) {
   EXPECT_EQ(rt_->AddSimDevice(nullptr).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(rt_->AddSimDevice(sim_).status().code(), StatusCode::kAlreadyExists);
+}
+
+// A device name nobody has fails with the names there are; on a machine with none at all (or no
+// RDMA in the kernel) the message says how to get one: rxe, and where the docs are.
+TEST_F(BadCalls, AMissingVerbsDeviceSaysWhatToDo) {
+  const Result<DeviceId> opened = rt_->OpenVerbsDevice("cqd_no_such_device");
+  ASSERT_FALSE(opened.ok());
+  const std::string message = opened.status().message();
+  EXPECT_TRUE(opened.status().code() == StatusCode::kNotFound ||
+              opened.status().code() == StatusCode::kInternal)
+      << opened.status().ToString();
+  const bool none_here = message.find("(devices: none)") != std::string::npos ||
+                         message.find("ibv_get_device_list") != std::string::npos;
+  if (none_here) {
+    EXPECT_NE(message.find("rdma link add rxe0 type rxe"), std::string::npos) << message;
+    EXPECT_NE(message.find("docs/RXE.md"), std::string::npos) << message;
+  } else {
+    EXPECT_NE(message.find("no RDMA device \"cqd_no_such_device\" (devices: "), std::string::npos)
+        << message;
+  }
 }
 
 TEST_F(BadCalls, Cqs) {

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Observability: Stats as JSON and Prometheus text, the poll -> dispatch latency histogram, the
 // stats endpoint on a Unix socket, and the log sink. Nothing here asserts on speed.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -360,6 +362,51 @@ std::string Ask(const std::string& path, const std::string& request, bool shut =
   return out;
 }
 
+// A TCP port nobody listens on now (the kernel's pick; free again once closed).
+int FreeTcpPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Sends `request` to 127.0.0.1:`port` (or [::1] with `v6`) and reads to EOF.
+std::string AskTcp(int port, const std::string& request, bool v6 = false) {
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (v6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(static_cast<uint16_t>(port));
+    a->sin6_addr = in6addr_loopback;
+    len = sizeof(*a);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    a->sin_port = htons(static_cast<uint16_t>(port));
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof(*a);
+  }
+  const int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    const std::string why = strerror(errno);
+    close(fd);
+    return "<connect failed: " + why + ">";
+  }
+  EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  std::string out = ReadAll(fd);
+  close(fd);
+  return out;
+}
+
 bool Exists(const std::string& path) {
   struct stat st;
   return lstat(path.c_str(), &st) == 0;
@@ -474,7 +521,32 @@ TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   ASSERT_EQ(samples["cqd_poller_completions_total"].size(), 2u);
   EXPECT_EQ(LabelOf(samples["cqd_poller_completions_total"][0], "poller"), "0");
   EXPECT_EQ(samples["cqd_poller_completions_total"][0].value_text, "18446744073709551615");
-  EXPECT_EQ(samples["cqd_poller_cpu"][0].value, 2);
+  // Placement ids are labels of info families, empty where there is none; no -1 gauges.
+  for (const char* gone : {"cqd_poller_cpu", "cqd_poller_numa_node", "cqd_cq_comp_vector",
+                           "cqd_consumer_cpu", "cqd_consumer_numa_node", "cqd_device_numa_node"}) {
+    EXPECT_EQ(samples.count(gone), 0u) << gone;
+  }
+  ASSERT_EQ(samples["cqd_poller_info"].size(), 2u);
+  EXPECT_EQ(samples["cqd_poller_info"][0].value, 1);
+  EXPECT_EQ(LabelOf(samples["cqd_poller_info"][0], "poller"), "0");
+  EXPECT_EQ(LabelOf(samples["cqd_poller_info"][0], "cpu"), "2");
+  EXPECT_EQ(LabelOf(samples["cqd_poller_info"][0], "numa_node"), "1");
+  EXPECT_EQ(LabelOf(samples["cqd_poller_info"][1], "cpu"), "");
+  EXPECT_EQ(LabelOf(samples["cqd_poller_info"][1], "numa_node"), "");
+  ASSERT_EQ(samples["cqd_cq_info"].size(), 1u);
+  EXPECT_EQ(LabelOf(samples["cqd_cq_info"][0], "cq"), "7");
+  EXPECT_EQ(LabelOf(samples["cqd_cq_info"][0], "comp_vector"), "3");
+  ASSERT_EQ(samples["cqd_consumer_info"].size(), 2u);
+  EXPECT_EQ(LabelOf(samples["cqd_consumer_info"][0], "cpu"), "5");
+  EXPECT_EQ(LabelOf(samples["cqd_consumer_info"][0], "numa_node"), "0");
+  EXPECT_EQ(LabelOf(samples["cqd_consumer_info"][1], "cpu"), "");
+  EXPECT_EQ(LabelOf(samples["cqd_consumer_info"][1], "numa_node"), "");
+  ASSERT_EQ(samples["cqd_device_info"].size(), 2u);
+  EXPECT_EQ(LabelOf(samples["cqd_device_info"][0], "numa_node"), "0");
+  EXPECT_EQ(LabelOf(samples["cqd_device_info"][1], "name"), "sim\"0\"");
+  EXPECT_EQ(LabelOf(samples["cqd_device_info"][1], "numa_node"), "");
+  ASSERT_EQ(samples["cqd_cqs"].size(), 1u);
+  EXPECT_EQ(samples["cqd_cqs"][0].value, 1);
   ASSERT_EQ(samples["cqd_cq_events_total"].size(), 1u);
   EXPECT_EQ(LabelOf(samples["cqd_cq_events_total"][0], "cq"), "7");
   EXPECT_EQ(LabelOf(samples["cqd_cq_events_total"][0], "shard"), "1");
@@ -488,16 +560,10 @@ TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   EXPECT_EQ(samples["cqd_uptime_seconds"][0].value_text, "12.345678901");
   EXPECT_EQ(samples["cqd_failed_fds_total"][0].value, 1);
   EXPECT_EQ(samples["cqd_cm_events_total"][0].value, 9);
-  EXPECT_EQ(samples["cqd_poller_numa_node"][0].value, 1);
-  EXPECT_EQ(samples["cqd_poller_numa_node"][1].value, -1);
-  EXPECT_EQ(samples["cqd_cq_comp_vector"][0].value, 3);
-  EXPECT_EQ(samples["cqd_consumer_cpu"][0].value, 5);
-  EXPECT_EQ(samples["cqd_consumer_numa_node"][1].value, -1);
   ASSERT_EQ(samples["cqd_device_comp_vectors"].size(), 2u);
   EXPECT_EQ(LabelOf(samples["cqd_device_comp_vectors"][0], "device"), "1");
   EXPECT_EQ(LabelOf(samples["cqd_device_comp_vectors"][0], "name"), "mlx5_0");
   EXPECT_EQ(samples["cqd_device_comp_vectors"][0].value, 8);
-  EXPECT_EQ(LabelOf(samples["cqd_device_numa_node"][1], "name"), "sim\"0\"");
   ASSERT_EQ(samples["cqd_placement_info"].size(), 1u);
   EXPECT_EQ(LabelOf(samples["cqd_placement_info"][0], "cpus"), "0-3,8-11");
 
@@ -524,6 +590,17 @@ TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   EXPECT_EQ(plain_text.find("latency"), std::string::npos);
   CheckPrometheus(plain_text);
   CheckPrometheus(StatsToPrometheus(Stats{}));
+
+  // Without the per-CQ families: no cq label anywhere, the totals still there.
+  Samples lean;
+  const std::string lean_text = StatsToPrometheus(s, {.per_cq = false});
+  CheckPrometheus(lean_text, &lean);
+  EXPECT_EQ(lean_text.find("cq=\""), std::string::npos);
+  EXPECT_EQ(lean.count("cqd_cq_events_total"), 0u);
+  EXPECT_EQ(lean.count("cqd_cq_info"), 0u);
+  EXPECT_EQ(lean["cqd_cqs"][0].value, 1);
+  EXPECT_EQ(lean.count("cqd_cq_events_all_total"), 1u);
+  EXPECT_EQ(lean["cqd_poller_completions_total"].size(), 2u);
 }
 
 // ---- the histogram ----
@@ -677,6 +754,7 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   uint64_t polled = 0;
   for (const Value& p : root->Get("pollers")->items) polled += p.U64("completions");
   EXPECT_EQ(polled, 200u);
+  EXPECT_EQ(root->U64("registrations"), 4u);
 
   // JSON when the client sends nothing and closes its side; and with an empty line.
   EXPECT_TRUE(json::Parse(Ask(options.stats_socket, "", /*shut=*/true), &error)) << error;
@@ -692,6 +770,8 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   EXPECT_EQ(LabelOf(samples["cqd_consumer_delivered_total"][0], "consumer"), "fast \"lane\"");
   EXPECT_EQ(samples["cqd_consumer_delivered_total"][0].value, 100);
   EXPECT_EQ(samples["cqd_consumer_latency_seconds_count"].size(), 1u);
+  ASSERT_EQ(samples["cqd_registrations"].size(), 1u);
+  EXPECT_EQ(samples["cqd_registrations"][0].value, 4);
 
   // HTTP, as curl --unix-socket sends it.
   const std::string http =
@@ -717,6 +797,124 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   CQD_ASSERT_OK(topo.rt->Shutdown());
   EXPECT_FALSE(Exists(options.stats_socket));
   EXPECT_LT(Connect(options.stats_socket), 0);
+}
+
+// Stats::registrations follows every way a registration begins and ends.
+TEST(Stats, CountLiveRegistrations) {
+  testing::OneQp bed;
+  CQD_ASSERT_OK(bed.Build());
+  EXPECT_EQ(bed.rt->GetStats().registrations, 0u);
+  SequenceHandler handlers[4];
+  std::vector<SimQp*> qps{bed.qp};
+  for (int i = 1; i < 4; ++i) {
+    CQD_ASSERT_OK_AND_ASSIGN(qp, bed.sim->CreateQp(bed.cq.sim(), bed.cq.sim()));
+    qps.push_back(qp);
+  }
+  std::vector<Registration> regs;
+  for (int i = 0; i < 4; ++i) {
+    handlers[i].qp_num = qps[i]->qp_num();
+    CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qps[i], handlers[i], 0));
+    regs.push_back(std::move(reg));
+  }
+  EXPECT_EQ(bed.rt->GetStats().registrations, 4u);
+  // A refused registration (the same QP twice) counts nothing.
+  SequenceHandler again;
+  EXPECT_FALSE(bed.rt->RegisterQp(*qps[0], again, 0).ok());
+  EXPECT_EQ(bed.rt->GetStats().registrations, 4u);
+  regs[0].Unregister();
+  EXPECT_EQ(bed.rt->GetStats().registrations, 3u);
+  regs[0].Unregister();  // a second time: a no-op
+  EXPECT_EQ(bed.rt->GetStats().registrations, 3u);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(regs[1]));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(bed.rt->GetStats().registrations, 2u);
+  { Registration gone = std::move(regs[2]); }  // destroyed: unregistered
+  EXPECT_EQ(bed.rt->GetStats().registrations, 1u);
+  EXPECT_NE(StatsToJson(bed.rt->GetStats()).find("\"registrations\":1,"), std::string::npos);
+  regs[3].Unregister();
+  EXPECT_EQ(bed.rt->GetStats().registrations, 0u);
+}
+
+// Prometheus scrapes the TCP listener directly; loopback only unless the engine says otherwise.
+TEST(StatsEndpoint, ServesPrometheusOverLoopbackTcp) {
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  RuntimeOptions options;
+  options.stats_tcp = "127.0.0.1:" + std::to_string(port);
+  options.stats_per_cq = false;
+  testing::OneQp bed;
+  CQD_ASSERT_OK(bed.Build(options));
+  SequenceHandler handler;
+  handler.qp_num = bed.qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*bed.qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(bed.qp, 0, 10));
+  ASSERT_TRUE(WaitFor([&] { return handler.received() == 10; }));
+
+  const std::string http = AskTcp(port, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(http.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << http.substr(0, 200);
+  const size_t header_end = http.find("\r\n\r\n");
+  ASSERT_NE(header_end, std::string::npos);
+  Samples samples;
+  CheckPrometheus(http.substr(header_end + 4), &samples);
+  EXPECT_EQ(samples["cqd_registrations"][0].value, 1);
+  EXPECT_EQ(samples["cqd_cqs"][0].value, 1);
+  EXPECT_EQ(samples["cqd_consumer_delivered_total"][0].value, 10);
+  EXPECT_EQ(samples.count("cqd_cq_completions_total"), 0u) << "stats_per_cq = false";
+  const std::string json_http = AskTcp(port, "GET /json HTTP/1.0\r\n\r\n");
+  ASSERT_EQ(json_http.rfind("HTTP/1.0 200 OK\r\n", 0), 0u);
+  std::optional<Value> root = json::Parse(json_http.substr(json_http.find("\r\n\r\n") + 4));
+  ASSERT_TRUE(root);
+  EXPECT_EQ(root->Get("cqs")->items.size(), 1u) << "JSON keeps the CQs";
+  // The plain protocol too.
+  EXPECT_TRUE(json::Parse(AskTcp(port, "json\n")));
+
+  // The port is taken: a second runtime on it fails to start.
+  RuntimeOptions twice;
+  twice.stats_tcp = options.stats_tcp;
+  EXPECT_EQ(Runtime::Create(twice).status().code(), StatusCode::kAlreadyExists);
+
+  reg.Unregister();
+  CQD_ASSERT_OK(bed.rt->Shutdown());
+  EXPECT_EQ(AskTcp(port, "json\n").rfind("<connect failed", 0), 0u) << "Shutdown closes it";
+}
+
+TEST(StatsEndpoint, TcpAddressesAreCheckedAndRemoteOnesRefusedUnlessAllowed) {
+  for (const char* bad :
+       {"localhost:9464", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:65536",
+        "127.0.0.1:12ab", "[::1]9464", "[::1:9464", ":9464", "300.0.0.1:9464"}) {
+    RuntimeOptions options;
+    options.stats_tcp = bad;
+    const Status s = Runtime::Create(options).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad << ": " << s.ToString();
+    EXPECT_NE(s.message().find("stats_tcp"), std::string::npos) << s.ToString();
+  }
+  for (const char* remote : {"0.0.0.0:9464", "10.1.2.3:9464", "[::]:9464", "[2001:db8::1]:9464"}) {
+    RuntimeOptions options;
+    options.stats_tcp = remote;
+    const Status s = Runtime::Create(options).status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << remote;
+    EXPECT_NE(s.message().find("stats_tcp_allow_remote"), std::string::npos) << s.ToString();
+  }
+  // Allowed: it binds (every interface here, reached through loopback).
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  RuntimeOptions options;
+  options.stats_tcp = "0.0.0.0:" + std::to_string(port);
+  options.stats_tcp_allow_remote = true;
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  EXPECT_TRUE(json::Parse(AskTcp(port, "json\n")));
+  CQD_ASSERT_OK(rt->Shutdown());
+  // IPv6 loopback, where this machine has it.
+  const int port6 = FreeTcpPort();
+  RuntimeOptions v6;
+  v6.stats_tcp = "[::1]:" + std::to_string(port6);
+  auto created = Runtime::Create(v6);
+  if (created.ok()) {
+    EXPECT_TRUE(json::Parse(AskTcp(port6, "json\n", /*v6=*/true)));
+  } else {
+    EXPECT_EQ(created.status().code(), StatusCode::kInternal) << created.status().ToString();
+    EXPECT_NE(created.status().message().find("bind"), std::string::npos);
+  }
 }
 
 TEST(StatsEndpoint, BadPathsFailCreate) {
@@ -895,8 +1093,72 @@ TEST(LogSink, HearsControlPathEvents) {
   bed.sim->FailGetEvent(channel, 0, 0);
 }
 
+// Runs `body` with stdout and stderr sent to a file; returns what was printed.
+std::string Printed(const std::function<void()>& body) {
+  fflush(stdout);
+  fflush(stderr);
+  const std::string capture = SocketPath("printed.txt");
+  const int file = open(capture.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (file < 0) return "open failed";
+  const int saved_out = dup(1);
+  const int saved_err = dup(2);
+  dup2(file, 1);
+  dup2(file, 2);
+  body();
+  fflush(stdout);
+  fflush(stderr);
+  dup2(saved_out, 1);
+  dup2(saved_err, 2);
+  close(saved_out);
+  close(saved_err);
+  close(file);
+  std::ifstream in(capture);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Builds a runtime with one simulated QP (which logs "device ... added as device 1" at info),
+// with CQD_LOG_LEVEL set to `level` (nullptr: unset) and no sink of the engine's unless `sink`.
+std::string PrintedWithLogLevel(const char* level, LogCollector* sink = nullptr) {
+  if (level != nullptr) {
+    setenv("CQD_LOG_LEVEL", level, 1);
+  } else {
+    unsetenv("CQD_LOG_LEVEL");
+  }
+  std::string printed = Printed([&] {
+    RuntimeOptions options;
+    if (sink != nullptr) options.log = sink->Sink();
+    testing::OneQp bed;
+    EXPECT_TRUE(bed.Build(options).ok());
+  });
+  unsetenv("CQD_LOG_LEVEL");
+  return printed;
+}
+
+TEST(LogSink, TheEnvironmentChoosesAStderrSink) {
+  EXPECT_EQ(PrintedWithLogLevel(nullptr), "");
+  EXPECT_EQ(PrintedWithLogLevel("off"), "");
+  EXPECT_EQ(PrintedWithLogLevel(""), "");
+  const std::string info = PrintedWithLogLevel("info");
+  EXPECT_EQ(info.rfind("cqd: info: device ", 0), 0u) << info;
+  EXPECT_NE(info.find(" added as device 1"), std::string::npos) << info;
+  EXPECT_EQ(info.back(), '\n');
+  EXPECT_NE(PrintedWithLogLevel("debug").find("cqd: info: device "), std::string::npos);
+  // Above the message's level: nothing.
+  EXPECT_EQ(PrintedWithLogLevel("warning"), "");
+  EXPECT_EQ(PrintedWithLogLevel("error"), "");
+  // A value it does not know is said once, and the log stays off.
+  EXPECT_EQ(PrintedWithLogLevel("loud"),
+            "cqd: CQD_LOG_LEVEL=loud is not one of debug, info, warning, error, off: the log "
+            "stays off\n");
+  // The engine's sink wins over the environment.
+  LogCollector engine;
+  EXPECT_EQ(PrintedWithLogLevel("debug", &engine), "");
+  EXPECT_TRUE(engine.Saw(LogLevel::kInfo, "added as device 1"));
+}
+
 // Without a sink the library writes nothing to stdout or stderr, even when things go wrong.
 TEST(LogSink, NothingIsPrintedWithoutOne) {
+  unsetenv("CQD_LOG_LEVEL");
   fflush(stdout);
   fflush(stderr);
   const std::string capture = SocketPath("captured.txt");

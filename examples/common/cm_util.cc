@@ -113,6 +113,11 @@ bool Engine::Start(const RuntimeOptions& options, int cq_depth, const std::strin
   if (context == nullptr) {
     fprintf(stderr, "no RDMA device%s%s among librdmacm's %d\n", name.empty() ? "" : " named ",
             name.c_str(), count);
+    if (count == 0) {
+      fprintf(stderr,
+              "this machine has no RDMA device: load rdma_rxe and add a soft-RoCE one over an "
+              "Ethernet interface (rdma link add rxe0 type rxe netdev eth0); see docs/RXE.md\n");
+    }
     return false;
   }
   auto rt = Runtime::Create(options);

@@ -92,7 +92,9 @@ struct RuntimeOptions {
   // vectors. Explicit CPUs and vectors always win. Stats reports what was decided. false: no
   // thread is moved, and comp_vector -1 means vector 0.
   bool auto_placement = true;
-  // Optional: where the runtime's log messages go (it prints nothing itself). Called on control
+  // Optional: where the runtime's log messages go. Unset, the environment decides: with
+  // CQD_LOG_LEVEL=debug, info, warning or error, messages at that level or above go to stderr,
+  // one line each ("cqd: info: ..."); unset or "off", the runtime prints nothing. Called on control
   // paths only, never by a poller or a consumer: from the thread making a control call, the
   // event thread, the teardown thread and the stats thread, possibly concurrently, so it must be
   // thread-safe. It must not block for long (it delays the event thread) and must not call the
@@ -110,6 +112,18 @@ struct RuntimeOptions {
   // write permission, so the default 0600 lets only the runtime's user read the stats. 0660
   // adds the group. kInvalidArgument unless at most 0777 with the owner's write bit.
   uint32_t stats_socket_mode = 0600;
+  // Optional: "ADDRESS:PORT" on which the same thread serves the same stats over TCP, for
+  // Prometheus to scrape directly (GET /metrics; / and /json give JSON). Numeric addresses only:
+  // IPv4 "127.0.0.1:9464" or IPv6 "[::1]:9464", PORT 1..65535. Empty: off. The stats carry no
+  // secrets but tell about the engine's load, and the listener has no authentication: an
+  // address that is not loopback is refused with kInvalidArgument unless
+  // stats_tcp_allow_remote is set. An address in use fails Runtime::Create (kAlreadyExists).
+  std::string stats_tcp;
+  bool stats_tcp_allow_remote = false;
+  // false: the endpoint's Prometheus text leaves out the per-CQ families (PrometheusOptions in
+  // cqd/stats_format.h): an engine with a CQ per connection otherwise makes series that come
+  // and go with its connections. The totals over all CQs are always there. JSON keeps them.
+  bool stats_per_cq = true;
 };
 
 // Per-CQ settings for Runtime::CreateCq and Runtime::AdoptCq.

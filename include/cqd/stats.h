@@ -90,6 +90,9 @@ struct DeviceStats {
 
 struct Stats {
   uint64_t uptime_ns = 0;  // steady-clock time from Runtime::Create to this snapshot
+  // QPs registered now: registrations that have not ended (by Unregister, the Registration's
+  // destructor, or the end of a TeardownQp). 0 once every registration ended: a leak check.
+  uint64_t registrations = 0;
   std::vector<PollerStats> pollers;
   std::vector<CqStats> cqs;
   std::vector<ConsumerStats> consumers;

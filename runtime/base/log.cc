@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/base/log.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
 #include "runtime/base/thread_role.h"
 
 namespace cqd {
@@ -30,6 +35,29 @@ void Logger::Log(LogLevel level, std::string_view message) const noexcept {
   } catch (...) {  // the engine's sink must not take a runtime thread down
   }
   tls_in_log_sink = outer;
+}
+
+std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
+  const char* value = std::getenv("CQD_LOG_LEVEL");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "off") return {};
+  std::optional<LogLevel> least;
+  for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
+    if (LogLevelName(level) == value) least = level;
+  }
+  if (!least) {
+    std::fprintf(stderr,
+                 "cqd: CQD_LOG_LEVEL=%s is not one of debug, info, warning, error, off: the log "
+                 "stays off\n",
+                 value);
+    return {};
+  }
+  return [least = *least](LogLevel level, std::string_view message) {
+    if (level < least) return;
+    const std::string_view name = LogLevelName(level);
+    // One call, so that concurrent messages do not interleave within a line.
+    std::fprintf(stderr, "cqd: %.*s: %.*s\n", static_cast<int>(name.size()), name.data(),
+                 static_cast<int>(message.size()), message.data());
+  };
 }
 
 }  // namespace internal

@@ -31,6 +31,12 @@ class Logger {
   const std::function<void(LogLevel, std::string_view)> sink_;
 };
 
+// The sink RuntimeOptions::log stands for when the engine gives none: with CQD_LOG_LEVEL set in
+// the environment to debug, info, warning or error, each message at that level or above goes to
+// stderr as one line, "cqd: <level>: <message>"; unset, empty or "off": none (an empty
+// function). Any other value is reported on stderr once per call and means off.
+std::function<void(LogLevel, std::string_view)> EnvironmentLogSink();
+
 }  // namespace cqd::internal
 
 #endif  // CQD_RUNTIME_BASE_LOG_H_

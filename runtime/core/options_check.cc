@@ -108,6 +108,11 @@ Status CheckOptions(const RuntimeOptions& o) {
       if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
     }
   }
+  if (!o.stats_tcp.empty()) {
+    if (Status s = StatsServer::CheckTcp(o.stats_tcp, o.stats_tcp_allow_remote); !s.ok()) {
+      return s;
+    }
+  }
   if (!o.stats_socket.empty()) {
     if (Status s = StatsServer::CheckPath(o.stats_socket); !s.ok()) return s;
   }

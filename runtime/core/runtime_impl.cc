@@ -42,7 +42,7 @@ Status RuntimeImpl::CheckCaller(const char* op) {
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     : options_(options),
       serial_(next_runtime_serial.fetch_add(1, std::memory_order_relaxed)),
-      log_(options.log),
+      log_(options.log ? options.log : EnvironmentLogSink()),
       slots_(options.max_registrations),
       orphans_(options.orphan_handler) {
   std::vector<Consumer*> consumers;
@@ -72,9 +72,12 @@ Status RuntimeImpl::Start() {
   if (Status s = events_->Start(); !s.ok()) return s;
   for (auto& poller : pollers_) poller->Start();
   teardowns_->Start();
-  if (!options_.stats_socket.empty()) {
+  if (!options_.stats_socket.empty() || !options_.stats_tcp.empty()) {
+    const StatsEndpointOptions endpoint{options_.stats_socket, options_.stats_socket_mode,
+                                        options_.stats_tcp, options_.stats_tcp_allow_remote,
+                                        options_.stats_per_cq};
     auto server = StatsServer::Start(
-        options_.stats_socket, options_.stats_socket_mode, [this] { return GetStats(); }, log_);
+        endpoint, [this] { return GetStats(); }, log_);
     if (!server.ok()) return server.status();
     stats_server_ = std::move(server).value();
   }
@@ -439,6 +442,7 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   device->qps.Set(qp_num, &slot);
   ++send->registered_qps;
   ++recv->registered_qps;
+  live_registrations_.fetch_add(1, std::memory_order_relaxed);
   return RegisteredQp{static_cast<uint32_t>(index), generation, qp_num};
 }
 
@@ -462,6 +466,7 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   if (ending != nullptr) KeepLeftovers(*ending, qp_num, cqs, commits);
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
+  live_registrations_.fetch_sub(1, std::memory_order_relaxed);
   DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
   for (int k = 0; k < 2; ++k) {
@@ -656,6 +661,7 @@ Stats RuntimeImpl::GetStats() const {
     stats.consumers.push_back(std::move(c));
   }
   placement_.FillStats(stats);
+  stats.registrations = live_registrations_.load(std::memory_order_relaxed);
   if (OnRuntimeThread() || InLogSink()) return stats;  // the CQ part needs the mutex
   std::lock_guard<ControlMutex> lock(mu_);
   cqs_.FillStats(stats);

@@ -9,6 +9,7 @@
 #ifndef CQD_RUNTIME_CORE_RUNTIME_IMPL_H_
 #define CQD_RUNTIME_CORE_RUNTIME_IMPL_H_
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -129,6 +130,8 @@ class RuntimeImpl final : private TeardownHost {
   mutable ControlMutex mu_;  // thread_role.h: served while a run-to-completion poller waits
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by mu_
+  // Registrations live now (Stats::registrations): written under mu_, read by GetStats anywhere.
+  std::atomic<uint64_t> live_registrations_{0};
   SlotPool slots_;
   OrphanSink orphans_;
   // Declared before the pollers and the event loop: their producer tokens must go first.

@@ -285,6 +285,8 @@ constexpr Field<Row> Ns(const char* json, const char* metric, const char* type, 
 constexpr Field<Stats> kTotalFields[] = {
     Ns<Stats>("uptime_ns", "cqd_uptime_seconds", "gauge", "Time since the runtime was created.",
               &Stats::uptime_ns),
+    U<Stats>("registrations", "cqd_registrations", "gauge",
+             "QPs registered now (registrations not yet ended).", &Stats::registrations),
     U<Stats>("orphans", "cqd_orphans_total", "counter",
              "Completions given to the orphan handler (or dropped if none).", &Stats::orphans),
     U<Stats>("async_events", "cqd_async_events_total", "counter", "Async events read from devices.",
@@ -304,18 +306,14 @@ constexpr Field<Stats> kTotalFields[] = {
 };
 
 constexpr Field<DeviceStats> kDeviceFields[] = {
-    I<DeviceStats>("numa_node", "cqd_device_numa_node",
-                   "NUMA node of the device, -1 if unknown or none.", &DeviceStats::numa_node),
+    I<DeviceStats>("numa_node", nullptr, nullptr, &DeviceStats::numa_node),  // cqd_device_info
     I<DeviceStats>("comp_vectors", "cqd_device_comp_vectors", "Completion vectors of the device.",
                    &DeviceStats::comp_vectors),
 };
 
 constexpr Field<PollerStats> kPollerFields[] = {
-    I<PollerStats>("cpu", "cqd_poller_cpu", "CPU the poller is pinned to, -1 if not pinned.",
-                   &PollerStats::cpu),
-    I<PollerStats>("numa_node", "cqd_poller_numa_node",
-                   "NUMA node whose CPUs auto_placement confined the poller to, -1 if none.",
-                   &PollerStats::numa_node),
+    I<PollerStats>("cpu", nullptr, nullptr, &PollerStats::cpu),  // cqd_poller_info
+    I<PollerStats>("numa_node", nullptr, nullptr, &PollerStats::numa_node),
     U<PollerStats>("polls", "cqd_poller_polls_total", "counter", "Poll calls on CQs.",
                    &PollerStats::polls),
     U<PollerStats>("empty_polls", "cqd_poller_empty_polls_total", "counter",
@@ -338,10 +336,8 @@ constexpr Field<PollerStats> kPollerFields[] = {
 };
 
 constexpr Field<CqStats> kCqFields[] = {
-    I<CqStats>("shard", nullptr, nullptr, &CqStats::shard),  // a label in Prometheus
-    I<CqStats>("comp_vector", "cqd_cq_comp_vector",
-               "Completion vector the CQ was created on, -1 if the engine created it.",
-               &CqStats::comp_vector),
+    I<CqStats>("shard", nullptr, nullptr, &CqStats::shard),              // a label in Prometheus
+    I<CqStats>("comp_vector", nullptr, nullptr, &CqStats::comp_vector),  // cqd_cq_info
     U<CqStats>("completions", "cqd_cq_completions_total", "counter",
                "Completions polled from this CQ.", &CqStats::completions),
     U<CqStats>("events", "cqd_cq_events_total", "counter", "Completion events read for this CQ.",
@@ -355,11 +351,8 @@ constexpr Field<CqStats> kCqFields[] = {
 };
 
 constexpr Field<ConsumerStats> kConsumerFields[] = {
-    I<ConsumerStats>("cpu", "cqd_consumer_cpu",
-                     "CPU the consumer's thread is pinned to, -1 if none.", &ConsumerStats::cpu),
-    I<ConsumerStats>("numa_node", "cqd_consumer_numa_node",
-                     "NUMA node whose CPUs auto_placement confined the consumer to, -1 if none.",
-                     &ConsumerStats::numa_node),
+    I<ConsumerStats>("cpu", nullptr, nullptr, &ConsumerStats::cpu),  // cqd_consumer_info
+    I<ConsumerStats>("numa_node", nullptr, nullptr, &ConsumerStats::numa_node),
     U<ConsumerStats>("delivered", "cqd_consumer_delivered_total", "counter",
                      "Completions handed to handlers.", &ConsumerStats::delivered),
     U<ConsumerStats>("async_events", "cqd_consumer_async_events_total", "counter",
@@ -452,6 +445,19 @@ void AppendLatencyHistograms(PromWriter& w, const std::vector<ConsumerStats>& co
   }
 }
 
+// An id label's value: the number, or empty for -1 (none); Prometheus treats an empty label
+// as absent.
+std::string Id(int value) { return value < 0 ? std::string() : std::to_string(value); }
+
+// One info family (always 1 per row), whose labels carry what is an id rather than a quantity.
+template <typename Row, typename Labels>
+void AppendInfo(PromWriter& w, const char* metric, const char* help, const std::vector<Row>& rows,
+                Labels&& labels) {
+  if (rows.empty()) return;
+  w.Family(metric, "gauge", help);
+  for (size_t i = 0; i < rows.size(); ++i) w.U64(metric, labels(i), 1);
+}
+
 void AppendStatsJson(std::string& out, const Stats& s) {
   JsonObject root(out);
   AppendJsonFields(root, s, kTotalFields);
@@ -506,18 +512,50 @@ std::string StatsToJson(const Stats& s) {
   return out;
 }
 
-std::string StatsToPrometheus(const Stats& s) {
+std::string StatsToPrometheus(const Stats& s, const PrometheusOptions& options) {
   std::string out;
   out.reserve(4096 + 600 * (s.pollers.size() + s.cqs.size()) + 3000 * s.consumers.size());
   PromWriter w(out);
   AppendPromFamilies(w, {&s, 1}, kTotalFields, [](size_t) { return std::vector<Label>{}; });
+  w.Family("cqd_cqs", "gauge", "CQs the runtime polls now (0 in a snapshot without CQs).");
+  w.U64("cqd_cqs", {}, s.cqs.size());
   AppendPromFamilies(w, s.pollers, kPollerFields, PollerLabels);
-  AppendPromFamilies(w, s.cqs, kCqFields, [&](size_t i) { return CqLabels(s.cqs[i]); });
+  AppendInfo(w, "cqd_poller_info", "Always 1; the poller's CPU and NUMA node, empty if none.",
+             s.pollers, [&](size_t i) {
+               std::vector<Label> labels = PollerLabels(i);
+               labels.push_back({"cpu", Id(s.pollers[i].cpu)});
+               labels.push_back({"numa_node", Id(s.pollers[i].numa_node)});
+               return labels;
+             });
+  if (options.per_cq) {
+    AppendPromFamilies(w, s.cqs, kCqFields, [&](size_t i) { return CqLabels(s.cqs[i]); });
+    AppendInfo(w, "cqd_cq_info",
+               "Always 1; the CQ's completion vector, empty if the engine created the CQ.", s.cqs,
+               [&](size_t i) {
+                 std::vector<Label> labels = CqLabels(s.cqs[i]);
+                 labels.push_back({"comp_vector", Id(s.cqs[i].comp_vector)});
+                 return labels;
+               });
+  }
   AppendPromFamilies(w, s.consumers, kConsumerFields,
                      [&](size_t i) { return ConsumerLabels(s.consumers[i], i); });
+  AppendInfo(w, "cqd_consumer_info",
+             "Always 1; the consumer thread's CPU and NUMA node, empty if none.", s.consumers,
+             [&](size_t i) {
+               std::vector<Label> labels = ConsumerLabels(s.consumers[i], i);
+               labels.push_back({"cpu", Id(s.consumers[i].cpu)});
+               labels.push_back({"numa_node", Id(s.consumers[i].numa_node)});
+               return labels;
+             });
   AppendLatencyHistograms(w, s.consumers);
   AppendPromFamilies(w, s.devices, kDeviceFields,
                      [&](size_t i) { return DeviceLabels(s.devices[i]); });
+  AppendInfo(w, "cqd_device_info", "Always 1; the device's NUMA node, empty if unknown or none.",
+             s.devices, [&](size_t i) {
+               std::vector<Label> labels = DeviceLabels(s.devices[i]);
+               labels.push_back({"numa_node", Id(s.devices[i].numa_node)});
+               return labels;
+             });
   if (!s.placement_cpus.empty()) {
     w.Family("cqd_placement_info", "gauge",
              "Always 1; cpus is the cpulist auto_placement confined threads to.");

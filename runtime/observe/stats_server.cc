@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/observe/stats_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -68,26 +70,130 @@ Status StatsServer::CheckPath(const std::string& path) {
   return Status::Ok();
 }
 
-StatsServer::StatsServer(std::string path, std::function<Stats()> snapshot, const Logger& log)
-    : path_(std::move(path)), snapshot_(std::move(snapshot)), log_(log) {}
+namespace {
 
-Result<std::unique_ptr<StatsServer>> StatsServer::Start(const std::string& path, uint32_t mode,
+// A parsed RuntimeOptions::stats_tcp.
+struct TcpAddress {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  bool loopback = false;
+};
+
+Result<TcpAddress> ParseTcp(const std::string& text) {
+  const std::string what = "stats_tcp \"" + text + "\"";
+  std::string host;
+  std::string port;
+  if (!text.empty() && text[0] == '[') {
+    const size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return InvalidArgument(what + ": an IPv6 address is written [ADDRESS]:PORT");
+    }
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos) {
+      return InvalidArgument(what + ": expected ADDRESS:PORT, e.g. 127.0.0.1:9464");
+    }
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+      std::stoi(port) > 65535) {
+    return InvalidArgument(what + ": the port must be a number from 1 to 65535");
+  }
+  TcpAddress out;
+  const uint16_t net_port = htons(static_cast<uint16_t>(std::stoi(port)));
+  in_addr v4{};
+  in6_addr v6{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    auto* sin = reinterpret_cast<sockaddr_in*>(&out.addr);
+    sin->sin_family = AF_INET;
+    sin->sin_port = net_port;
+    sin->sin_addr = v4;
+    out.len = sizeof(sockaddr_in);
+    out.loopback = (ntohl(v4.s_addr) >> 24) == 127;
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    auto* sin6 = reinterpret_cast<sockaddr_in6*>(&out.addr);
+    sin6->sin6_family = AF_INET6;
+    sin6->sin6_port = net_port;
+    sin6->sin6_addr = v6;
+    out.len = sizeof(sockaddr_in6);
+    out.loopback =
+        IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  } else {
+    return InvalidArgument(
+        what + ": \"" + host +
+        "\" is not a numeric IPv4 or IPv6 address (host names are not looked up)");
+  }
+  return out;
+}
+
+}  // namespace
+
+Status StatsServer::CheckTcp(const std::string& address, bool allow_remote) {
+  Result<TcpAddress> parsed = ParseTcp(address);
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->loopback && !allow_remote) {
+    return InvalidArgument("stats_tcp \"" + address +
+                           "\" is not a loopback address: whoever can reach it reads the stats, "
+                           "unauthenticated; set stats_tcp_allow_remote to serve it anyway");
+  }
+  return Status::Ok();
+}
+
+StatsServer::StatsServer(const StatsEndpointOptions& options, std::function<Stats()> snapshot,
+                         const Logger& log)
+    : path_(options.unix_path),
+      what_(!options.unix_path.empty() ? "stats_socket " + options.unix_path
+                                       : "stats_tcp " + options.tcp),
+      per_cq_(options.per_cq),
+      snapshot_(std::move(snapshot)),
+      log_(log) {}
+
+Result<std::unique_ptr<StatsServer>> StatsServer::Start(const StatsEndpointOptions& options,
                                                         std::function<Stats()> snapshot,
                                                         const Logger& log) {
-  if (Status s = CheckPath(path); !s.ok()) return s;
-  if (path.empty()) return InvalidArgument("stats_socket is empty");
-  std::unique_ptr<StatsServer> server(new StatsServer(path, std::move(snapshot), log));
-  const std::string what = "stats_socket " + path;
+  if (options.unix_path.empty() && options.tcp.empty()) {
+    return InvalidArgument("stats endpoint: neither stats_socket nor stats_tcp is set");
+  }
+  if (!options.unix_path.empty()) {
+    if (Status s = CheckPath(options.unix_path); !s.ok()) return s;
+  }
+  if (!options.tcp.empty()) {
+    if (Status s = CheckTcp(options.tcp, options.tcp_allow_remote); !s.ok()) return s;
+  }
+  std::unique_ptr<StatsServer> server(new StatsServer(options, std::move(snapshot), log));
   server->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (server->wake_fd_ < 0) return ErrnoStatus(what + ": eventfd", errno);
-  server->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (server->listen_fd_ < 0) return ErrnoStatus(what + ": socket", errno);
+  if (server->wake_fd_ < 0) return ErrnoStatus(server->what_ + ": eventfd", errno);
+  if (!options.unix_path.empty()) {
+    if (Status s = server->ListenUnix(options.unix_mode); !s.ok()) {
+      server->Stop();  // removes the file if it made one
+      return s;
+    }
+  }
+  if (!options.tcp.empty()) {
+    if (Status s = server->ListenTcp(options.tcp); !s.ok()) {
+      server->Stop();
+      return s;
+    }
+  }
+  server->thread_ = std::thread([s = server.get()] { s->Run(); });
+  return server;
+}
+
+Status StatsServer::ListenUnix(uint32_t mode) {
+  const std::string& path = path_;
+  const std::string what = "stats_socket " + path;
+  unix_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (unix_fd_ < 0) return ErrnoStatus(what + ": socket", errno);
   const sockaddr_un addr = Address(path);
   const auto* sa = reinterpret_cast<const sockaddr*>(&addr);
   // The file bind creates takes the socket's mode (less the umask): set it first, so that no
   // other user can connect in between; chmod after bind then sets exactly `mode`.
-  if (fchmod(server->listen_fd_, mode) != 0) return ErrnoStatus(what + ": fchmod", errno);
-  if (bind(server->listen_fd_, sa, sizeof(addr)) != 0) {
+  if (fchmod(unix_fd_, mode) != 0) return ErrnoStatus(what + ": fchmod", errno);
+  if (bind(unix_fd_, sa, sizeof(addr)) != 0) {
     const int err = errno;
     if (err != EADDRINUSE) return ErrnoStatus(what + ": bind", err);
     // Something is there. Replace it only if it is a socket nobody listens on (a runtime that
@@ -106,27 +212,37 @@ Result<std::unique_ptr<StatsServer>> StatsServer::Start(const std::string& path,
       return AlreadyExists(what + ": another process serves this socket");
     }
     if (unlink(path.c_str()) != 0) return ErrnoStatus(what + ": unlink (stale socket)", errno);
-    if (bind(server->listen_fd_, sa, sizeof(addr)) != 0) return ErrnoStatus(what + ": bind", errno);
-    log.Info(what + ": replaced a stale socket file");
-  }
-  if (chmod(path.c_str(), mode) != 0) {
-    Status s = ErrnoStatus(what + ": chmod", errno);
-    server->Stop();  // removes the file
-    return s;
+    if (bind(unix_fd_, sa, sizeof(addr)) != 0) return ErrnoStatus(what + ": bind", errno);
+    log_.Info(what + ": replaced a stale socket file");
   }
   struct stat st;
-  if (stat(path.c_str(), &st) == 0) {
-    server->dev_ = st.st_dev;
-    server->ino_ = st.st_ino;
+  if (stat(path.c_str(), &st) == 0) {  // ours from here on: Stop removes it
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
   }
-  if (listen(server->listen_fd_, 64) != 0) {
-    Status s = ErrnoStatus(what + ": listen", errno);
-    server->Stop();  // removes the file
-    return s;
+  if (chmod(path.c_str(), mode) != 0) return ErrnoStatus(what + ": chmod", errno);
+  if (listen(unix_fd_, 64) != 0) return ErrnoStatus(what + ": listen", errno);
+  log_.Info(what + ": serving stats");
+  return Status::Ok();
+}
+
+Status StatsServer::ListenTcp(const std::string& address) {
+  const std::string what = "stats_tcp " + address;
+  Result<TcpAddress> parsed = ParseTcp(address);
+  if (!parsed.ok()) return parsed.status();
+  tcp_fd_ = socket(parsed->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (tcp_fd_ < 0) return ErrnoStatus(what + ": socket", errno);
+  const int one = 1;
+  // A restarted engine binds again at once, past its old connections' TIME_WAIT.
+  (void)setsockopt(tcp_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(tcp_fd_, reinterpret_cast<const sockaddr*>(&parsed->addr), parsed->len) != 0) {
+    const int err = errno;
+    if (err == EADDRINUSE) return AlreadyExists(what + ": the address is in use");
+    return ErrnoStatus(what + ": bind", err);
   }
-  server->thread_ = std::thread([s = server.get()] { s->Run(); });
-  log.Info(what + ": serving stats");
-  return server;
+  if (listen(tcp_fd_, 64) != 0) return ErrnoStatus(what + ": listen", errno);
+  log_.Info(what + ": serving stats");
+  return Status::Ok();
 }
 
 StatsServer::~StatsServer() { Stop(); }
@@ -139,14 +255,15 @@ void StatsServer::Stop() {
     }
     thread_.join();
   }
-  if (listen_fd_ >= 0) {
-    // Remove the file only if it is still the one we bound.
-    struct stat st;
-    if (ino_ != 0 && stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
-      unlink(path_.c_str());
-    }
-    close(listen_fd_);
-    listen_fd_ = -1;
+  // Remove the file only if it is still the one we bound.
+  struct stat st;
+  if (ino_ != 0 && stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
+    unlink(path_.c_str());
+  }
+  ino_ = 0;
+  for (int* fd : {&unix_fd_, &tcp_fd_}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
   }
   if (wake_fd_ >= 0) {
     close(wake_fd_);
@@ -166,28 +283,33 @@ void StatsServer::Run() {
   PinAndNameThread(-1, "cqd-stats");
   bool failing = false;  // accept is failing: logged once per streak
   while (!stop_.load(std::memory_order_acquire)) {
-    if (Wait(listen_fd_, POLLIN, -1) < 0) {
-      if (stop_.load(std::memory_order_acquire)) return;
+    pollfd fds[3] = {{wake_fd_, POLLIN, 0}, {unix_fd_, POLLIN, 0}, {tcp_fd_, POLLIN, 0}};
+    const int n = poll(fds, 3, -1);  // a negative fd is ignored
+    if (stop_.load(std::memory_order_acquire) || (n > 0 && fds[0].revents != 0)) return;
+    if (n < 0) {
       // poll itself failed (ENOMEM): back off without it
-      std::this_thread::sleep_for(std::chrono::milliseconds(kBackoffMs));
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(kBackoffMs));
       continue;
     }
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) continue;
-      if (!failing && log_.enabled()) {
-        log_.Warning("stats_socket " + path_ + ": accept: " + strerror(err) + "; retrying every " +
-                     std::to_string(kBackoffMs) + " ms");
+    for (int k = 1; k < 3; ++k) {
+      if (fds[k].fd < 0 || fds[k].revents == 0) continue;
+      const int fd = accept4(fds[k].fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        const int err = errno;
+        if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) continue;
+        if (!failing && log_.enabled()) {
+          log_.Warning(what_ + ": accept: " + strerror(err) + "; retrying every " +
+                       std::to_string(kBackoffMs) + " ms");
+        }
+        failing = true;
+        Wait(-1, 0, kBackoffMs);
+        continue;
       }
-      failing = true;
-      Wait(-1, 0, kBackoffMs);
-      continue;
+      failing = false;
+      Serve(fd);
+      close(fd);
+      served_.fetch_add(1, std::memory_order_relaxed);
     }
-    failing = false;
-    Serve(fd);
-    close(fd);
-    served_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -232,7 +354,8 @@ void StatsServer::Serve(int fd) {
       if (method != "GET") {
         response = HttpResponse("405 Method Not Allowed", "text/plain", "only GET\n");
       } else if (target == "/metrics") {
-        response = HttpResponse("200 OK", kPrometheusType, StatsToPrometheus(snapshot_()));
+        response = HttpResponse("200 OK", kPrometheusType,
+                                StatsToPrometheus(snapshot_(), {.per_cq = per_cq_}));
       } else if (target == "/" || target == "/json") {
         response = HttpResponse("200 OK", "application/json", StatsToJson(snapshot_()) + "\n");
       } else {
@@ -242,12 +365,12 @@ void StatsServer::Serve(int fd) {
     } else if (line.empty() || line == "json") {
       response = StatsToJson(snapshot_()) + "\n";
     } else if (line == "prometheus") {
-      response = StatsToPrometheus(snapshot_());
+      response = StatsToPrometheus(snapshot_(), {.per_cq = per_cq_});
     } else {
       response = "error: unknown request (json|prometheus)\n";
     }
   } catch (const std::exception& e) {  // out of memory: drop this client, keep serving
-    if (log_.enabled()) log_.Error("stats_socket " + path_ + ": " + e.what());
+    if (log_.enabled()) log_.Error(what_ + ": " + e.what());
     return;
   }
 
@@ -266,9 +389,8 @@ void StatsServer::Serve(int fd) {
     if (ready < 0) return;
     if (ready == 0 && Clock::now() >= stall_deadline) {
       if (log_.enabled()) {
-        log_.Log(LogLevel::kDebug, "stats_socket " + path_ + ": dropped a client that read " +
-                                       std::to_string(sent) + " of " +
-                                       std::to_string(response.size()) + " bytes in time");
+        log_.Log(LogLevel::kDebug, what_ + ": dropped a client that read " + std::to_string(sent) +
+                                       " of " + std::to_string(response.size()) + " bytes in time");
       }
       return;
     }

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/observe/stats_server.h: the opt-in stats endpoint (RuntimeOptions::stats_socket).
+// runtime/observe/stats_server.h: the opt-in stats endpoint (RuntimeOptions::stats_socket and
+// stats_tcp).
 //
-// A thread of its own ("cqd-stats") listens on a Unix stream socket and answers one client at a
-// time, then closes the connection. The data path never waits for it: it takes a snapshot with
-// Runtime::GetStats (relaxed loads, plus the control mutex for the CQ part) and formats it with
-// cqd/stats_format.h.
+// A thread of its own ("cqd-stats") listens on a Unix stream socket, a TCP socket, or both, and
+// answers one client at a time, then closes the connection. The data path never waits for it: it
+// takes a snapshot with Runtime::GetStats (relaxed loads, plus the control mutex for the CQ part)
+// and formats it with cqd/stats_format.h.
 //
 // Protocol. The client may send one request line (at most 255 bytes, "\n" or "\r\n" ended):
 //   "json" or an empty line   -> the JSON of StatsToJson, then "\n"
@@ -32,6 +33,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cqd/stats.h"
 #include "cqd/status.h"
@@ -39,18 +41,32 @@
 
 namespace cqd::internal {
 
+// Where and how the endpoint serves (RuntimeOptions::stats_*).
+struct StatsEndpointOptions {
+  std::string unix_path;  // empty: no Unix socket
+  uint32_t unix_mode = 0600;
+  std::string tcp;  // "ADDRESS:PORT", numeric; empty: no TCP listener
+  bool tcp_allow_remote = false;
+  bool per_cq = true;  // the Prometheus text's per-CQ families (PrometheusOptions::per_cq)
+};
+
 class StatsServer {
  public:
-  // Returns kInvalidArgument when `path` cannot be a Unix socket path (too long, a NUL in it),
-  // kAlreadyExists when a file that is not a stale socket is there or another process serves
-  // it, and an errno status (kInternal, naming the call and the path) when the socket cannot be
-  // made (a missing or unwritable directory). The socket file gets exactly `mode` (no other user
-  // can connect before it has it). `snapshot` runs on the server thread.
-  static Result<std::unique_ptr<StatsServer>> Start(const std::string& path, uint32_t mode,
+  // Returns kInvalidArgument when `unix_path` cannot be a Unix socket path (too long, a NUL in
+  // it) or `tcp` is not a numeric address and port (CheckTcp), kAlreadyExists when a file that
+  // is not a stale socket is at the path, another process serves it, or the TCP address is in
+  // use, and an errno status (kInternal, naming the call) when a socket cannot be made (a
+  // missing or unwritable directory, an address not on this machine). The socket file gets
+  // exactly `unix_mode` (no other user can connect before it has it). `snapshot` runs on the
+  // server thread.
+  static Result<std::unique_ptr<StatsServer>> Start(const StatsEndpointOptions& options,
                                                     std::function<Stats()> snapshot,
                                                     const Logger& log);
   // Checks only what can be checked without touching the file system (for Validate).
   static Status CheckPath(const std::string& path);
+  // Checks RuntimeOptions::stats_tcp: IPv4 "a.b.c.d:PORT" or IPv6 "[addr]:PORT", PORT 1..65535,
+  // and a loopback address unless `allow_remote`.
+  static Status CheckTcp(const std::string& address, bool allow_remote);
   ~StatsServer();  // Stop()
   StatsServer(const StatsServer&) = delete;
   StatsServer& operator=(const StatsServer&) = delete;
@@ -63,17 +79,23 @@ class StatsServer {
   uint64_t served() const { return served_.load(std::memory_order_relaxed); }
 
  private:
-  StatsServer(std::string path, std::function<Stats()> snapshot, const Logger& log);
+  StatsServer(const StatsEndpointOptions& options, std::function<Stats()> snapshot,
+              const Logger& log);
+  Status ListenUnix(uint32_t mode);
+  Status ListenTcp(const std::string& address);
   void Run();
   void Serve(int fd);
   // Waits until `fd` is ready for `events` (POLLIN/POLLOUT) or `timeout_ms` passes or Stop is
   // called; returns >0 ready, 0 timeout, <0 stopping or error.
   int Wait(int fd, short events, int timeout_ms);
 
-  const std::string path_;
+  const std::string path_;  // the Unix socket's, or empty
+  const std::string what_;  // names the endpoint in log messages
+  const bool per_cq_;
   const std::function<Stats()> snapshot_;
   const Logger& log_;
-  int listen_fd_ = -1;
+  int unix_fd_ = -1;
+  int tcp_fd_ = -1;
   int wake_fd_ = -1;
   dev_t dev_ = 0;  // of the socket file we bound, to remove only ours
   ino_t ino_ = 0;

@@ -149,10 +149,19 @@ Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t
   return posted;
 }
 
+// What to do on a machine with no RDMA device, appended to the error.
+constexpr char kNoDeviceHint[] =
+    "this machine has no RDMA device: load rdma_rxe and add a soft-RoCE one over an Ethernet "
+    "interface (`rdma link add rxe0 type rxe netdev eth0`), or run the rxe tests in their VM; "
+    "see docs/RXE.md";
+
 Result<ibv_context*> OpenDevice(const std::string& name) {
   int count = 0;
   ibv_device** list = ibv_get_device_list(&count);
-  if (list == nullptr) return ErrnoStatus("ibv_get_device_list", errno);
+  if (list == nullptr) {  // ENOSYS: the kernel has no RDMA support (no ib_uverbs)
+    const Status failed = ErrnoStatus("ibv_get_device_list", errno);
+    return Status(failed.code(), failed.message() + "; " + kNoDeviceHint);
+  }
   ibv_context* context = nullptr;
   bool found = false;
   std::string names;
@@ -168,8 +177,9 @@ Result<ibv_context*> OpenDevice(const std::string& name) {
   ibv_free_device_list(list);
   if (context != nullptr) return context;
   if (found) return ErrnoStatus("ibv_open_device(" + name + ")", err);
-  return NotFound("no RDMA device \"" + name + "\" (devices: " + (names.empty() ? "none" : names) +
-                  ")");
+  if (names.empty())
+    return NotFound("no RDMA device \"" + name + "\" (devices: none); " + kNoDeviceHint);
+  return NotFound("no RDMA device \"" + name + "\" (devices: " + names + ")");
 }
 
 }  // namespace cqd::verbs_internal
