@@ -9,11 +9,14 @@
 // latency histogram.
 //
 // Phase 1 injects completions as fast as one traffic thread can; phase 2 paces them slowly so the
-// pollers arm their CQs and sleep between completions (event mode). A one-line display shows
-// progress; a stats table follows.
+// pollers arm their CQs and sleep between completions (event mode). On a terminal a one-line
+// display shows progress; each phase ends with a summary line, and a stats table follows.
+// --help lists the flags; a flag it does not know, or a value that is not a number in range, is
+// an error that names it (exit code 2).
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -40,12 +43,27 @@ struct Flags {
   bool latency = false;
 };
 
-bool ParseFlag(const char* arg, const char* name, double* out) {
-  size_t n = strlen(name);
+// Parses "NAME=VALUE" of `arg` into *out if it starts with NAME=; false if it names another flag.
+// A value that is not a number in [min, max] (all of it) prints why and exits 2.
+bool ParseFlag(const char* arg, const char* name, double min, double max, double* out) {
+  const size_t n = strlen(name);
   if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
-  *out = atof(arg + n + 1);
+  const char* text = arg + n + 1;
+  char* end = nullptr;
+  errno = 0;
+  const double value = strtod(text, &end);
+  if (*text == '\0' || *end != '\0' || errno != 0 || !(value >= min && value <= max)) {
+    fprintf(stderr, "demo: %s=%s: expected a number from %g to %g (see demo --help)\n", name, text,
+            min, max);
+    exit(2);
+  }
+  *out = value;
   return true;
 }
+
+// Progress frames redraw one line with \r: only on a terminal; into a file or a pipe, only the
+// phases' summary lines are written.
+const bool kTerminal = isatty(STDOUT_FILENO) == 1;
 
 // Counts completions and checks that wr_ids of its QP arrive 0, 1, 2, ...
 class DemoHandler : public cqd::QpHandler {
@@ -74,6 +92,7 @@ uint64_t Sum(const std::vector<std::unique_ptr<DemoHandler>>& hs) {
 
 void Progress(const char* phase, double elapsed, uint64_t delivered, uint64_t last, double interval,
               const cqd::Stats& s) {
+  if (!kTerminal) return;
   uint64_t depth = 0, sleeps = 0;
   for (const auto& c : s.consumers) depth += c.queue_depth;
   for (const auto& p : s.pollers) sleeps += p.sleeps;
@@ -105,40 +124,45 @@ void RunPhase(const char* phase, cqd::Runtime& rt, cqd::SimTrafficSource& source
   while (Sum(handlers) < source.injected()) std::this_thread::yield();
   double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   uint64_t delivered = Sum(handlers);
-  printf("\r%-6s %4.1fs %11" PRIu64 " done %9.3f M/s average%38s\n", phase, elapsed, delivered,
-         delivered / elapsed / 1e6, "");
+  printf("%s%-6s %4.1fs %11" PRIu64 " done %9.3f M/s average%38s\n", kTerminal ? "\r" : "", phase,
+         elapsed, delivered, delivered / elapsed / 1e6, "");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags flags;
+  static constexpr char kUsage[] =
+      "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S] [--stats_socket=PATH] "
+      "[--latency]\n"
+      "  --pollers=N        poller threads, 1-256 (default 2)\n"
+      "  --consumers=N      consumers, 1-256 (default 3)\n"
+      "  --qps=N            simulated QPs (default 64; more than max_registrations fail)\n"
+      "  --seconds=S        length of each phase (default 2)\n"
+      "  --stats_socket=PATH  serve live stats there (bazel run //tools:cqd_top -- PATH)\n"
+      "  --latency          record each consumer's poll -> dispatch latency\n";
   for (int i = 1; i < argc; ++i) {
     double v;
-    if (ParseFlag(argv[i], "--pollers", &v)) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      printf("%s", kUsage);
+      return 0;
+    } else if (ParseFlag(argv[i], "--pollers", 1, 256, &v)) {
       flags.pollers = static_cast<int>(v);
-    } else if (ParseFlag(argv[i], "--consumers", &v)) {
+    } else if (ParseFlag(argv[i], "--consumers", 1, 256, &v)) {
       flags.consumers = static_cast<int>(v);
-    } else if (ParseFlag(argv[i], "--qps", &v)) {
+    } else if (ParseFlag(argv[i], "--qps", 1, 1 << 24, &v)) {
       flags.qps = static_cast<int>(v);
-    } else if (ParseFlag(argv[i], "--seconds", &v)) {
+    } else if (ParseFlag(argv[i], "--seconds", 0.001, 86400, &v)) {
       flags.seconds = v;
     } else if (strncmp(argv[i], "--stats_socket=", 15) == 0) {
       flags.stats_socket = argv[i] + 15;
     } else if (strcmp(argv[i], "--latency") == 0) {
       flags.latency = true;
     } else {
-      fprintf(stderr,
-              "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S] "
-              "[--stats_socket=PATH] [--latency]\n");
+      fprintf(stderr, "demo: unknown argument \"%s\"\n%s", argv[i], kUsage);
       return 2;
     }
   }
-  if (flags.qps < 1) {
-    fprintf(stderr, "demo: --qps must be at least 1\n");
-    return 2;
-  }
-
   cqd::RuntimeOptions options;
   options.pollers = flags.pollers;
   options.consumers.assign(flags.consumers > 0 ? flags.consumers : 0, cqd::ConsumerOptions{});

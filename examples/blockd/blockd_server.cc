@@ -109,6 +109,7 @@ class Server : public CmHandler {
   uint32_t block_size = 4096;
   uint64_t blocks = 4096;
   int consumers = 2;
+  std::atomic<bool> stopping{false};  // SIGINT/SIGTERM came: refuse new connections
 
  private:
   const Flags& flags_;
@@ -345,6 +346,12 @@ void Conn::Destroy() {
 
 void Server::OnCmEvent(const CmEvent& event) noexcept {
   if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST) return;  // late events of ended connections
+  if (stopping.load(std::memory_order_relaxed)) {
+    static constexpr char kWhy[] = "blockd_server: stopping";
+    rdma_reject(event.id, kWhy, sizeof(kWhy));
+    rdma_destroy_id(event.id);
+    return;
+  }
   const bool blockd = event.private_data_len >= sizeof(kHello) &&
                       memcmp(event.private_data, kHello, sizeof(kHello)) == 0;
   // Outstanding RDMA READs: what the client grants (its responder resources), at least 1.
@@ -370,6 +377,7 @@ void Server::OnCmEvent(const CmEvent& event) noexcept {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (stopping.load(std::memory_order_relaxed)) conn->End(false);  // it raced the signal
   conns_.push_back(std::move(conn));
 }
 
@@ -384,18 +392,31 @@ int Server::Run() {
   blocks = static_cast<uint64_t>(flags_.Int("blocks", 4096));
   if (!store.Register(engine.pd, block_size * blocks, IBV_ACCESS_LOCAL_WRITE)) return 1;
   if (!engine.WatchCm(*this, 0)) return 1;
-  sockaddr_in addr;
+  sockaddr_storage addr;
   const long port = flags_.Int("port", 7472);
-  if (!MakeAddress(flags_.Str("addr", "0.0.0.0"), static_cast<uint16_t>(port), &addr)) return 1;
+  if (!ResolveAddress(flags_.Str("addr", "0.0.0.0"), static_cast<uint16_t>(port), /*passive=*/true,
+                      &addr)) {
+    return 1;
+  }
   rdma_cm_id* listener = Listen(engine.channel, addr, 128);
   if (listener == nullptr) return 1;
   printf("cqd-ready blockd_server: %" PRIu64 " blocks of %u bytes on port %ld\n", blocks,
          block_size, port);
   fflush(stdout);
   const uint64_t exit_after = static_cast<uint64_t>(flags_.Int("exit-after", 0));
+  InstallStopSignals();
+  std::chrono::steady_clock::time_point stop_deadline{};
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (StopRequested() && !stopping.load(std::memory_order_relaxed)) {
+      stopping.store(true, std::memory_order_relaxed);
+      stop_deadline = now + std::chrono::seconds(10);  // past every teardown's deadline
+      printf("blockd_server: stopping (signal): ending %zu connections\n", conns_.size());
+      fflush(stdout);
+      for (auto& conn : conns_) conn->End(/*failed=*/false);
+    }
     for (auto it = conns_.begin(); it != conns_.end();) {
       if ((*it)->Reapable()) {
         (*it)->Destroy();
@@ -405,6 +426,7 @@ int Server::Run() {
       }
     }
     if (exit_after > 0 && totals.established.load() >= exit_after && conns_.empty()) break;
+    if (stopping.load(std::memory_order_relaxed) && (conns_.empty() || now > stop_deadline)) break;
   }
   printf("blockd_server: blockd_connections=%" PRIu64 " rping_connections=%" PRIu64
          " reads=%" PRIu64 " writes=%" PRIu64 " refused=%" PRIu64 " rping_pings=%" PRIu64
@@ -422,7 +444,24 @@ int Server::Run() {
 }  // namespace cqd::examples::blockd
 
 int main(int argc, char** argv) {
-  cqd::examples::Flags flags(argc, argv);
+  cqd::examples::Flags flags(
+      argc, argv,
+      "blockd_server: a block server on cqd (examples/blockd/README.md). Clients read and write\n"
+      "blocks by RDMA READ / WRITE; unmodified rping clients are served on the same port.\n\n"
+      "usage: blockd_server [flags]",
+      {
+          {"addr", "ADDRESS", "address to listen on (default 0.0.0.0)"},
+          {"port", "PORT", "port to listen on, 1-65535 (default 7472)", 1, 65535},
+          {"device", "NAME", "RDMA device (default: librdmacm's first)"},
+          {"blocks", "N", "blocks served (default 4096)", 1, 16777216},
+          {"block-size", "BYTES", "bytes per block, at most 1 MiB (default 4096)", 1, 1048576},
+          {"pollers", "N", "poller threads, 1-256 (default 2)", 1, 256},
+          {"consumers", "N", "consumer threads, 1-256 (default 2)", 1, 256},
+          {"exit-after", "N", "exit after N connections came and went (default: run until killed)",
+           0, 1099511627776},
+          {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
+          {"stats-socket", "PATH", "serve live stats on this Unix socket (tools/cqd_top)"},
+      });
   cqd::examples::blockd::Server server(flags);
   return server.Run();
 }

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "examples/common/client.h"
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,11 +18,13 @@ bool ClientEngine::Start(const char* name, const Flags& flags, uint16_t default_
   options.pollers = static_cast<int>(flags.Int("pollers", 2));
   consumers = static_cast<int>(flags.Int("consumers", 2));
   options.consumers.resize(consumers);
-  if (!engine.Start(options, 4096, flags.Str("device", ""))) return false;
-  if (!MakeAddress(flags.Str("server", ""), static_cast<uint16_t>(flags.Int("port", default_port)),
-                   &server)) {
+  if (!flags.Has("server")) {
+    fprintf(stderr, "%s: --server=HOST is required (see %s --help)\n", name, name);
     return false;
   }
+  const auto port = static_cast<uint16_t>(flags.Int("port", default_port));
+  if (!ResolveAddress(flags.Str("server", ""), port, /*passive=*/false, &server)) return false;
+  if (!engine.Start(options, 4096, flags.Str("device", ""))) return false;
   return engine.WatchCm(setup, 0);
 }
 
@@ -35,7 +39,7 @@ bool ClientConn::Connect() {
     perror("rdma_create_id");
     return false;
   }
-  sockaddr_in to = client_.server;
+  sockaddr_storage to = client_.server;
   if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&to), 5000) != 0) {
     perror("rdma_resolve_addr");
     return false;
@@ -49,8 +53,8 @@ void ClientConn::OnSetupEvent(const CmEvent& event) noexcept {
   } else if (event.type == RDMA_CM_EVENT_ROUTE_RESOLVED) {
     Establish();
   } else if (state() == ConnState::kConnecting) {
-    Fail(rdma_event_str(event.type));
-  }  // else a late event (TIMEWAIT_EXIT) of this id
+    FailOnCmEvent(event);  // ADDR_ERROR, ROUTE_ERROR: nobody to reach at that address
+  }                        // else a late event (TIMEWAIT_EXIT) of this id
 }
 
 bool ClientConn::Register() noexcept {
@@ -66,6 +70,25 @@ bool ClientConn::Register() noexcept {
 void ClientConn::Running() noexcept {
   ran_.store(true, std::memory_order_relaxed);
   state_.store(ConnState::kRunning, std::memory_order_release);
+}
+
+void ClientConn::FailOnCmEvent(const CmEvent& event) noexcept {
+  if (state() == ConnState::kDone) return;
+  const bool refusal =
+      event.type == RDMA_CM_EVENT_REJECTED || event.type == RDMA_CM_EVENT_UNREACHABLE ||
+      event.type == RDMA_CM_EVENT_CONNECT_ERROR || event.type == RDMA_CM_EVENT_ADDR_ERROR ||
+      event.type == RDMA_CM_EVENT_ROUTE_ERROR;
+  if (refusal && !ran() && state() == ConnState::kConnecting) {
+    refused_ = std::string(rdma_event_str(event.type)) + ", status " + std::to_string(event.status);
+    // A server that says why puts a string in the reject's private data.
+    const auto* text = reinterpret_cast<const char*>(event.private_data);
+    size_t len = 0;
+    while (len < event.private_data_len && isprint(static_cast<unsigned char>(text[len]))) ++len;
+    if (len > 0 && len < event.private_data_len && text[len] == '\0') {
+      refused_ += ": " + std::string(text, len);
+    }
+  }
+  Fail(rdma_event_str(event.type));
 }
 
 void ClientConn::Fail(const char* why) noexcept {
@@ -113,6 +136,13 @@ bool RunConnections(ClientEngine& client, int connections, int rounds,
       }
       totals->verified += conn.verified();
       const bool setup_failed = state == ConnState::kFailed && !conn.ran();
+      if (setup_failed && !conn.refused().empty()) {
+        fprintf(stderr,
+                "%s: %s refused connection %d (%s): is a server listening there? giving up\n",
+                client.program, AddressText(client.server).c_str(), i, conn.refused().c_str());
+        ++totals->failures;
+        return give_up();
+      }
       const bool closed = conn.Finish();
       if (setup_failed && setup_tries_left[i]-- > 0) {
         ++totals->setup_retries;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "cqd/runtime.h"
 #include "examples/common/cm_util.h"
@@ -43,7 +44,7 @@ struct ClientEngine {
   SetupRouter<ClientConn> setup;  // the CM channel's CmHandler; outlives the runtime
   Engine engine;
   int consumers = 2;
-  sockaddr_in server{};
+  sockaddr_storage server{};
 };
 
 enum class ConnState { kConnecting, kRunning, kDone, kFailed };
@@ -79,6 +80,21 @@ class ClientConn : public QpHandler {
   void Done() noexcept { state_.store(ConnState::kDone, std::memory_order_release); }
   // Prints `why` once and marks the connection failed (a later Done does not undo it).
   void Fail(const char* why) noexcept;
+  // Returns true for a completion flushed while the connection was still being set up: the QP
+  // went to the error state because the connect failed, and the connection event that says why
+  // (REJECTED, UNREACHABLE, CONNECT_ERROR) comes after it; that event fails the connection.
+  bool FlushedWhileConnecting(const ibv_wc& wc) const {
+    return wc.status == IBV_WC_WR_FLUSH_ERR && state() == ConnState::kConnecting;
+  }
+  // A connection event other than ESTABLISHED: Fail. Before the connection ran, a rejected
+  // connect request or an unreachable server also marks it refused(), with the reason.
+  void FailOnCmEvent(const CmEvent& event) noexcept;
+
+ public:
+  // Returns what refused the connection before it ran ("" if nothing did); read after state().
+  const std::string& refused() const { return refused_; }
+
+ protected:
   void Verified(uint64_t n) noexcept { verified_.fetch_add(n, std::memory_order_relaxed); }
   rdma_cm_id* id() const { return id_; }
 
@@ -92,6 +108,7 @@ class ClientConn : public QpHandler {
   std::atomic<uint64_t> verified_{0};
   std::atomic<ConnState> state_{ConnState::kConnecting};
   std::atomic<bool> ran_{false};
+  std::string refused_;  // written before the failed state is stored
 };
 
 struct LoopTotals {
@@ -106,8 +123,9 @@ struct LoopTotals {
 // (librdmacm could not set it up, the server did not answer in time) is made and connected again,
 // up to three times, as engines do. A failed life ends that connection's rounds. Prints
 // "PROGRAM: running" once the first life ended. Returns false, having finished every
-// connection, if one could not even start (Connect failed); *totals holds what was counted. Every
-// connection is finished when it returns.
+// connection, if one could not even start (Connect failed) or the server refused one before it
+// ran (nobody serves the port, or the server said no: the reason is printed, nothing is tried
+// again); *totals holds what was counted. Every connection is finished when it returns.
 bool RunConnections(ClientEngine& client, int connections, int rounds,
                     const std::function<std::unique_ptr<ClientConn>(int)>& make,
                     LoopTotals* totals);

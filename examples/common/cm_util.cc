@@ -2,6 +2,7 @@
 #include "examples/common/cm_util.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -10,16 +11,52 @@
 
 namespace cqd::examples {
 
-Flags::Flags(int argc, char** argv) {
+Flags::Flags(int argc, char** argv, const char* usage, std::vector<FlagSpec> specs) {
+  program_ = argc > 0 ? argv[0] : "example";
+  program_ = program_.substr(program_.rfind('/') + 1);
+  auto fail = [&](const std::string& why) {
+    fprintf(stderr, "%s: %s (see %s --help)\n", program_.c_str(), why.c_str(), program_.c_str());
+    exit(2);
+  };
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind("--", 0) != 0) continue;
-    size_t eq = arg.find('=');
-    if (eq == std::string::npos) {
-      values_[arg.substr(2)] = "true";
-    } else {
-      values_[arg.substr(2, eq - 2)] = arg.substr(eq + 1);
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      printf("%s\n\nflags:\n", usage);
+      for (const FlagSpec& f : specs) {
+        const std::string left =
+            "--" + std::string(f.name) + (f.value != nullptr ? "=" + std::string(f.value) : "");
+        printf("  %-28s %s\n", left.c_str(), f.help);
+      }
+      printf("  %-28s %s\n", "--help", "prints this and exits");
+      exit(0);
     }
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) fail("unexpected argument \"" + arg + "\"");
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const FlagSpec* spec = nullptr;
+    for (const FlagSpec& f : specs) {
+      if (name == f.name) spec = &f;
+    }
+    if (spec == nullptr) fail("unknown flag --" + name);
+    if (spec->value == nullptr) {
+      if (eq != std::string::npos) fail("--" + name + " is a switch and takes no value");
+      values_[name] = "true";
+      continue;
+    }
+    if (eq == std::string::npos) {
+      fail("--" + name + " needs a value: --" + name + "=" + spec->value);
+    }
+    const std::string value = arg.substr(eq + 1);
+    if (spec->min <= spec->max) {
+      errno = 0;
+      char* end = nullptr;
+      const long number = strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || errno != 0 || number < spec->min || number > spec->max) {
+        fail("--" + name + "=" + value + ": expected a whole number from " +
+             std::to_string(spec->min) + " to " + std::to_string(spec->max));
+      }
+    }
+    values_[name] = value;
   }
 }
 
@@ -33,27 +70,73 @@ long Flags::Int(const std::string& name, long fallback) const {
   return it == values_.end() ? fallback : strtol(it->second.c_str(), nullptr, 10);
 }
 
-bool MakeAddress(const std::string& host, uint16_t port, sockaddr_in* out) {
-  *out = sockaddr_in{};
-  out->sin_family = AF_INET;
-  out->sin_port = htons(port);
-  if (inet_pton(AF_INET, host.c_str(), &out->sin_addr) != 1) {
-    fprintf(stderr, "not an IPv4 address: %s\n", host.c_str());
-    return false;
-  }
-  return true;
+namespace {
+volatile sig_atomic_t stop_requested = 0;
+}  // namespace
+
+void InstallStopSignals() {
+  struct sigaction action {};
+  action.sa_handler = [](int signo) {
+    stop_requested = 1;
+    signal(signo, SIG_DFL);  // the next one kills
+  };
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 }
 
-rdma_cm_id* Listen(rdma_event_channel* channel, const sockaddr_in& addr, int backlog) {
+bool StopRequested() { return stop_requested != 0; }
+
+bool ResolveAddress(const std::string& host, uint16_t port, bool passive, sockaddr_storage* out) {
+  *out = sockaddr_storage{};
+  if (host.empty()) {
+    fprintf(stderr, "no address given\n");
+    return false;
+  }
+  rdma_addrinfo hints{};
+  hints.ai_flags = passive ? RAI_PASSIVE : 0;
+  hints.ai_port_space = RDMA_PS_TCP;
+  rdma_addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (rdma_getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || found == nullptr) {
+    fprintf(stderr, "cannot resolve \"%s\": %s\n", host.c_str(),
+            errno != 0 ? strerror(errno) : "no such host");
+    return false;
+  }
+  const sockaddr* addr = passive ? found->ai_src_addr : found->ai_dst_addr;
+  const socklen_t len = passive ? found->ai_src_len : found->ai_dst_len;
+  const bool ok = addr != nullptr && len <= sizeof(*out);
+  if (ok) memcpy(out, addr, len);
+  rdma_freeaddrinfo(found);
+  if (!ok) fprintf(stderr, "cannot resolve \"%s\": no address\n", host.c_str());
+  return ok;
+}
+
+std::string AddressText(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (addr.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(addr);
+    inet_ntop(AF_INET6, &a.sin6_addr, text, sizeof(text));
+    port = ntohs(a.sin6_port);
+    return "[" + std::string(text) + "]:" + std::to_string(port);
+  }
+  const auto& a = reinterpret_cast<const sockaddr_in&>(addr);
+  inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text));
+  port = ntohs(a.sin_port);
+  return std::string(text) + ":" + std::to_string(port);
+}
+
+rdma_cm_id* Listen(rdma_event_channel* channel, const sockaddr_storage& addr, int backlog) {
   rdma_cm_id* id = nullptr;
   if (rdma_create_id(channel, &id, nullptr, RDMA_PS_TCP) != 0) {
     perror("rdma_create_id");
     return nullptr;
   }
-  sockaddr_in bind_to = addr;
+  sockaddr_storage bind_to = addr;
   if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&bind_to)) != 0 ||
       rdma_listen(id, backlog) != 0) {
-    perror("rdma_bind_addr/rdma_listen");
+    fprintf(stderr, "cannot listen on %s: %s\n", AddressText(addr).c_str(), strerror(errno));
     rdma_destroy_id(id);
     return nullptr;
   }

@@ -17,28 +17,54 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "cqd/runtime.h"
 
 namespace cqd::examples {
 
-// --name=value flags; a bare --name means "true".
+// One flag a program takes: --name=VALUE, or --name alone for a switch (value == nullptr).
+struct FlagSpec {
+  const char* name;   // without the dashes
+  const char* value;  // what the value is, for --help ("N", "PATH"); nullptr for a switch
+  const char* help;
+  long min = 1;  // min <= max: the value is a whole number in [min, max]
+  long max = 0;
+};
+
+// A program's flags, checked against what it takes. The constructor prints `usage` and every
+// flag's help to stdout and exits 0 for --help or -h; it prints an error naming the flag and
+// exits 2 for an unknown flag, a switch given a value, a flag without its value, or anything
+// that is not a flag, and for a number flag whose value is not a whole number in its range; all
+// before the program does anything else.
 class Flags {
  public:
-  Flags(int argc, char** argv);
+  Flags(int argc, char** argv, const char* usage, std::vector<FlagSpec> specs);
   std::string Str(const std::string& name, const std::string& fallback) const;
+  // A number flag's value (checked by the constructor), or `fallback` if it was not given.
   long Int(const std::string& name, long fallback) const;
   bool Has(const std::string& name) const { return values_.count(name) != 0; }
 
  private:
+  std::string program_;
   std::map<std::string, std::string> values_;
 };
 
-// Fills `out` with an IPv4 address and port; false if `host` is not a dotted quad.
-bool MakeAddress(const std::string& host, uint16_t port, sockaddr_in* out);
+// SIGINT and SIGTERM from here on set StopRequested() instead of killing the process: a server
+// then refuses new connections, ends the ones it has (drained teardowns) and exits with its
+// totals and stats. A second signal while stopping kills it as usual.
+void InstallStopSignals();
+bool StopRequested();
+
+// Fills `out` with the address of `host` (a name, an IPv4 or an IPv6 address) and `port`, as
+// rdma_getaddrinfo finds it: the address to bind if `passive`, else the one to connect to.
+// False (and a message) if it cannot be resolved.
+bool ResolveAddress(const std::string& host, uint16_t port, bool passive, sockaddr_storage* out);
+// "1.2.3.4:7471" or "[::1]:7471".
+std::string AddressText(const sockaddr_storage& addr);
 
 // An id on `channel` bound to `addr` and listening; nullptr (and a message) on failure.
-rdma_cm_id* Listen(rdma_event_channel* channel, const sockaddr_in& addr, int backlog);
+rdma_cm_id* Listen(rdma_event_channel* channel, const sockaddr_storage& addr, int backlog);
 
 // Registered memory: `size` bytes, zeroed, registered with `access`.
 struct Region {

@@ -103,6 +103,7 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   for (const ibv_wc& wc : wcs) {
     const ConnState state = this->state();
     if (state == ConnState::kDone || state == ConnState::kFailed) continue;  // flushed at the end
+    if (FlushedWhileConnecting(wc)) continue;
     if (wc.status != IBV_WC_SUCCESS) {
       char why[160];
       snprintf(why, sizeof(why), "%s (wr_id %#" PRIx64 ", %s, sent %u, received %u)",
@@ -135,8 +136,8 @@ void Conn::OnCmEvent(const CmEvent& event) noexcept {
     while (sent_ < requests_ && static_cast<int>(sent_) < window_) {
       if (!PostRequest()) return Fail("ibv_post_send");
     }
-  } else if (state() != ConnState::kDone) {
-    Fail(rdma_event_str(event.type));  // the server went away, or never answered
+  } else {
+    FailOnCmEvent(event);  // the server went away, refused, or never answered
   }
 }
 
@@ -168,6 +169,24 @@ int Run(const Flags& flags) {
 }  // namespace cqd::examples
 
 int main(int argc, char** argv) {
-  cqd::examples::Flags flags(argc, argv);
+  cqd::examples::Flags flags(
+      argc, argv,
+      "echo_client: many RC connections to echo_server, each checking every reply\n"
+      "(examples/echo/README.md).\n\n"
+      "usage: echo_client --server=HOST [flags]",
+      {
+          {"server", "HOST", "the server: a name, an IPv4 or an IPv6 address (required)"},
+          {"port", "PORT", "the server's port, 1-65535 (default 7471)", 1, 65535},
+          {"device", "NAME", "RDMA device (default: librdmacm's first)"},
+          {"connections", "N", "connections at once (default 16)", 1, 4096},
+          {"requests", "N", "requests per connection and round, times 1 + i % 3 (default 200)", 1,
+           1073741824},
+          {"window", "N", "requests outstanding per connection, at most 64 (default 8)", 1, 64},
+          {"rounds", "N", "times each connection connects, runs and disconnects (default 2)", 1,
+           1048576},
+          {"pollers", "N", "poller threads (default 2)", 1, 256},
+          {"consumers", "N", "consumer threads (default 2)", 1, 256},
+          {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
+      });
   return cqd::examples::Run(flags);
 }

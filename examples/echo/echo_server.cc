@@ -93,6 +93,7 @@ class Server : public CmHandler {
   Engine engine;
   Totals totals;
   std::chrono::milliseconds keepalive{500};
+  bool stopping = false;  // SIGINT/SIGTERM came; this thread only (the consumer is drained here)
 
  private:
   const Flags& flags_;
@@ -219,6 +220,12 @@ void Server::OnCmEvent(const CmEvent& event) noexcept {
     ++totals.cm_other;  // TIMEWAIT_EXIT of ended connections, and the like
     return;
   }
+  if (stopping) {  // SIGINT/SIGTERM: no new connections
+    static constexpr char kWhy[] = "echo_server: stopping";
+    rdma_reject(event.id, kWhy, sizeof(kWhy));
+    rdma_destroy_id(event.id);
+    return;
+  }
   auto conn = std::make_unique<Conn>(*this, event.id);
   if (!conn->Setup(/*consumer=*/0)) {
     rdma_reject(event.id, nullptr, 0);
@@ -249,11 +256,12 @@ int Server::Run() {
   keepalive = std::chrono::milliseconds(flags_.Int("keepalive-ms", 500));
   Runtime& rt = *engine.runtime;
   if (!engine.WatchCm(*this, 0)) return 1;
-  sockaddr_in addr;
-  if (!MakeAddress(flags_.Str("addr", "0.0.0.0"), flags_.Int("port", 7471), &addr)) return 1;
+  sockaddr_storage addr;
+  const auto port = static_cast<uint16_t>(flags_.Int("port", 7471));
+  if (!ResolveAddress(flags_.Str("addr", "0.0.0.0"), port, /*passive=*/true, &addr)) return 1;
   rdma_cm_id* listener = Listen(engine.channel, addr, 128);
   if (listener == nullptr) return 1;
-  printf("cqd-ready echo_server listening on port %ld\n", flags_.Int("port", 7471));
+  printf("cqd-ready echo_server listening on %s\n", AddressText(addr).c_str());
   fflush(stdout);
 
   const int notify_fd = rt.NotifyFd(0).value();
@@ -264,7 +272,9 @@ int Server::Run() {
   const uint64_t exit_after = static_cast<uint64_t>(flags_.Int("exit-after", 0));
   const bool wait_to_be_told = flags_.Has("exit-when-told");
   if (wait_to_be_told) signal(SIGUSR1, [](int) { told_no_more_clients = 1; });
+  InstallStopSignals();
   Clock::time_point next_tick = Clock::now();
+  Clock::time_point stop_deadline{};
   for (;;) {
     epoll_event ready;
     epoll_wait(epoll_fd, &ready, 1, 10);
@@ -286,6 +296,14 @@ int Server::Run() {
         (!wait_to_be_told || told_no_more_clients != 0)) {
       break;
     }
+    if (StopRequested() && !stopping) {
+      stopping = true;
+      stop_deadline = now + std::chrono::seconds(10);  // past every teardown's deadline
+      printf("echo_server: stopping (signal): ending %zu connections\n", conns_.size());
+      fflush(stdout);
+      for (auto& conn : conns_) conn->End(nullptr);
+    }
+    if (stopping && (conns_.empty() || now > stop_deadline)) break;
   }
   printf("echo_server: connections=%" PRIu64 " established=%" PRIu64 " echoed=%" PRIu64
          " failed=%" PRIu64 " teardowns_ok=%" PRIu64 " teardowns_late=%" PRIu64 "\n",
@@ -302,7 +320,25 @@ int Server::Run() {
 }  // namespace cqd::examples
 
 int main(int argc, char** argv) {
-  cqd::examples::Flags flags(argc, argv);
+  cqd::examples::Flags flags(
+      argc, argv,
+      "echo_server: an RC echo server on cqd (examples/echo/README.md). Each connection's 64-byte\n"
+      "requests come back as they came, from one thread running its own epoll loop.\n\n"
+      "usage: echo_server [flags]",
+      {
+          {"addr", "ADDRESS", "address to listen on (default 0.0.0.0)"},
+          {"port", "PORT", "port to listen on, 1-65535 (default 7471)", 1, 65535},
+          {"device", "NAME", "RDMA device (default: librdmacm's first)"},
+          {"pollers", "N", "poller threads, 1-256 (default 2)", 1, 256},
+          {"keepalive-ms", "MS", "idle time before a keepalive probes a connection (default 500)",
+           1, 3600000},
+          {"exit-after", "N", "exit after N connections came and went (default: run until killed)",
+           0, 1099511627776},
+          {"exit-when-told", nullptr, "with --exit-after, also wait for SIGUSR1"},
+          {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
+          {"stats-socket", "PATH", "serve live stats on this Unix socket (tools/cqd_top)"},
+          {"latency", nullptr, "record poll-to-dispatch latency"},
+      });
   cqd::examples::Server server(flags);
   return server.Run();
 }

@@ -22,7 +22,9 @@ size=${3:-100}
 pids=
 i=1
 while [ $i -le "$clients" ]; do
-  rping -c -a "$CQD_SERVER_ADDR" -C "$count" -S "$size" -V -v > /tmp/client$i.log 2>&1 &
+  # stdout and stderr apart: in one file rping's stderr could split a block-buffered ping line.
+  rping -c -a "$CQD_SERVER_ADDR" -C "$count" -S "$size" -V -v > /tmp/client$i.log \
+    2> /tmp/client$i.err &
   eval "pid$i=$!"
   pids="$pids $!"
   t=0
@@ -42,14 +44,14 @@ i=1
 while [ $i -le "$clients" ]; do
   eval "wait \$pid$i"
   code=$?
-  sed "s/^/client $i: /" /tmp/client$i.log
+  sed "s/^/client $i: /" /tmp/client$i.log /tmp/client$i.err
   got=$(grep '^ping data: rdma-ping-' /tmp/client$i.log | sed 's/^ping data: rdma-ping-\([0-9]*\):.*/\1/' | tr '\n' ' ')
   want=$(seq 0 $((count - 1)) | tr '\n' ' ')
   # rping's own exit race (its CM thread reading an event while its main thread destroys the
   # id) can end a client that verified every ping with "rdma_get_cm_event: Bad file descriptor".
   if [ "$code" -ne 0 ] && [ "$got" = "$want" ] &&
-     [ "$(grep -cvE '^ping data: |DISCONNECT EVENT' /tmp/client$i.log)" = 1 ] &&
-     grep -q '^rdma_get_cm_event: Bad file descriptor$' /tmp/client$i.log; then
+     [ "$(grep -cvE 'DISCONNECT EVENT' /tmp/client$i.err)" = 1 ] &&
+     grep -q '^rdma_get_cm_event: Bad file descriptor$' /tmp/client$i.err; then
     echo "client $i: rping exited $code in its own exit race, after the last ping"
     echo "client $i: ok, $count pings verified"
   elif [ "$code" -eq 0 ] && [ "$got" = "$want" ]; then
