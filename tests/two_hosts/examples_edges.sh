@@ -1,6 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: BSD-2-Clause
 # The example programs at their edges, on rxe in one VM (tools/vm/run_in_vm.sh, busybox sh):
+#   0. an address by host name (an /etc/hosts entry), through rdma_getaddrinfo, to a server
+#      listening on :: (IPv6's any address, which takes IPv4 clients too);
 #   1. a client pointed at a port nobody serves gives up with a message naming the address
 #      (exit code 1), rather than retrying or hanging;
 #   2. SIGTERM ends echo_server while clients run: it says it is stopping, ends its connections,
@@ -13,6 +15,21 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 ok() { echo "ok: $*"; }
 # wait_for FILE PATTERN: until FILE has a line matching PATTERN (the VM's timeout bounds it).
 wait_for() { while ! grep -Eq "$2" "$1" 2>/dev/null; do sleep 1; done; }
+
+# ---- 0. A host name, and a server on :: (rdma_getaddrinfo). ----
+echo "$addr cqd-server" >>/etc/hosts
+echo_server --addr=:: --exit-after=2 >/work/names_server.log 2>&1 &
+server=$!
+wait_for /work/names_server.log '^cqd-ready'
+echo_client --server=cqd-server --connections=2 --requests=20 --rounds=1 >/work/by_name.log 2>&1
+rc=$?
+[ $rc = 0 ] && ok "echo_client --server=cqd-server (a host name): exit 0" ||
+  { sed 's/^/  | /' /work/by_name.log; fail "by host name: exit $rc"; }
+wait $server
+rc=$?
+sed 's/^/  | /' /work/names_server.log
+[ $rc = 0 ] && ok "echo_server --addr=:: (IPv6 any) served an IPv4 client" ||
+  fail "echo_server --addr=::: exit $rc"
 
 # ---- 1. Nobody serves the port. ----
 echo_client --server=$addr --port=7999 --connections=3 >/work/refused.log 2>&1
