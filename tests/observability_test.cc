@@ -26,17 +26,28 @@
 #include "cqd/sim.h"
 #include "cqd/stats_format.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "runtime/observe/latency.h"
 #include "tests/test_util.h"
-#include "tools/mini_json.h"
 
 namespace cqd {
 namespace {
 
-using json::Value;
+using Json = nlohmann::json;
 using testing::InjectRecvs;
 using testing::SequenceHandler;
 using testing::WaitFor;
+
+// Parses `text` as one JSON value (RFC 8259: nothing after it, valid UTF-8 in strings); nullopt,
+// with the parser's message in *error, if it is not.
+std::optional<Json> Parse(const std::string& text, std::string* error = nullptr) {
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    if (error != nullptr) *error = e.what();
+    return std::nullopt;
+  }
+}
 
 // ---- helpers ----
 
@@ -437,62 +448,62 @@ TEST(StatsFormat, JsonIsWellFormedAndCarriesEveryField) {
   const Stats s = SampleStats();
   const std::string text = StatsToJson(s);
   std::string error;
-  std::optional<Value> root = json::Parse(text, &error);
+  std::optional<Json> root = Parse(text, &error);
   ASSERT_TRUE(root) << error << "\n" << text;
   EXPECT_EQ(text.find('\n'), std::string::npos) << "one line";
-  EXPECT_EQ(root->U64("uptime_ns"), s.uptime_ns);
-  EXPECT_EQ(root->U64("orphans"), 3u);
-  EXPECT_EQ(root->U64("failed_fds"), 1u);
-  EXPECT_EQ(root->U64("cm_events"), 9u);
-  EXPECT_EQ(root->U64("cq_ack_calls"), 1u);
-  const Value* pollers = root->Get("pollers");
-  ASSERT_TRUE(pollers && pollers->is(Value::Type::kArray));
-  ASSERT_EQ(pollers->items.size(), 2u);
-  EXPECT_EQ(pollers->items[0].I64("cpu"), 2);
-  EXPECT_EQ(pollers->items[1].I64("cpu"), -1);
-  EXPECT_EQ(pollers->items[0].U64("completions"), 18'446'744'073'709'551'615u);
-  EXPECT_EQ(pollers->items[0].U64("empty_polls"), 10u);
-  EXPECT_EQ(pollers->items[1].U64("index"), 1u);
-  EXPECT_EQ(pollers->items[0].I64("numa_node"), 1);
-  EXPECT_EQ(pollers->items[1].I64("numa_node"), -1);
-  const Value* cqs = root->Get("cqs");
-  ASSERT_TRUE(cqs && cqs->items.size() == 1);
-  EXPECT_EQ(cqs->items[0].U64("id"), 7u);
-  EXPECT_EQ(cqs->items[0].I64("shard"), 1);
-  EXPECT_EQ(cqs->items[0].U64("events"), 100u);
-  EXPECT_EQ(cqs->items[0].I64("comp_vector"), 3);
-  const Value* devices = root->Get("devices");
-  ASSERT_TRUE(devices && devices->items.size() == 2);
-  EXPECT_EQ(devices->items[0].Str("name"), "mlx5_0");
-  EXPECT_EQ(devices->items[0].I64("comp_vectors"), 8);
-  EXPECT_EQ(devices->items[1].U64("id"), 2u);
-  EXPECT_EQ(devices->items[1].Str("name"), "sim\"0\"");
-  EXPECT_EQ(devices->items[1].I64("numa_node"), -1);
-  EXPECT_EQ(root->Str("placement_cpus"), "0-3,8-11");
-  const Value* consumers = root->Get("consumers");
-  ASSERT_TRUE(consumers && consumers->items.size() == 2);
-  const Value& a = consumers->items[0];
-  EXPECT_EQ(a.Str("name"), s.consumers[0].name) << "escaped and decoded back";
-  EXPECT_EQ(a.U64("delivered"), 42u);
-  EXPECT_EQ(a.I64("cpu"), 5);
-  EXPECT_EQ(a.I64("numa_node"), 0);
-  EXPECT_EQ(consumers->items[1].I64("cpu"), -1);
-  EXPECT_EQ(a.U64("stalled_ns"), 1'500'000'001u);
-  const Value* latency = a.Get("latency");
-  ASSERT_TRUE(latency && latency->Get("enabled") && latency->Get("enabled")->boolean);
-  EXPECT_EQ(latency->U64("count"), 6u);
-  EXPECT_EQ(latency->U64("p50_ns"), 1024u);
-  EXPECT_EQ(latency->U64("max_ns"), 1070u);
-  const Value* buckets = latency->Get("buckets");
-  ASSERT_TRUE(buckets && buckets->items.size() == 3);
-  EXPECT_EQ(*buckets->items[2].items[0].AsU64(), 1088u);
-  EXPECT_EQ(*buckets->items[2].items[1].AsU64(), 3u);
-  EXPECT_EQ(consumers->items[1].Str("name"), kBadNameSanitized);
-  EXPECT_FALSE(consumers->items[1].Get("latency")->Get("enabled")->boolean);
+  EXPECT_EQ(root->at("uptime_ns").get<uint64_t>(), s.uptime_ns);
+  EXPECT_EQ(root->at("orphans").get<uint64_t>(), 3u);
+  EXPECT_EQ(root->at("failed_fds").get<uint64_t>(), 1u);
+  EXPECT_EQ(root->at("cm_events").get<uint64_t>(), 9u);
+  EXPECT_EQ(root->at("cq_ack_calls").get<uint64_t>(), 1u);
+  const Json* pollers = &root->at("pollers");
+  ASSERT_TRUE(pollers && pollers->is_array());
+  ASSERT_EQ(pollers->size(), 2u);
+  EXPECT_EQ(pollers->at(0).at("cpu").get<int64_t>(), 2);
+  EXPECT_EQ(pollers->at(1).at("cpu").get<int64_t>(), -1);
+  EXPECT_EQ(pollers->at(0).at("completions").get<uint64_t>(), 18'446'744'073'709'551'615u);
+  EXPECT_EQ(pollers->at(0).at("empty_polls").get<uint64_t>(), 10u);
+  EXPECT_EQ(pollers->at(1).at("index").get<uint64_t>(), 1u);
+  EXPECT_EQ(pollers->at(0).at("numa_node").get<int64_t>(), 1);
+  EXPECT_EQ(pollers->at(1).at("numa_node").get<int64_t>(), -1);
+  const Json* cqs = &root->at("cqs");
+  ASSERT_TRUE(cqs && cqs->size() == 1);
+  EXPECT_EQ(cqs->at(0).at("id").get<uint64_t>(), 7u);
+  EXPECT_EQ(cqs->at(0).at("shard").get<int64_t>(), 1);
+  EXPECT_EQ(cqs->at(0).at("events").get<uint64_t>(), 100u);
+  EXPECT_EQ(cqs->at(0).at("comp_vector").get<int64_t>(), 3);
+  const Json* devices = &root->at("devices");
+  ASSERT_TRUE(devices && devices->size() == 2);
+  EXPECT_EQ(devices->at(0).at("name").get<std::string>(), "mlx5_0");
+  EXPECT_EQ(devices->at(0).at("comp_vectors").get<int64_t>(), 8);
+  EXPECT_EQ(devices->at(1).at("id").get<uint64_t>(), 2u);
+  EXPECT_EQ(devices->at(1).at("name").get<std::string>(), "sim\"0\"");
+  EXPECT_EQ(devices->at(1).at("numa_node").get<int64_t>(), -1);
+  EXPECT_EQ(root->at("placement_cpus").get<std::string>(), "0-3,8-11");
+  const Json* consumers = &root->at("consumers");
+  ASSERT_TRUE(consumers && consumers->size() == 2);
+  const Json& a = consumers->at(0);
+  EXPECT_EQ(a.at("name").get<std::string>(), s.consumers[0].name) << "escaped and decoded back";
+  EXPECT_EQ(a.at("delivered").get<uint64_t>(), 42u);
+  EXPECT_EQ(a.at("cpu").get<int64_t>(), 5);
+  EXPECT_EQ(a.at("numa_node").get<int64_t>(), 0);
+  EXPECT_EQ(consumers->at(1).at("cpu").get<int64_t>(), -1);
+  EXPECT_EQ(a.at("stalled_ns").get<uint64_t>(), 1'500'000'001u);
+  const Json* latency = &a.at("latency");
+  ASSERT_TRUE(latency && latency->at("enabled").get<bool>());
+  EXPECT_EQ(latency->at("count").get<uint64_t>(), 6u);
+  EXPECT_EQ(latency->at("p50_ns").get<uint64_t>(), 1024u);
+  EXPECT_EQ(latency->at("max_ns").get<uint64_t>(), 1070u);
+  const Json* buckets = &latency->at("buckets");
+  ASSERT_TRUE(buckets && buckets->size() == 3);
+  EXPECT_EQ(buckets->at(2).at(0).get<uint64_t>(), 1088u);
+  EXPECT_EQ(buckets->at(2).at(1).get<uint64_t>(), 3u);
+  EXPECT_EQ(consumers->at(1).at("name").get<std::string>(), kBadNameSanitized);
+  EXPECT_FALSE(consumers->at(1).at("latency").at("enabled").get<bool>());
   // No raw control characters anywhere (the tab, newline and bell were escaped).
   for (char c : text) EXPECT_GE(static_cast<unsigned char>(c), 0x20);
   // An empty Stats is valid JSON too.
-  EXPECT_TRUE(json::Parse(StatsToJson(Stats{}), &error)) << error;
+  EXPECT_TRUE(Parse(StatsToJson(Stats{}), &error)) << error;
 }
 
 TEST(StatsFormat, TheValidatorIsStrict) {
@@ -501,14 +512,14 @@ TEST(StatsFormat, TheValidatorIsStrict) {
         "1.",      "1e",          "+1",          "'a'",      "{\"a\" 1}",    "\"\x01\"",
         "\"\\x\"", "\"\\ud800\"", "\"\\udc00\"", "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",
         "{} {}",   "nul",         "[1 2]",       "{1:2}"}) {
-    EXPECT_FALSE(json::Parse(bad)) << "accepted: " << bad;
+    EXPECT_FALSE(Parse(bad)) << "accepted: " << bad;
   }
   for (const char* good : {"0", "-0.5e+3", "[]", "{}", " {\"a\" : [true, false, null]} ",
                            "\"\\ud83d\\ude00 \\u00fc \xc3\xbc\"", "18446744073709551615"}) {
-    EXPECT_TRUE(json::Parse(good)) << "rejected: " << good;
+    EXPECT_TRUE(Parse(good)) << "rejected: " << good;
   }
-  EXPECT_EQ(json::Parse("\"\\ud83d\\ude00\"")->text, "\xf0\x9f\x98\x80");
-  EXPECT_EQ(*json::Parse("18446744073709551615")->AsU64(), 18'446'744'073'709'551'615u);
+  EXPECT_EQ(Parse("\"\\ud83d\\ude00\"")->get<std::string>(), "\xf0\x9f\x98\x80");
+  EXPECT_EQ(Parse("18446744073709551615")->get<uint64_t>(), 18'446'744'073'709'551'615u);
 }
 
 TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
@@ -738,29 +749,29 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   const std::string body = Ask(options.stats_socket, "json\n");
   ASSERT_FALSE(body.empty());
   EXPECT_EQ(body.back(), '\n');
-  std::optional<Value> root = json::Parse(body, &error);
+  std::optional<Json> root = Parse(body, &error);
   ASSERT_TRUE(root) << error << "\n" << body;
-  EXPECT_GT(root->U64("uptime_ns"), 0u);
-  ASSERT_EQ(root->Get("pollers")->items.size(), 2u);
-  ASSERT_EQ(root->Get("cqs")->items.size(), 2u);
-  ASSERT_EQ(root->Get("devices")->items.size(), 1u);
-  EXPECT_EQ(root->Get("devices")->items[0].Str("name"), "sim0");
-  const Value* consumers = root->Get("consumers");
-  ASSERT_EQ(consumers->items.size(), 2u);
-  EXPECT_EQ(consumers->items[0].Str("name"), "fast \"lane\"");
-  EXPECT_EQ(consumers->items[0].U64("delivered"), 100u);
-  EXPECT_EQ(consumers->items[1].U64("delivered"), 100u);
-  EXPECT_EQ(consumers->items[1].Get("latency")->U64("count"), 100u);
+  EXPECT_GT(root->at("uptime_ns").get<uint64_t>(), 0u);
+  ASSERT_EQ(root->at("pollers").size(), 2u);
+  ASSERT_EQ(root->at("cqs").size(), 2u);
+  ASSERT_EQ(root->at("devices").size(), 1u);
+  EXPECT_EQ(root->at("devices").at(0).at("name").get<std::string>(), "sim0");
+  const Json* consumers = &root->at("consumers");
+  ASSERT_EQ(consumers->size(), 2u);
+  EXPECT_EQ(consumers->at(0).at("name").get<std::string>(), "fast \"lane\"");
+  EXPECT_EQ(consumers->at(0).at("delivered").get<uint64_t>(), 100u);
+  EXPECT_EQ(consumers->at(1).at("delivered").get<uint64_t>(), 100u);
+  EXPECT_EQ(consumers->at(1).at("latency").at("count").get<uint64_t>(), 100u);
   uint64_t polled = 0;
-  for (const Value& p : root->Get("pollers")->items) polled += p.U64("completions");
+  for (const Json& p : root->at("pollers")) polled += p.at("completions").get<uint64_t>();
   EXPECT_EQ(polled, 200u);
-  EXPECT_EQ(root->U64("registrations"), 4u);
+  EXPECT_EQ(root->at("registrations").get<uint64_t>(), 4u);
 
   // JSON when the client sends nothing and closes its side; and with an empty line.
-  EXPECT_TRUE(json::Parse(Ask(options.stats_socket, "", /*shut=*/true), &error)) << error;
-  EXPECT_TRUE(json::Parse(Ask(options.stats_socket, "\r\n"), &error)) << error;
+  EXPECT_TRUE(Parse(Ask(options.stats_socket, "", /*shut=*/true), &error)) << error;
+  EXPECT_TRUE(Parse(Ask(options.stats_socket, "\r\n"), &error)) << error;
   // ... and when it sends nothing at all (after the server's short wait).
-  EXPECT_TRUE(json::Parse(Ask(options.stats_socket, ""), &error)) << error;
+  EXPECT_TRUE(Parse(Ask(options.stats_socket, ""), &error)) << error;
 
   // Prometheus.
   const std::string prom = Ask(options.stats_socket, "prometheus\n");
@@ -786,7 +797,7 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   CheckPrometheus(http_body);
   const std::string http_json = Ask(options.stats_socket, "GET /json HTTP/1.0\r\n\r\n");
   ASSERT_EQ(http_json.rfind("HTTP/1.0 200 OK\r\n", 0), 0u);
-  EXPECT_TRUE(json::Parse(http_json.substr(http_json.find("\r\n\r\n") + 4), &error)) << error;
+  EXPECT_TRUE(Parse(http_json.substr(http_json.find("\r\n\r\n") + 4), &error)) << error;
   EXPECT_EQ(Ask(options.stats_socket, "GET /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 404", 0), 0u);
   EXPECT_EQ(Ask(options.stats_socket, "POST / HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 405", 0), 0u);
 
@@ -862,11 +873,11 @@ TEST(StatsEndpoint, ServesPrometheusOverLoopbackTcp) {
   EXPECT_EQ(samples.count("cqd_cq_completions_total"), 0u) << "stats_per_cq = false";
   const std::string json_http = AskTcp(port, "GET /json HTTP/1.0\r\n\r\n");
   ASSERT_EQ(json_http.rfind("HTTP/1.0 200 OK\r\n", 0), 0u);
-  std::optional<Value> root = json::Parse(json_http.substr(json_http.find("\r\n\r\n") + 4));
+  std::optional<Json> root = Parse(json_http.substr(json_http.find("\r\n\r\n") + 4));
   ASSERT_TRUE(root);
-  EXPECT_EQ(root->Get("cqs")->items.size(), 1u) << "JSON keeps the CQs";
+  EXPECT_EQ(root->at("cqs").size(), 1u) << "JSON keeps the CQs";
   // The plain protocol too.
-  EXPECT_TRUE(json::Parse(AskTcp(port, "json\n")));
+  EXPECT_TRUE(Parse(AskTcp(port, "json\n")));
 
   // The port is taken: a second runtime on it fails to start.
   RuntimeOptions twice;
@@ -902,7 +913,7 @@ TEST(StatsEndpoint, TcpAddressesAreCheckedAndRemoteOnesRefusedUnlessAllowed) {
   options.stats_tcp = "0.0.0.0:" + std::to_string(port);
   options.stats_tcp_allow_remote = true;
   CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
-  EXPECT_TRUE(json::Parse(AskTcp(port, "json\n")));
+  EXPECT_TRUE(Parse(AskTcp(port, "json\n")));
   CQD_ASSERT_OK(rt->Shutdown());
   // IPv6 loopback, where this machine has it.
   const int port6 = FreeTcpPort();
@@ -910,7 +921,7 @@ TEST(StatsEndpoint, TcpAddressesAreCheckedAndRemoteOnesRefusedUnlessAllowed) {
   v6.stats_tcp = "[::1]:" + std::to_string(port6);
   auto created = Runtime::Create(v6);
   if (created.ok()) {
-    EXPECT_TRUE(json::Parse(AskTcp(port6, "json\n", /*v6=*/true)));
+    EXPECT_TRUE(Parse(AskTcp(port6, "json\n", /*v6=*/true)));
   } else {
     EXPECT_EQ(created.status().code(), StatusCode::kInternal) << created.status().ToString();
     EXPECT_NE(created.status().message().find("bind"), std::string::npos);
@@ -991,13 +1002,13 @@ TEST(StatsEndpoint, StaleSocketIsReplacedLiveOneIsNot) {
   options.log = log.Sink();
   CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
   EXPECT_TRUE(log.Saw(LogLevel::kInfo, "replaced a stale socket"));
-  EXPECT_TRUE(json::Parse(Ask(path, "json\n")));
+  EXPECT_TRUE(Parse(Ask(path, "json\n")));
 
   // A second runtime on the same path: refused; the first keeps serving.
   auto second = Runtime::Create(options);
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), StatusCode::kAlreadyExists) << second.status().ToString();
-  EXPECT_TRUE(json::Parse(Ask(path, "json\n")));
+  EXPECT_TRUE(Parse(Ask(path, "json\n")));
 
   // The destructor alone (no Shutdown) removes the file too.
   rt.reset();
@@ -1031,9 +1042,9 @@ TEST(StatsEndpoint, SlowClientsDoNotHoldAnythingUp) {
   ASSERT_GE(stuck, 0);
   ASSERT_EQ(write(stuck, "prometheus\n", 11), 11);
   // Another client is answered once the server has given up on the first.
-  std::optional<Value> root = json::Parse(Ask(options.stats_socket, "json\n"));
+  std::optional<Json> root = Parse(Ask(options.stats_socket, "json\n"));
   ASSERT_TRUE(root);
-  EXPECT_EQ(root->Get("consumers")->items.size(), 4u);
+  EXPECT_EQ(root->at("consumers").size(), 4u);
   const std::string partial = ReadAll(stuck);
   close(stuck);
   if (!fits) {

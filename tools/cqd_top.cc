@@ -24,11 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "tools/mini_json.h"
 
 namespace {
 
@@ -156,75 +155,70 @@ struct Snapshot {
   std::vector<Consumer> consumers;
 };
 
-bool Extract(const cqd::json::Value& root, Snapshot* s, std::string* error) {
-  using cqd::json::Value;
-  const Value* pollers = root.Get("pollers");
-  const Value* cqs = root.Get("cqs");
-  const Value* consumers = root.Get("consumers");
-  if (!root.is(Value::Type::kObject) || pollers == nullptr || cqs == nullptr ||
-      consumers == nullptr || !pollers->is(Value::Type::kArray) || !cqs->is(Value::Type::kArray) ||
-      !consumers->is(Value::Type::kArray)) {
-    *error = "not a cqd stats document";
-    return false;
+using nlohmann::json;
+
+uint64_t U64(const json& j, const char* key) { return j.at(key).get<uint64_t>(); }
+
+// Throws nlohmann::json::exception for a document that is not a cqd stats document (a key
+// missing, a value of another type); Read turns that into an error.
+void Extract(const json& root, Snapshot* s) {
+  s->uptime_ns = U64(root, "uptime_ns");
+  s->orphans = U64(root, "orphans");
+  s->async_events = U64(root, "async_events");
+  s->failed_fds = U64(root, "failed_fds");
+  s->cm_events = U64(root, "cm_events");
+  s->cq_events = U64(root, "cq_events");
+  s->cq_acked_events = U64(root, "cq_acked_events");
+  s->cq_ack_calls = U64(root, "cq_ack_calls");
+  for (const json& p : root.at("pollers")) {
+    s->pollers.push_back({p.value("cpu", int64_t{-1}), U64(p, "polls"), U64(p, "empty_polls"),
+                          U64(p, "completions"), U64(p, "arms"), U64(p, "arm_failures"),
+                          U64(p, "sleeps"), U64(p, "backpressure_stalls")});
   }
-  s->uptime_ns = root.U64("uptime_ns");
-  s->orphans = root.U64("orphans");
-  s->async_events = root.U64("async_events");
-  s->failed_fds = root.U64("failed_fds");
-  s->cm_events = root.U64("cm_events");
-  s->cq_events = root.U64("cq_events");
-  s->cq_acked_events = root.U64("cq_acked_events");
-  s->cq_ack_calls = root.U64("cq_ack_calls");
-  for (const Value& p : pollers->items) {
-    s->pollers.push_back({p.I64("cpu", -1), p.U64("polls"), p.U64("empty_polls"),
-                          p.U64("completions"), p.U64("arms"), p.U64("arm_failures"),
-                          p.U64("sleeps"), p.U64("backpressure_stalls")});
+  for (const json& c : root.at("cqs")) {
+    s->cqs[U64(c, "id")] = {
+        c.at("shard").get<int64_t>(), U64(c, "completions"), U64(c, "events"),
+        U64(c, "acked_events"),       U64(c, "ack_calls"),   U64(c, "poll_errors")};
   }
-  for (const Value& c : cqs->items) {
-    s->cqs[c.U64("id")] = {c.I64("shard"),        c.U64("completions"), c.U64("events"),
-                           c.U64("acked_events"), c.U64("ack_calls"),   c.U64("poll_errors")};
-  }
-  for (const Value& c : consumers->items) {
-    Snapshot::Consumer out{c.Str("name"),
-                           c.U64("delivered"),
-                           c.U64("async_events"),
-                           c.U64("queue_depth"),
-                           c.U64("high_water"),
-                           c.U64("spill_depth"),
-                           c.U64("spill_high_water"),
-                           c.U64("stalls"),
-                           c.U64("stalled_ns"),
+  for (const json& c : root.at("consumers")) {
+    Snapshot::Consumer out{c.at("name").get<std::string>(),
+                           U64(c, "delivered"),
+                           U64(c, "async_events"),
+                           U64(c, "queue_depth"),
+                           U64(c, "high_water"),
+                           U64(c, "spill_depth"),
+                           U64(c, "spill_high_water"),
+                           U64(c, "stalls"),
+                           U64(c, "stalled_ns"),
                            false,
                            0,
                            {}};
-    if (const Value* l = c.Get("latency");
-        l != nullptr && l->Get("enabled") != nullptr && l->Get("enabled")->boolean) {
+    const json& l = c.at("latency");
+    if (l.at("enabled").get<bool>()) {
       out.latency = true;
-      out.latency_max_ns = l->U64("max_ns");
-      if (const Value* b = l->Get("buckets"); b != nullptr) {
-        for (const Value& pair : b->items) {
-          if (pair.items.size() == 2 && pair.items[0].AsU64() && pair.items[1].AsU64()) {
-            out.buckets[*pair.items[0].AsU64()] = *pair.items[1].AsU64();
-          }
-        }
+      out.latency_max_ns = U64(l, "max_ns");
+      for (const json& pair : l.at("buckets")) {
+        out.buckets[pair.at(0).get<uint64_t>()] = pair.at(1).get<uint64_t>();
       }
     }
     s->consumers.push_back(std::move(out));
   }
-  return true;
 }
 
 bool Read(const std::string& path, Snapshot* s, std::string* error) {
   std::string body;
   if (!Fetch(path, &body, error)) return false;
-  std::string parse_error;
-  std::optional<cqd::json::Value> root = cqd::json::Parse(body, &parse_error);
-  if (!root) {
-    *error = "bad JSON from the endpoint: " + parse_error;
+  *s = Snapshot{};
+  try {
+    Extract(json::parse(body), s);
+  } catch (const json::parse_error& e) {
+    *error = std::string("bad JSON from the endpoint: ") + e.what();
+    return false;
+  } catch (const json::exception& e) {
+    *error = std::string("not a cqd stats document: ") + e.what();
     return false;
   }
-  *s = Snapshot{};
-  return Extract(*root, s, error);
+  return true;
 }
 
 // ---- formatting ----

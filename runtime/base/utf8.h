@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/base/utf8.h: UTF-8 encoding of one code point, for the stats formats and the tools that
-// read them back. Pure function; any thread.
+// runtime/base/utf8.h: UTF-8 encoding of one code point, for the stats formats. Pure function;
+// any thread.
 #ifndef CQD_RUNTIME_BASE_UTF8_H_
 #define CQD_RUNTIME_BASE_UTF8_H_
 
