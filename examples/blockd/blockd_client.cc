@@ -174,7 +174,9 @@ bool Conn::Issue(int slot, uint8_t op, uint64_t block, uint32_t blocks) noexcept
 }
 
 void Conn::OnReply(uint32_t imm) noexcept {
-  if (imm & kRefused) return Fail("the server refused a request");
+  if (imm & kRefused) {
+    return Fail("the server refused a request (its log says why: a block range past its blocks?)");
+  }
   const int slot = static_cast<int>(imm & 0xf);
   if (slot >= window_ || !slots_[slot].busy) return Fail("a reply for no request");
   Slot& s = slots_[slot];

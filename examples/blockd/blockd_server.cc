@@ -40,8 +40,9 @@ constexpr int kSlots = 16;  // receives per connection
 constexpr uint32_t kRpingBuffer = 64 * 1024;
 // wr_id: what a send-queue completion was, and the receive slot it serves.
 constexpr uint64_t kRdmaRead = 1ull << 32;
-constexpr uint64_t kReply = 2ull << 32;  // WRITE WITH IMM, or rping's go-ahead SEND
-constexpr uint64_t kKindMask = 3ull << 32;
+constexpr uint64_t kReply = 2ull << 32;      // WRITE WITH IMM, or rping's go-ahead SEND
+constexpr uint64_t kKindMask = 3ull << 32;   // rping's sink write is kRdmaRead | kReply
+constexpr uint64_t kKeepalive = 4ull << 32;  // a zero-length RDMA WRITE to an idle peer
 
 struct Totals {
   std::atomic<uint64_t> established{0};
@@ -69,6 +70,10 @@ class Conn : public QpHandler {
   void End(bool failed) noexcept;
   bool Reapable();
   void Destroy();
+  // Main thread: an established connection idle for `keepalive` gets a zero-length RDMA WRITE,
+  // so that a peer that died without a word (its host gone) fails it (retries exhausted), and
+  // the connection ends, instead of staying up for ever.
+  void Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive);
 
  private:
   void OnRequest(int slot) noexcept;  // blockd
@@ -91,7 +96,11 @@ class Conn : public QpHandler {
   std::deque<int> waiting_;  // blockd write requests waiting for a read credit
   bool rping_sink_next_ = false;
   uint32_t rping_read_ = 0;  // bytes of the last rping source read
-  std::mutex mu_;            // guards the fields below (main thread vs. consumer)
+  // Set by the consumer thread, read by the main thread's Tick.
+  std::atomic<bool> established_{false};
+  std::atomic<bool> keepalive_out_{false};
+  std::atomic<int64_t> last_active_ns_{0};  // steady clock, when a completion last came
+  std::mutex mu_;                           // guards the fields below (main thread vs. consumer)
   bool ending_ = false;
   bool unregistered_ = false;
   Teardown teardown_;
@@ -189,6 +198,8 @@ bool Conn::PostGoAhead(int slot) {
 }
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
+  last_active_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                        std::memory_order_relaxed);
   for (const ibv_wc& wc : wcs) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -198,7 +209,9 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
       End(wc.status != IBV_WC_WR_FLUSH_ERR);
       continue;
     }
-    if ((wc.wr_id & kKindMask) != 0) {
+    if ((wc.wr_id & kKeepalive) != 0) {
+      keepalive_out_.store(false, std::memory_order_relaxed);
+    } else if ((wc.wr_id & kKindMask) != 0) {
       OnSendDone(wc.wr_id);
     } else if (rping_) {
       OnRpingInfo(static_cast<int>(wc.wr_id), wc.byte_len);
@@ -219,6 +232,13 @@ void Conn::OnRequest(int slot) noexcept {
                      (request.op == kRead || request.op == kWrite);
   if (!valid) {
     server_.totals.refused.fetch_add(1, std::memory_order_relaxed);
+    // Said on both sides: here, and by the client, which gets the tag with kRefused set.
+    printf("blockd_server: refused a request on qp %u: op %u, blocks %" PRIu64 "+%u of %" PRIu64
+           "%s\n",
+           id_->qp->qp_num, static_cast<unsigned>(request.op), static_cast<uint64_t>(request.block),
+           static_cast<unsigned>(request.count), server_.blocks,
+           request.magic != kMagic ? " (not blockd's magic)" : "");
+    fflush(stdout);
     if (!PostReply(slot, request, request.tag | kRefused, nullptr, 0)) End(true);
     return;
   }
@@ -310,9 +330,27 @@ void Conn::OnSendDone(uint64_t wr_id) noexcept {
 void Conn::OnCmEvent(const CmEvent& event) noexcept {
   if (event.type == RDMA_CM_EVENT_ESTABLISHED) {
     server_.totals.established.fetch_add(1, std::memory_order_relaxed);
+    last_active_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                          std::memory_order_relaxed);
+    established_.store(true, std::memory_order_release);
   } else {
     End(event.type != RDMA_CM_EVENT_DISCONNECTED);
   }
+}
+
+void Conn::Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive) {
+  if (!established_.load(std::memory_order_acquire) ||
+      keepalive_out_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  const std::chrono::steady_clock::time_point last{
+      std::chrono::steady_clock::duration(last_active_ns_.load(std::memory_order_relaxed))};
+  if (now - last < keepalive) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ending_) return;  // End holds mu_ too: nothing is posted once the teardown began
+  keepalive_out_.store(true, std::memory_order_relaxed);
+  last_active_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+  if (!PostKeepalive(id_->qp, kKeepalive)) keepalive_out_.store(false, std::memory_order_relaxed);
 }
 
 void Conn::End(bool failed) noexcept {
@@ -404,6 +442,7 @@ int Server::Run() {
          block_size, port);
   fflush(stdout);
   const uint64_t exit_after = static_cast<uint64_t>(flags_.Int("exit-after", 0));
+  const std::chrono::milliseconds keepalive(flags_.Int("keepalive-ms", 500));
   InstallStopSignals();
   std::chrono::steady_clock::time_point stop_deadline{};
   for (;;) {
@@ -418,6 +457,7 @@ int Server::Run() {
       for (auto& conn : conns_) conn->End(/*failed=*/false);
     }
     for (auto it = conns_.begin(); it != conns_.end();) {
+      (*it)->Tick(now, keepalive);
       if ((*it)->Reapable()) {
         (*it)->Destroy();
         it = conns_.erase(it);
@@ -457,6 +497,8 @@ int main(int argc, char** argv) {
           {"block-size", "BYTES", "bytes per block, at most 1 MiB (default 4096)", 1, 1048576},
           {"pollers", "N", "poller threads, 1-256 (default 2)", 1, 256},
           {"consumers", "N", "consumer threads, 1-256 (default 2)", 1, 256},
+          {"keepalive-ms", "MS", "idle time before a keepalive probes a connection (default 500)",
+           1, 3600000},
           {"exit-after", "N", "exit after N connections came and went (default: run until killed)",
            0, 1099511627776},
           {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
