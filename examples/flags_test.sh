@@ -35,6 +35,8 @@ for program in "$@"; do
   expect 2 "^$name: --port=abc: expected a whole number from 1 to 65535" "$program" --port=abc
   expect 2 "^$name: --port=0: expected a whole number from 1 to 65535" "$program" --port=0
   expect 2 "^$name: --port=70000: expected a whole number" "$program" --port=70000
+  expect 2 "^$name: --port=\+80: expected a whole number" "$program" --port=+80
+  expect 2 "^$name: --port= 80: expected a whole number" "$program" "--port= 80"
   expect 2 "^$name: --pollers=2x: expected a whole number from 1 to 256" "$program" --pollers=2x
   expect 2 "^$name: --port needs a value: --port=PORT" "$program" --port
   expect 2 "^$name: unexpected argument \"stray\"" "$program" stray

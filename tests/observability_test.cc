@@ -892,7 +892,7 @@ TEST(StatsEndpoint, ServesPrometheusOverLoopbackTcp) {
 TEST(StatsEndpoint, TcpAddressesAreCheckedAndRemoteOnesRefusedUnlessAllowed) {
   for (const char* bad :
        {"localhost:9464", "127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:65536",
-        "127.0.0.1:12ab", "[::1]9464", "[::1:9464", ":9464", "300.0.0.1:9464"}) {
+        "127.0.0.1:12ab", "[::1]9464", "[::1:9464", ":9464", "300.0.0.1:9464", "::1:9464"}) {
     RuntimeOptions options;
     options.stats_tcp = bad;
     const Status s = Runtime::Create(options).status();
@@ -1156,6 +1156,7 @@ TEST(LogSink, TheEnvironmentChoosesAStderrSink) {
   EXPECT_NE(PrintedWithLogLevel("debug").find("cqd: info: device "), std::string::npos);
   // Above the message's level: nothing.
   EXPECT_EQ(PrintedWithLogLevel("warning"), "");
+  EXPECT_EQ(PrintedWithLogLevel("warn"), "") << "UCX's spelling is known too";
   EXPECT_EQ(PrintedWithLogLevel("error"), "");
   // A value it does not know is said once, and the log stays off.
   EXPECT_EQ(PrintedWithLogLevel("loud"),

@@ -10,7 +10,8 @@
 # LIBDIR (default PREFIX/lib; a relative LIBDIR is taken under PREFIX, e.g. lib/x86_64-linux-gnu
 # or lib64):
 #   LIBDIR/libcqd.a
-#   LIBDIR/libcqd.so.X.Y.Z, with the links libcqd.so.X (the soname) and libcqd.so
+#   LIBDIR/libcqd.so.X.Y.Z, with the links libcqd.so.X (the soname; libcqd.so.0.Y while X is 0)
+#   and libcqd.so
 #   LIBDIR/pkgconfig/cqd.pc                       (pkg-config; also what Meson uses)
 #   LIBDIR/cmake/cqd/cqd{Config,ConfigVersion}.cmake  (find_package(cqd): cqd::cqd)
 #   PREFIX/include/cqd/*.h
@@ -19,7 +20,8 @@
 # installs an already built cqd_dist tree (bazel-bin/cqd_dist, or its runfiles in
 # //tests/pkgconfig:pkgconfig_test, which runs this script inside Bazel). DESTDIR, if set, is put
 # in front of every installed path (packaging); the files still name PREFIX and LIBDIR.
-# --uninstall removes the files the manifest lists, then the folders cqd made if they are empty.
+# --uninstall removes the files the manifest lists, then the folders they were in if that left
+# them empty (up to PREFIX). An install over an earlier one removes the earlier one's files first.
 # BAZEL names the bazel command, startup options included (default: bazel), e.g.
 #   BAZEL="bazel --output_base=/tmp/bazel-x" tools/install.sh --prefix /opt/cqd
 set -euo pipefail
@@ -54,19 +56,31 @@ libdir=$(realpath -m -- "$libdir")
 root=${DESTDIR:-}
 manifest=$prefix/share/cqd/install_manifest.txt
 
+# Removes the files the manifest lists, the manifest, and then each folder they were in that is
+# left empty, up to (not including) the prefix.
+remove_installed() {
+  local file dir
+  local -a dirs=()
+  while IFS= read -r file; do
+    [[ $file == /* ]] || continue
+    rm -f -- "$root$file"
+    dirs+=("$(dirname "$file")")
+  done <"$root$manifest"
+  rm -f -- "$root$manifest"
+  dirs+=("$(dirname "$manifest")")
+  for dir in "${dirs[@]}"; do
+    while [[ $dir == "$prefix"/* ]] && rmdir -- "$root$dir" 2>/dev/null; do
+      dir=$(dirname "$dir")
+    done
+  done
+}
+
 if $uninstall; then
   if [[ ! -f $root$manifest ]]; then
     echo "install.sh: no cqd installed under $root$prefix (no $root$manifest)" >&2
     exit 1
   fi
-  while IFS= read -r file; do
-    [[ $file == /* ]] || continue
-    rm -f -- "$root$file"
-  done <"$root$manifest"
-  rm -f -- "$root$manifest"
-  for dir in "$prefix/share/cqd" "$prefix/include/cqd" "$libdir/cmake/cqd"; do
-    rmdir -- "$root$dir" 2>/dev/null || true
-  done
+  remove_installed
   echo "install.sh: removed cqd from $root$prefix"
   exit 0
 fi
@@ -87,8 +101,14 @@ for f in lib/libcqd.a lib/pkgconfig/cqd.pc include/cqd/runtime.h include/cqd/ver
 done
 define() { sed -n "s/^#define $1 \\(.*\\)\$/\\1/p" "$from/include/cqd/version.h" | tr -d '"'; }
 major=$(define CQD_VERSION_MAJOR) minor=$(define CQD_VERSION_MINOR)
+soversion=$major  # the soname's: libcqd.so.MAJOR, or libcqd.so.0.MINOR while MAJOR is 0
+[[ $major == 0 ]] && soversion=0.$minor
 version=$(define CQD_VERSION_STRING)
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "install.sh: bad version '$version'" >&2; exit 1; }
+
+# A cqd installed here before goes first: what this one does not ship (a shared library, from a
+# sanitizer build) must not stay behind, where find_package would still pick it.
+[[ -f $root$manifest ]] && remove_installed
 
 installed=()
 put() {  # put MODE SOURCE DEST: copies a file (its target, for a link), replacing DEST atomically
@@ -109,9 +129,9 @@ fill() {  # fill TEMPLATE DEST SED_SCRIPT...: a template with its @NAMES@ replac
 put 644 "$from/lib/libcqd.a" "$libdir/libcqd.a"
 if [[ -f $from/shared/libcqd.so ]]; then  # none in sanitizer builds
   put 755 "$from/shared/libcqd.so" "$libdir/libcqd.so.$version"
-  ln -sfn "libcqd.so.$version" "$root$libdir/libcqd.so.$major"
-  ln -sfn "libcqd.so.$major" "$root$libdir/libcqd.so"
-  installed+=("$libdir/libcqd.so.$major" "$libdir/libcqd.so")
+  ln -sfn "libcqd.so.$version" "$root$libdir/libcqd.so.$soversion"
+  ln -sfn "libcqd.so.$soversion" "$root$libdir/libcqd.so"
+  installed+=("$libdir/libcqd.so.$soversion" "$libdir/libcqd.so")
 fi
 # The built cqd.pc is relocatable (prefix=${pcfiledir}/../..); an installed one names its prefix
 # and libdir.
@@ -121,7 +141,7 @@ cmake_dir=$libdir/cmake/cqd
 fill "$from/cmake/cqdConfig.cmake.in" "$cmake_dir/cqdConfig.cmake" \
   -e "s|@LIBDIR_FROM_CONFIG@|$(realpath -m --relative-to="$cmake_dir" "$libdir")|" \
   -e "s|@INCLUDEDIR_FROM_CONFIG@|$(realpath -m --relative-to="$cmake_dir" "$prefix/include")|" \
-  -e "s|@VERSION@|$version|g" -e "s|@VERSION_MAJOR@|$major|g"
+  -e "s|@VERSION@|$version|g" -e "s|@SOVERSION@|$soversion|g"
 fill "$from/cmake/cqdConfigVersion.cmake.in" "$cmake_dir/cqdConfigVersion.cmake" \
   -e "s|@VERSION@|$version|g" -e "s|@VERSION_MAJOR@|$major|g" -e "s|@VERSION_MINOR@|$minor|g"
 for header in "$from"/include/cqd/*.h; do

@@ -2,6 +2,7 @@
 #include "examples/common/cm_util.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
 
 #include <cerrno>
@@ -48,6 +49,12 @@ Flags::Flags(int argc, char** argv, const char* usage, std::vector<FlagSpec> spe
     }
     const std::string value = arg.substr(eq + 1);
     if (spec->min <= spec->max) {
+      const bool digits = !value.empty() && value.find_first_not_of(
+                                                "0123456789", value[0] == '-') == std::string::npos;
+      if (!digits) {
+        fail("--" + name + "=" + value + ": expected a whole number from " +
+             std::to_string(spec->min) + " to " + std::to_string(spec->max));
+      }
       errno = 0;
       char* end = nullptr;
       const long number = strtol(value.c_str(), &end, 10);
@@ -78,7 +85,9 @@ void InstallStopSignals() {
   struct sigaction action {};
   action.sa_handler = [](int signo) {
     stop_requested = 1;
-    signal(signo, SIG_DFL);  // the next one kills
+    (void)signo;
+    signal(SIGINT, SIG_DFL);  // the next one, of either kind, kills
+    signal(SIGTERM, SIG_DFL);
   };
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
@@ -98,9 +107,13 @@ bool ResolveAddress(const std::string& host, uint16_t port, bool passive, sockad
   hints.ai_port_space = RDMA_PS_TCP;
   rdma_addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
-  if (rdma_getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || found == nullptr) {
+  errno = 0;
+  const int rc = rdma_getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    // rdma_getaddrinfo returns getaddrinfo's EAI_* code, or -1 with errno set.
     fprintf(stderr, "cannot resolve \"%s\": %s\n", host.c_str(),
-            errno != 0 ? strerror(errno) : "no such host");
+            rc == -1 || rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+    if (found != nullptr) rdma_freeaddrinfo(found);
     return false;
   }
   const sockaddr* addr = passive ? found->ai_src_addr : found->ai_dst_addr;

@@ -13,7 +13,8 @@
 #ifndef CQD_VERSION_H_
 #define CQD_VERSION_H_
 
-#if !defined(__cplusplus) || __cplusplus < 202002L
+// Below C++20: C++17 and earlier (GCC 10's -std=c++20 still says 201709L, so compare with 17).
+#if !defined(__cplusplus) || __cplusplus <= 201703L
 #error "cqd needs C++20: compile with -std=c++20 (or -std=gnu++20, or later)"
 #endif
 

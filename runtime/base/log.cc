@@ -44,6 +44,7 @@ std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
   for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
     if (LogLevelName(level) == value) least = level;
   }
+  if (std::string_view(value) == "warn") least = LogLevel::kWarning;  // UCX's and others' spelling
   if (!least) {
     std::fprintf(stderr,
                  "cqd: CQD_LOG_LEVEL=%s is not one of debug, info, warning, error, off: the log "

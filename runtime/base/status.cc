@@ -45,8 +45,10 @@ Status ErrnoStatus(std::string_view what, int err) {
 }
 
 void DieOnFailedResult(const Status& status) noexcept {
-  const std::string text = status.ToString();
-  std::fprintf(stderr, "cqd: Result::value() of a failed result: %s\n", text.c_str());
+  // No allocation here: the message must come out even when memory is what ran out.
+  const std::string_view code = StatusCodeName(status.code());
+  std::fprintf(stderr, "cqd: Result::value() of a failed result: %.*s: %s\n",
+               static_cast<int>(code.size()), code.data(), status.message().c_str());
   std::fflush(stderr);
   std::abort();
 }

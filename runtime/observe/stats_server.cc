@@ -97,6 +97,9 @@ Result<TcpAddress> ParseTcp(const std::string& text) {
     }
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
+    if (host.find(':') != std::string::npos) {
+      return InvalidArgument(what + ": an IPv6 address is written [ADDRESS]:PORT");
+    }
   }
   if (port.empty() || port.size() > 5 ||
       port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
@@ -146,8 +149,10 @@ Status StatsServer::CheckTcp(const std::string& address, bool allow_remote) {
 StatsServer::StatsServer(const StatsEndpointOptions& options, std::function<Stats()> snapshot,
                          const Logger& log)
     : path_(options.unix_path),
-      what_(!options.unix_path.empty() ? "stats_socket " + options.unix_path
-                                       : "stats_tcp " + options.tcp),
+      what_(options.tcp.empty() ? "stats_socket " + options.unix_path
+            : options.unix_path.empty()
+                ? "stats_tcp " + options.tcp
+                : "stats_socket " + options.unix_path + " and stats_tcp " + options.tcp),
       per_cq_(options.per_cq),
       snapshot_(std::move(snapshot)),
       log_(log) {}
@@ -240,7 +245,11 @@ Status StatsServer::ListenTcp(const std::string& address) {
     if (err == EADDRINUSE) return AlreadyExists(what + ": the address is in use");
     return ErrnoStatus(what + ": bind", err);
   }
-  if (listen(tcp_fd_, 64) != 0) return ErrnoStatus(what + ": listen", errno);
+  if (listen(tcp_fd_, 64) != 0) {
+    const int err = errno;  // with SO_REUSEADDR a racing bind can succeed twice
+    if (err == EADDRINUSE) return AlreadyExists(what + ": the address is in use");
+    return ErrnoStatus(what + ": listen", err);
+  }
   log_.Info(what + ": serving stats");
   return Status::Ok();
 }

@@ -103,15 +103,19 @@ done
 
 # ---- The shared library: soname, links, and only the public API exported. ----
 major=$(sed -n 's/^#define CQD_VERSION_MAJOR \([0-9]*\)$/\1/p' "$prefix/include/cqd/version.h")
+minor=$(sed -n 's/^#define CQD_VERSION_MINOR \([0-9]*\)$/\1/p' "$prefix/include/cqd/version.h")
+soversion=$major  # while MAJOR is 0 a MINOR step may change the ABI: the soname says 0.MINOR
+[[ $major == 0 ]] && soversion=0.$minor
 have_shared=false
 if (( ${#sanitize[@]} == 0 )); then  # sanitizer builds make no shared library
   have_shared=true
   so=$prefix/lib/libcqd.so.$version
   [[ -f $so && ! -L $so ]] || fail "not installed as a file: $so"
-  expect_eq "libcqd.so.$major" "$(readlink "$prefix/lib/libcqd.so.$major")" "libcqd.so.$version"
-  expect_eq "libcqd.so" "$(readlink "$prefix/lib/libcqd.so")" "libcqd.so.$major"
+  expect_eq "libcqd.so.$soversion" "$(readlink "$prefix/lib/libcqd.so.$soversion")" \
+    "libcqd.so.$version"
+  expect_eq "libcqd.so" "$(readlink "$prefix/lib/libcqd.so")" "libcqd.so.$soversion"
   expect_eq "libcqd.so's soname" \
-    "$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')" "libcqd.so.$major"
+    "$(readelf -d "$so" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')" "libcqd.so.$soversion"
   # Exported: functions and classes of namespace cqd whose names start with an upper-case letter
   # (the public API), their type info and vtables. Not cqd::internal, cqd::sim_internal,
   # cqd::backend, moodycamel, the standard library's instantiations or any sanitizer hook.
@@ -138,8 +142,8 @@ run_consumer() {  # run_consumer LABEL BINARY
 }
 needs_shared() {  # needs_shared LABEL BINARY WANT(true|false): whether it loads libcqd.so
   local got=false
-  readelf -d "$2" | grep -q "NEEDED.*\[libcqd\.so\.$major\]" && got=true
-  expect_eq "$1: needs libcqd.so.$major" "$got" "$3"
+  readelf -d "$2" | grep -qF "[libcqd.so.$soversion]" && got=true
+  expect_eq "$1: needs libcqd.so.$soversion" "$got" "$3"
 }
 
 # Static: the archive named explicitly, with what `pkg-config --static` lists beside it.
@@ -243,6 +247,20 @@ expect_eq "--libdir: cqd.pc libdir" \
   fail "--uninstall failed"
 left=$(find "$other" \( -type f -o -type l \) | head -5)
 expect_eq "--uninstall: files left" "$left" ""
+expect_eq "--uninstall: folders left" "$(find "$other" -mindepth 1 | head -5)" ""
+# An install over an earlier one leaves nothing of it behind: a tree without a shared library
+# (as a sanitizer build's) installed over one with it takes the shared library away too.
+if [[ $have_shared == true ]]; then
+  "$install_sh" --prefix "$other" --from "$dist" >/dev/null
+  no_shared="$TEST_TMPDIR/dist_no_shared"
+  cp -rL "$dist" "$no_shared"
+  rm -rf "$no_shared/shared"
+  "$install_sh" --prefix "$other" --from "$no_shared" >/dev/null
+  expect_eq "reinstall without a shared library: libcqd.so* left" \
+    "$(find "$other/lib" -name 'libcqd.so*' | head -3)" ""
+  [[ -f $other/lib/libcqd.a ]] || fail "reinstall: no libcqd.a"
+  "$install_sh" --uninstall --prefix "$other" >/dev/null || fail "--uninstall after reinstall"
+fi
 if "$install_sh" --uninstall --prefix "$other" >/dev/null 2>&1; then
   fail "--uninstall of nothing succeeded"
 else

@@ -11,7 +11,8 @@ Lays out, under bazel-bin/<package>/<name>/:
                            (tools/install.sh writes the real prefix instead)
   include/cqd/*.h          the public headers (`hdrs`)
   cmake/*.cmake.in         the CMake package config's templates (`cmake_templates`)
-  shared/libcqd.so         the same objects as a shared library: soname libcqd.so.MAJOR, only
+  shared/libcqd.so         the same objects as a shared library: soname libcqd.so.MAJOR (0.x:
+                           libcqd.so.0.MINOR), only
                            what `version_script` names exported (not made in sanitizer builds)
 
 and, beside it, <name>.link_flags: the -fsanitize=... link options of the build configuration
@@ -79,10 +80,11 @@ def _cqd_dist_impl(ctx):
         progress_message = "Archiving %s" % archive.short_path,
     )
 
-    # shared/libcqd.so: the same objects as one shared library, its soname libcqd.so.MAJOR (from
-    # the version header), exporting only what the version script names. Not under lib/, so that
-    # -lcqd in the uninstalled tree keeps linking the archive; tools/install.sh installs it as
-    # libcqd.so.X.Y.Z with the libcqd.so.MAJOR and libcqd.so links. Sanitizer builds make none:
+    # shared/libcqd.so: the same objects as one shared library, exporting only what the version
+    # script names; its soname is libcqd.so.MAJOR, or libcqd.so.0.MINOR while MAJOR is 0 (from
+    # the version header). Not under lib/, so that -lcqd in the uninstalled tree keeps linking
+    # the archive; tools/install.sh installs it as libcqd.so.X.Y.Z with the soname's link and
+    # libcqd.so. Sanitizer builds make none:
     # their objects need the sanitizer's runtime in the executable, not in a library.
     sanitizers = [f for f in ctx.fragments.cpp.linkopts if f.startswith("-fsanitize=")]
     shared = []
@@ -104,8 +106,11 @@ export PATH="/usr/bin:/bin:${PATH:-}"  # the compiler driver finds ld there
 cc=$1 header=$2 out=$3 map=$4 name=$5; shift 5
 objects=(); while [ "$1" != -- ]; do objects+=("$1"); shift; done; shift
 major=$(sed -n 's/^#define CQD_VERSION_MAJOR \\([0-9][0-9]*\\)$/\\1/p' "$header")
-test -n "$major"
-"$cc" -shared -o "$out" -Wl,-soname,lib$name.so.$major -Wl,--version-script="$map" \
+minor=$(sed -n 's/^#define CQD_VERSION_MINOR \\([0-9][0-9]*\\)$/\\1/p' "$header")
+test -n "$major" && test -n "$minor"
+# While MAJOR is 0 a MINOR step may change the ABI: the soname carries both.
+if [ "$major" = 0 ]; then soversion=0.$minor; else soversion=$major; fi
+"$cc" -shared -o "$out" -Wl,-soname,lib$name.so.$soversion -Wl,--version-script="$map" \
   -Wl,--no-undefined -Wl,--as-needed "${objects[@]}" "$@" -lstdc++ -lm
 """,
             mnemonic = "CqdSharedLibrary",
