@@ -23,7 +23,9 @@ enum class ConsumerKind {
   kOwnedThread,   // a thread the runtime starts, pins (optionally) and stops
   kEngineDriven,  // the engine's own thread calls Runtime::Drain when Runtime::NotifyFd is readable
   // Run to completion: the handlers run on the thread of poller `ConsumerOptions::poller`, right
-  // after it polls, with no handoff between threads (as SPDK and perftest do). The same
+  // after it polls, with no handoff between threads (as SPDK and perftest do). On an
+  // engine-driven shard (RuntimeOptions::engine_shards) that is the engine thread, inside
+  // Runtime::PollShard. The same
   // guarantees hold as for the other kinds (order, Unregister, TeardownQp, events). A QP on it
   // must have both CQs on that poller's shard (RegisterQp refuses others). Choose it for
   // latency-critical QPs whose handlers are short: a slow handler delays every CQ of the shard.
@@ -69,6 +71,12 @@ struct RuntimeOptions {
   int pollers = 1;  // poller threads = CQ shards (1..256)
   // Empty: not pinned (but see auto_placement); else one CPU per poller.
   std::vector<int> poller_cpus;
+  // Engine-driven shards: the shards (0..pollers-1, each at most once) whose poller is a step of
+  // the engine's own loop rather than a thread of the runtime. No thread is started for them;
+  // one engine thread at a time drives each with Runtime::PollShard and Runtime::TrySleepShard
+  // and sleeps on Runtime::ShardFd (runtime.h, "Engine-driven shards"). Their poller_cpus
+  // entries are ignored (the engine places its own threads); auto_placement never moves them.
+  std::vector<int> engine_shards;
   int poll_batch = 32;  // completions per ibv_poll_cq call (1..1024)
   // A poller that found nothing for this long arms its CQs, polls once more, and sleeps
   // (0..24 h; to never sleep, use busy_poll).

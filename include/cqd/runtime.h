@@ -266,6 +266,42 @@ class Runtime {
   // epoll set (level- or edge-triggered). Valid until the runtime is destroyed.
   Result<int> NotifyFd(ConsumerId consumer);
 
+  // Engine-driven shards (RuntimeOptions::engine_shards): the engine's loop is the shard's
+  // poller. One engine thread at a time drives a shard (a call while another thread drives it
+  // returns 0 at once); it may be any thread, and a different one from call to call. Every
+  // guarantee of runtime-owned shards holds (order, events after completions, parking, capacity,
+  // TeardownQp, Unregister, Shutdown): control calls that need the shard (CreateCq, RegisterQp,
+  // Unregister, a teardown's end...) run their part on it themselves when no PollShard or
+  // TrySleepShard is in progress, else that call runs it before it returns (or, from one of the
+  // shard's handlers waiting for the runtime, while it waits). So no control call waits for the
+  // engine to come back: a shard that is not polled delays only its own completions, and its
+  // teardowns end by their deadline. OrphanHandlers run inside these calls as on a poller (no
+  // control calls from them).
+  //
+  // One step of the shard's poller: places posted async events, hands spilled entries to
+  // consumers that have room, polls the shard's CQs round robin for up to `budget` completions
+  // (at most poll_batch per CQ) and routes them, then runs the shard's run-to-completion
+  // handlers inline, a few batches each. After Shutdown it runs those handlers on what they
+  // still hold, and then returns 0 for good. Returns the work done (completions taken off CQs,
+  // plus events placed and entries handed over or dispatched; 0: none), -EINVAL if `shard` is not
+  // an engine-driven shard of this runtime or `budget` < 1, -EBUSY from a handler or
+  // OrphanHandler running inside this shard's own PollShard.
+  int PollShard(int shard, int budget) noexcept;
+  // The sleep protocol (Seastar's try_enter_interrupt_mode). Arms the shard's CQs that are not
+  // armed, polls them once more (what that finds is routed, not dropped) and checks for posted
+  // work. Returns 1 when the engine may sleep until ShardFd(shard) is readable: from the arm on,
+  // a completion on any of the shard's CQs, an async event posted to it, an item queued for one
+  // of its run-to-completion consumers, a control call run on it, and Shutdown each make the fd
+  // readable, so no wakeup is lost. Returns 0 when the engine must poll again: it found work,
+  // another thread was driving the shard, or nothing could wake the fd (a consumer the shard
+  // feeds is full, an arm failed, the shard's completion channel failed). Errors as PollShard.
+  // The engine may skip it and keep polling; calling it twice in a row is harmless.
+  int TrySleepShard(int shard) noexcept;
+  // Returns the shard's fd (an eventfd, non-blocking) for the engine's epoll set: EPOLLIN, level-
+  // or edge-triggered. PollShard reads it; the engine must not. Valid until the runtime is
+  // destroyed. kInvalidArgument if `shard` is not an engine-driven shard.
+  Result<int> ShardFd(int shard);
+
   Stats GetStats() const;
 
   // Ends every pending teardown (OK if drained, else kCancelled), then stops the event thread and

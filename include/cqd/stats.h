@@ -17,6 +17,7 @@ namespace cqd {
 struct PollerStats {
   int cpu = -1;               // pinned CPU (RuntimeOptions::poller_cpus), -1 if not pinned
   int numa_node = -1;         // NUMA node whose CPUs auto_placement confined it to, or -1
+  int engine_driven = 0;      // 1: an engine-driven shard (RuntimeOptions::engine_shards)
   uint64_t polls = 0;         // poll calls on CQs
   uint64_t empty_polls = 0;   // ... of which returned nothing
   uint64_t completions = 0;   // completions taken off CQs

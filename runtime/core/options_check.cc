@@ -56,6 +56,18 @@ Status CheckOptions(const RuntimeOptions& o) {
       if (Status s = CheckCpu("poller_cpus", cpu); !s.ok()) return s;
     }
   }
+  for (size_t i = 0; i < o.engine_shards.size(); ++i) {
+    const int shard = o.engine_shards[i];
+    if (shard < 0 || shard >= o.pollers) {
+      return InvalidArgument("engine_shards[" + Str(i) + "] is " + Str(shard) +
+                             ", must be a shard in 0.." + Str(o.pollers - 1));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (o.engine_shards[j] == shard) {
+        return InvalidArgument("engine_shards names shard " + Str(shard) + " twice");
+      }
+    }
+  }
   if (o.poll_batch < 1 || o.poll_batch > 1024) {
     return InvalidArgument("poll_batch is " + Str(o.poll_batch) + ", must be in 1..1024");
   }

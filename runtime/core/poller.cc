@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/core/poller.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 
@@ -23,7 +27,13 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
       batch_slots_(std::make_unique<const Slot*[]>(options.poll_batch)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
-                         [](const ConsumerOptions& c) { return c.record_latency; })) {
+                         [](const ConsumerOptions& c) { return c.record_latency; })),
+      engine_driven_(std::find(options.engine_shards.begin(), options.engine_shards.end(),
+                               index) != options.engine_shards.end()) {
+  if (engine_driven_) {
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    parker_.UseEventFd(wake_fd_);
+  }
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
     lanes_.push_back(&consumers_[c]->lane(index_));
@@ -37,14 +47,30 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
   listed_.reserve(consumers_.size());
 }
 
-Poller::~Poller() { Stop(); }
+Poller::~Poller() {
+  Stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
 
-void Poller::Start() {
+Status Poller::Start() {
+  if (engine_driven_ && wake_fd_ < 0) {
+    return ErrnoStatus("engine-driven shard " + std::to_string(index_) + ": eventfd", errno);
+  }
   mailbox_.Open();
-  thread_ = std::thread([this] { Run(); });
+  if (!engine_driven_) thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
 }
 
 void Poller::Stop() {
+  if (engine_driven_) {
+    if (stopped_.load(std::memory_order_acquire) || wake_fd_ < 0) return;
+    RunSync([this] {
+      HandOverAll();
+      stopped_.store(true, std::memory_order_release);
+    });
+    parker_.Wake();  // the engine's next Step dispatches what its hosted consumers hold
+    return;
+  }
   if (!thread_.joinable()) return;
   stop_.store(true, std::memory_order_seq_cst);
   parker_.Wake();
@@ -56,7 +82,123 @@ void Poller::RunSync(const std::function<void()>& fn) {
     fn();
     return;
   }
+  if (engine_driven_) {
+    // Run by this thread if nobody drives the shard, else by the driver before it lets go.
+    mailbox_.RunSync(fn, [this] { ServeIfFree(); });
+    return;
+  }
   mailbox_.RunSync(fn, [this] { parker_.Wake(); });
+}
+
+void Poller::ServeIfFree() noexcept {
+  if (!mailbox_.pending() || !TryDrive()) return;
+  const bool was_runtime = tls_runtime_thread;
+  tls_runtime_thread = true;  // an OrphanHandler called from here must not call the runtime
+  mailbox_.RunPosted();
+  tls_runtime_thread = was_runtime;
+  Release();
+  parker_.Wake();  // the engine's next PrepareSleep arms what changed (a CQ added)
+}
+
+void Poller::Release() noexcept {
+  driver_.store(0, std::memory_order_seq_cst);
+  // A control call that found the driver taken relies on this check (the header comment).
+  if (mailbox_.pending()) ServeIfFree();
+}
+
+void Poller::EndSleep() noexcept {
+  if (sleep_prepared_) {
+    sleep_prepared_ = false;
+    if (!parker_.TryCancel()) wake_owed_ = true;  // a Wake got there first: its write comes
+  }
+  if (!wake_owed_) return;
+  uint64_t value = 0;
+  ssize_t got;
+  while ((got = read(wake_fd_, &value, sizeof(value))) < 0 && errno == EINTR) {
+  }
+  if (got == sizeof(value)) wake_owed_ = false;  // else not written yet: read it next time
+}
+
+int Poller::Step(int budget) noexcept {
+  if (driver_.load(std::memory_order_relaxed) == ThreadToken()) return -EBUSY;
+  if (!TryDrive()) return 0;
+  const bool was_runtime = tls_runtime_thread;
+  tls_runtime_thread = true;  // as on a poller thread: OrphanHandlers must not call the runtime
+  if (last_driver_.load(std::memory_order_relaxed) != ThreadToken()) {
+    last_driver_.store(ThreadToken(), std::memory_order_relaxed);
+  }
+  EndSleep();
+  int work = 0;
+  if (mailbox_.pending()) mailbox_.RunPosted();
+  if (stopped_.load(std::memory_order_relaxed)) {
+    work = StepStopped();
+  } else {
+    if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
+      work += PlaceEvents() ? 1 : 0;
+    }
+    if (!listed_.empty()) work += Flush(false) ? 1 : 0;
+    if (UnparkPending()) Unpark();
+    work += PollAll(budget);
+    if (!hosted_.empty()) work += RunHosted();
+  }
+  tls_runtime_thread = was_runtime;
+  Release();
+  return work;
+}
+
+int Poller::StepStopped() noexcept {
+  // As the thread does when it stops: dispatch what the hosted consumers hold, then close them.
+  int work = 0;
+  for (Consumer* consumer : hosted_) {
+    const Lane& lane = *lanes_[consumer->index()];
+    if (lane.spill_empty() && consumer->CloseIfEmpty()) continue;
+    for (int round = 0; round < 4; ++round) {
+      tls_runtime_thread = false;
+      tls_wait_duty = {&Poller::ServeMailbox, this};
+      const int n = DispatchHosted(*consumer);
+      tls_wait_duty = {};
+      tls_runtime_thread = true;
+      if (n == 0) break;
+      work += n;
+    }
+  }
+  return work;
+}
+
+int Poller::PrepareSleep() noexcept {
+  if (driver_.load(std::memory_order_relaxed) == ThreadToken()) return -EBUSY;
+  if (!TryDrive()) return 0;
+  int verdict = 1;
+  if (wake_owed_) EndSleep();
+  if (sleep_prepared_ || wake_owed_) {
+    // Already prepared (a Wake since then has written or will write the fd), or a write is
+    // still on its way: either way the fd will be readable.
+  } else {
+    const bool was_runtime = tls_runtime_thread;
+    tls_runtime_thread = true;
+    parker_.Prepare();  // from here a Wake writes the fd
+    bool busy;
+    if (stopped_.load(std::memory_order_relaxed)) {
+      busy = HostedPending() || mailbox_.pending();
+    } else {
+      ArmAll();
+      // S6: completions that arrived before arming raise no event: poll once more.
+      busy = PollAll() > 0 || mailbox_.pending() ||
+             inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() ||
+             UnparkPending() || !listed_.empty() || !deferred_.empty() || arm_failed_ ||
+             notifications_broken_.load(std::memory_order_relaxed);
+    }
+    tls_runtime_thread = was_runtime;
+    if (busy) {
+      if (!parker_.TryCancel()) wake_owed_ = true;
+      verdict = 0;
+    } else {
+      sleep_prepared_ = true;
+      Count(sleeps_, 1);
+    }
+  }
+  Release();
+  return verdict;
 }
 
 void Poller::ServeMailbox(void* self) {
@@ -64,25 +206,29 @@ void Poller::ServeMailbox(void* self) {
   if (poller->mailbox_.pending()) poller->mailbox_.RunPosted();
 }
 
-bool Poller::RunHosted() noexcept {
+int Poller::RunHosted() noexcept {
   // Handlers may call the runtime from here (thread_role.h).
   tls_runtime_thread = false;
   tls_wait_duty = {&Poller::ServeMailbox, this};
-  bool worked = false;
+  int worked = 0;
   for (Consumer* consumer : hosted_) {
     // A few batches per pass, so that polling goes on under a steady stream.
-    for (int round = 0; round < 4 && DispatchHosted(*consumer); ++round) worked = true;
+    for (int round = 0; round < 4; ++round) {
+      const int n = DispatchHosted(*consumer);
+      if (n == 0) break;
+      worked += n;
+    }
   }
   tls_wait_duty = {};
   tls_runtime_thread = true;
   return worked;
 }
 
-bool Poller::DispatchHosted(Consumer& consumer) noexcept {
+int Poller::DispatchHosted(Consumer& consumer) noexcept {
   // What this poller queued is older than its spill: the queue goes first.
-  if (consumer.Pending()) return consumer.Dispatch(1024) > 0;
+  if (consumer.Pending()) return consumer.Dispatch(1024);
   Lane& lane = *lanes_[consumer.index()];
-  if (lane.spill_empty()) return false;
+  if (lane.spill_empty()) return 0;
   const uint64_t begin = lane.published();
   const uint32_t at = lane.IndexOf(begin);
   const uint32_t n = std::min({lane.spill_size(), static_cast<uint32_t>(consumer.dispatch_batch()),
@@ -92,7 +238,7 @@ bool Poller::DispatchHosted(Consumer& consumer) noexcept {
   lane.PopFront(n);
   NoteSpill(consumer.index());
   consumer.DispatchLane(lane, at, n, begin + n);
-  return true;
+  return static_cast<int>(n);
 }
 
 bool Poller::HostedPending() const noexcept {
@@ -279,7 +425,7 @@ void Poller::Run() {
     if (!listed_.empty()) worked |= Flush(false);
     if (UnparkPending()) Unpark();
     if (PollAll() > 0) worked = true;
-    if (!hosted_.empty()) worked |= RunHosted();
+    if (!hosted_.empty()) worked |= RunHosted() > 0;
     if (worked) {
       idle = false;
       continue;
@@ -297,30 +443,32 @@ void Poller::Run() {
       idle = false;
     }
   }
-  // Everything taken off the CQs so far, and every posted event, reaches a consumer (they
-  // outlive the pollers' shutdown). PostEvent waits on inbox_mu_ meanwhile and afterwards hands
-  // events over directly, behind everything this flush moved.
-  {
-    std::lock_guard<std::mutex> lock(inbox_mu_);
-    for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
-    inbox_.clear();
-    Flush(/*force=*/true);
-    // Behind everything the lanes handed over, each event on its own (it needs no lane room).
-    for (PostedEvent& posted : deferred_) {
-      consumers_[posted.consumer]->Reserve(1);
-      consumers_[posted.consumer]->Push(tokens_[posted.consumer], &posted.item, 1);
-    }
-    deferred_.clear();
-    inbox_open_ = false;
-  }
+  HandOverAll();
   // The run-to-completion consumers' last handlers run here (events posted meanwhile go straight
   // to their queues, and whatever a handler's control call routes here meanwhile is dispatched
   // from the spill); then they close.
   for (Consumer* consumer : hosted_) {
     const Lane& lane = *lanes_[consumer->index()];
-    while (!lane.spill_empty() || !consumer->CloseIfEmpty()) RunHosted();
+    while (!lane.spill_empty() || !consumer->CloseIfEmpty()) (void)RunHosted();
   }
   mailbox_.Close();
+}
+
+void Poller::HandOverAll() {
+  // Everything taken off the CQs so far, and every posted event, reaches a consumer (they
+  // outlive the pollers' shutdown). PostEvent waits on inbox_mu_ meanwhile and afterwards hands
+  // events over directly, behind everything this flush moved.
+  std::lock_guard<std::mutex> lock(inbox_mu_);
+  for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
+  inbox_.clear();
+  Flush(/*force=*/true);
+  // Behind everything the lanes handed over, each event on its own (it needs no lane room).
+  for (PostedEvent& posted : deferred_) {
+    consumers_[posted.consumer]->Reserve(1);
+    consumers_[posted.consumer]->Push(tokens_[posted.consumer], &posted.item, 1);
+  }
+  deferred_.clear();
+  inbox_open_ = false;
 }
 
 bool Poller::PlaceEvents() {
@@ -383,19 +531,25 @@ CqRecord* Poller::FindCq(uint32_t id) noexcept {
   return nullptr;
 }
 
-int Poller::PollAll() noexcept {
+int Poller::PollAll(int budget) noexcept {
   int found = 0;
   size_t kept = 0;
-  Clock::time_point now{};  // read at most once per pass, by the first CQ that needs it
+  size_t resume = SIZE_MAX;  // where the budget ran out: the next pass starts there
+  Clock::time_point now{};   // read at most once per pass, by the first CQ that needs it
   for (size_t i = 0; i < cqs_.size(); ++i) {
     CqRecord* cq = cqs_[i];
     cqs_[kept++] = cq;
     if (cq->poll_failed) continue;
+    if (found >= budget) {
+      if (resume == SIZE_MAX) resume = kept - 1;
+      continue;
+    }
     int room = RoomFor(*cq);
     if (room == 0) {  // a consumer it shares is stalled: leave the completions in the CQ
       Count(backpressure_stalls_, 1);
       continue;
     }
+    room = std::min(room, budget - found);
     int n = PollOne(cq, room);
     if (n != 0) {
       if (n > 0) found += n;
@@ -421,6 +575,7 @@ int Poller::PollAll() noexcept {
     }
   }
   cqs_.resize(kept);
+  if (resume != SIZE_MAX) std::rotate(cqs_.begin(), cqs_.begin() + resume, cqs_.end());
   return found;
 }
 
@@ -736,20 +891,7 @@ void Poller::NoteSpill(uint32_t consumer) noexcept {
 
 void Poller::TrySleep() noexcept {
   uint32_t ticket = parker_.Prepare();
-  arm_failed_ = false;
-  for (CqRecord* cq : cqs_) {
-    if (cq->poll_failed || cq->device->failed.load(std::memory_order_relaxed)) continue;
-    if (cq->armed.load(std::memory_order_seq_cst)) continue;  // a notification is pending (S7)
-    cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
-    Count(arms_, 1);
-    if (cq->cq->RequestNotify(cq->solicited_only) != 0) {
-      // Not armed: no event will come. Clear the mark so the next sleep tries again, and sleep
-      // only briefly meanwhile.
-      cq->armed.store(false, std::memory_order_seq_cst);
-      Count(arm_failures_, 1);
-      arm_failed_ = true;
-    }
-  }
+  ArmAll();
   // S6: completions that arrived before arming raise no event: poll once more.
   if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
       HostedPending() || UnparkPending() || stop_.load(std::memory_order_seq_cst)) {
@@ -766,9 +908,27 @@ void Poller::TrySleep() noexcept {
   }
 }
 
+void Poller::ArmAll() noexcept {
+  arm_failed_ = false;
+  for (CqRecord* cq : cqs_) {
+    if (cq->poll_failed || cq->device->failed.load(std::memory_order_relaxed)) continue;
+    if (cq->armed.load(std::memory_order_seq_cst)) continue;  // a notification is pending (S7)
+    cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
+    Count(arms_, 1);
+    if (cq->cq->RequestNotify(cq->solicited_only) != 0) {
+      // Not armed: no event will come. Clear the mark so the next sleep tries again, and sleep
+      // only briefly meanwhile.
+      cq->armed.store(false, std::memory_order_seq_cst);
+      Count(arm_failures_, 1);
+      arm_failed_ = true;
+    }
+  }
+}
+
 PollerStats Poller::stats() const {
   PollerStats s;
-  s.cpu = options_.poller_cpus.empty() ? -1 : options_.poller_cpus[index_];
+  s.cpu = options_.poller_cpus.empty() || engine_driven_ ? -1 : options_.poller_cpus[index_];
+  s.engine_driven = engine_driven_ ? 1 : 0;
   s.polls = polls_.load(std::memory_order_relaxed);
   s.empty_polls = empty_polls_.load(std::memory_order_relaxed);
   s.completions = completions_.load(std::memory_order_relaxed);

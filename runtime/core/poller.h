@@ -53,14 +53,31 @@
 // Producers wake this poller instead of such a consumer, and the sleep re-checks their queues.
 // When the thread stops it dispatches what they still hold and closes them.
 //
-// Threading: the CQ list, the spills and CqRecord::uses belong to the poller thread. Other
-// threads change them only through the control calls below, which run on the poller thread
-// between two passes (or inline once it has stopped) and wait for it. PostEvent and Wake may be
-// called from any thread.
+// Engine-driven shards (RuntimeOptions::engine_shards) have no thread: the engine's loop calls
+// Step (one pass) and PrepareSleep (the arm-then-poll-once-more protocol), and sleeps on `fd()`,
+// an eventfd the Parker writes instead of a futex. The poller's state then belongs to whichever
+// thread holds `driver_` (a compare-and-swap from 0 to its ThreadToken, seq_cst): the engine
+// inside Step or PrepareSleep, or a control thread. A control call posts its part to the mailbox
+// and then tries to take the driver itself and run it (ServeIfFree); if the engine holds it, the
+// engine runs it before it lets go: Release stores 0 and then checks the mailbox (both seq_cst),
+// so either the control thread's CAS sees the driver free or the engine sees the post. A handler
+// of the shard waiting for the runtime serves the mailbox as on a thread (the wait duty). So no
+// control call waits for the engine to come back, only for a Step in progress. Every control
+// part run this way, and Stop, writes the fd if the engine prepared to sleep: a CQ added
+// meanwhile is armed by the next PrepareSleep. Sleeping when a bounded wait would be needed
+// (a full spill, a failed arm, broken notifications) is refused: PrepareSleep says poll again.
+// After Stop the engine's Steps dispatch what the hosted consumers still hold and close them.
+//
+// Threading: the CQ list, the spills and CqRecord::uses belong to the poller thread (the
+// driver, on an engine-driven shard). Other threads change them only through the control calls
+// below, which run on the poller thread between two passes (or inline once it has stopped, or
+// while nobody drives an engine-driven shard) and wait for it. PostEvent and Wake may be called
+// from any thread.
 #ifndef CQD_RUNTIME_CORE_POLLER_H_
 #define CQD_RUNTIME_CORE_POLLER_H_
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -71,6 +88,7 @@
 #include "cqd/stats.h"
 #include "runtime/base/mailbox.h"
 #include "runtime/base/parker.h"
+#include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/lane.h"
 #include "runtime/core/orphans.h"
@@ -88,10 +106,25 @@ class Poller {
   Poller(const Poller&) = delete;
   Poller& operator=(const Poller&) = delete;
 
-  void Start();
+  // Starts the thread (engine-driven: opens the mailbox). Fails only for an engine-driven shard
+  // whose eventfd could not be made.
+  Status Start();
   // Stops polling, hands everything it holds (spills, posted events) to the consumers, and
-  // joins. Events posted afterwards go straight to their consumer.
+  // joins. Events posted afterwards go straight to their consumer. Engine-driven: waits only for
+  // a Step in progress.
   void Stop();
+
+  // Engine-driven shards only, on the engine's thread (Runtime::PollShard, TrySleepShard).
+  bool engine_driven() const { return engine_driven_; }
+  // One pass: returns the work done, 0 if another thread drives the shard, -EBUSY if this one
+  // does (a handler or OrphanHandler inside this shard's Step).
+  int Step(int budget) noexcept;
+  // Returns 1 if the engine may sleep until fd() is readable, 0 if it must poll again, -EBUSY
+  // as Step.
+  int PrepareSleep() noexcept;
+  int fd() const { return wake_fd_; }
+  // ThreadToken() of the thread that last called Step (relaxed): Teardown::Wait refuses it.
+  const std::atomic<uintptr_t>& last_driver() const { return last_driver_; }
 
   // Control path (each waits for the poller thread).
   void AddCq(CqRecord* cq);
@@ -154,9 +187,26 @@ class Poller {
   };
   void Run();
   void RunSync(const std::function<void()>& fn);
-  // Polls every CQ in the passes once, parking those idle long enough; returns the number of
-  // completions taken.
-  int PollAll() noexcept;
+  // Hands everything polled and posted to the consumers (Stop); closes the inbox.
+  void HandOverAll();
+  // Engine-driven: takes or gives back the driver (see the header comment).
+  bool TryDrive() noexcept {
+    uintptr_t none = 0;
+    return driver_.compare_exchange_strong(none, ThreadToken(), std::memory_order_seq_cst);
+  }
+  void Release() noexcept;
+  // Any thread: runs what was posted to the mailbox if nobody drives the shard.
+  void ServeIfFree() noexcept;
+  // The driver: a sleep PrepareSleep allowed is over; reads the fd if a write is owed.
+  void EndSleep() noexcept;
+  // The driver: Step after Stop; returns the entries dispatched.
+  int StepStopped() noexcept;
+  // Arms every CQ in the passes not armed yet (S7); sets arm_failed_.
+  void ArmAll() noexcept;
+  // Polls every CQ in the passes once, for up to `budget` completions in all, parking those
+  // idle long enough; returns the number of completions taken. A pass the budget cut short
+  // starts the next one at the first CQ it left out.
+  int PollAll(int budget = INT32_MAX) noexcept;
   // Arms `cq` if it is not, polls it once more, and returns true if it may be parked.
   bool TryPark(CqRecord* cq) noexcept;
   // Puts parked CQs whose event came (or all, after UnparkAll) back into the passes.
@@ -209,11 +259,11 @@ class Poller {
   void NoteSpill(uint32_t consumer) noexcept;
   // Moves posted events into lanes that have room; returns true if any moved.
   bool PlaceEvents();
-  // Dispatches the run-to-completion consumers this poller hosts; true if a handler ran.
-  bool RunHosted() noexcept;
+  // Dispatches the run-to-completion consumers this poller hosts; returns how many entries.
+  int RunHosted() noexcept;
   // One batch of hosted `consumer`: from its queue if anything is queued, else in place from
-  // the spill of this poller's lane. Returns true if it dispatched anything.
-  bool DispatchHosted(Consumer& consumer) noexcept;
+  // the spill of this poller's lane. Returns how many entries it dispatched.
+  int DispatchHosted(Consumer& consumer) noexcept;
   bool HostedPending() const noexcept;
   static void ServeMailbox(void* self);  // the wait duty of RunHosted's handlers
   void TrySleep() noexcept;
@@ -259,6 +309,14 @@ class Poller {
 
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  // Engine-driven shards.
+  const bool engine_driven_;
+  int wake_fd_ = -1;                  // the eventfd the engine sleeps on
+  bool sleep_prepared_ = false;       // the driver's: PrepareSleep said 1 and no Step came since
+  bool wake_owed_ = false;            // the driver's: a Wake won the race, its write is unread
+  std::atomic<bool> stopped_{false};  // Stop ran (HandOverAll)
+  alignas(64) std::atomic<uintptr_t> driver_{0};  // ThreadToken of the driver; 0: none
+  std::atomic<uintptr_t> last_driver_{0};
   std::atomic<bool> notifications_broken_{false};
   alignas(64) std::atomic<uint32_t> cq_events_{0};  // bumped by the event thread (CqEvents)
   std::atomic<bool> unpark_all_{false};

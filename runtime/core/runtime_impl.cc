@@ -70,7 +70,9 @@ Status RuntimeImpl::Start() {
     if (Status s = consumer->Start(); !s.ok()) return s;
   }
   if (Status s = events_->Start(); !s.ok()) return s;
-  for (auto& poller : pollers_) poller->Start();
+  for (auto& poller : pollers_) {
+    if (Status s = poller->Start(); !s.ok()) return s;
+  }
   teardowns_->Start();
   if (!options_.stats_socket.empty() || !options_.stats_tcp.empty()) {
     const StatsEndpointOptions endpoint{options_.stats_socket, options_.stats_socket_mode,
@@ -588,6 +590,12 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   if (consumers_[consumer]->kind() == ConsumerKind::kEngineDriven) {
     teardown->drainer = &consumers_[consumer]->last_drainer();
   }
+  for (int k = 0; k < 2; ++k) {  // the markers come back only through the CQs' shards
+    const CqRecord* cq = cqs_.Find((k == 0 ? slot.send_cq : slot.recv_cq).load(std::memory_order_relaxed));
+    if (cq != nullptr && pollers_[cq->shard]->engine_driven()) {
+      teardown->shard_drivers[k] = &pollers_[cq->shard]->last_driver();
+    }
+  }
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
   slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
@@ -629,6 +637,33 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   if (c.kind() != ConsumerKind::kEngineDriven) return -EINVAL;
   if (c.DispatchingHere()) return -EBUSY;  // from one of its own handlers
   return max <= 0 ? 0 : c.Drain(max);
+}
+
+int RuntimeImpl::PollShard(int shard, int budget) noexcept {
+  if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size() || budget < 1) return -EINVAL;
+  Poller& poller = *pollers_[shard];
+  if (!poller.engine_driven()) return -EINVAL;
+  return poller.Step(budget);
+}
+
+int RuntimeImpl::TrySleepShard(int shard) noexcept {
+  if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size()) return -EINVAL;
+  Poller& poller = *pollers_[shard];
+  if (!poller.engine_driven()) return -EINVAL;
+  return poller.PrepareSleep();
+}
+
+Result<int> RuntimeImpl::ShardFd(int shard) {
+  if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size()) {
+    return InvalidArgument("ShardFd: shard " + Str(shard) + " is not in 0.." +
+                           Str(pollers_.size() - 1));
+  }
+  if (!pollers_[shard]->engine_driven()) {
+    return InvalidArgument("ShardFd: shard " + Str(shard) +
+                           " has a poller thread of the runtime; only engine-driven shards "
+                           "(RuntimeOptions::engine_shards) have a shard fd");
+  }
+  return pollers_[shard]->fd();
 }
 
 Result<int> RuntimeImpl::NotifyFd(ConsumerId consumer) {

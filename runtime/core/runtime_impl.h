@@ -99,6 +99,10 @@ class RuntimeImpl final : private TeardownHost {
                                                     const TeardownOptions& options);
   int Drain(ConsumerId consumer, int max) noexcept;
   Result<int> NotifyFd(ConsumerId consumer);
+  // Engine-driven shards: Runtime::PollShard, TrySleepShard, ShardFd.
+  int PollShard(int shard, int budget) noexcept;
+  int TrySleepShard(int shard) noexcept;
+  Result<int> ShardFd(int shard);
   Stats GetStats() const;
   Status Shutdown();
 

@@ -69,6 +69,9 @@ struct alignas(8) TeardownState {
   // An engine-driven consumer's "last drainer" token (Consumer::last_drainer), or null: Wait on
   // the thread that drains the QP's consumer would wait for itself. Valid while not done.
   const std::atomic<uintptr_t>* drainer = nullptr;
+  // The "last driver" tokens (Poller::last_driver) of the engine-driven shards of the QP's send
+  // and receive CQs, or null: Wait on such a thread would wait for the markers it must poll.
+  const std::atomic<uintptr_t>* shard_drivers[2] = {nullptr, nullptr};
 
   // Returns t + d, or the latest time point where that would overflow (so that a timeout of
   // milliseconds::max() means "no deadline").

@@ -240,6 +240,14 @@ Status Teardown::Wait() const {
     refused =
         "called from the thread that drains the QP's engine-driven consumer (nothing "
         "would deliver its markers)";
+  } else {
+    for (const std::atomic<uintptr_t>* driver : state_->shard_drivers) {
+      if (driver != nullptr && driver->load(std::memory_order_relaxed) == internal::ThreadToken()) {
+        refused =
+            "called from the thread that polls the engine-driven shard of the QP's CQs (nothing "
+            "would poll its markers)";
+      }
+    }
   }
   if (refused != nullptr) {
     return FailedPrecondition(std::string("Teardown::Wait: ") + refused +
@@ -250,6 +258,11 @@ Status Teardown::Wait() const {
 }
 
 int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
+int Runtime::PollShard(int shard, int budget) noexcept { return impl_->PollShard(shard, budget); }
+int Runtime::TrySleepShard(int shard) noexcept { return impl_->TrySleepShard(shard); }
+Result<int> Runtime::ShardFd(int shard) {
+  return Guarded("ShardFd", [&] { return impl_->ShardFd(shard); });
+}
 Result<int> Runtime::NotifyFd(ConsumerId consumer) {
   return Guarded("NotifyFd", [&] { return impl_->NotifyFd(consumer); });
 }

@@ -314,6 +314,7 @@ constexpr Field<DeviceStats> kDeviceFields[] = {
 constexpr Field<PollerStats> kPollerFields[] = {
     I<PollerStats>("cpu", nullptr, nullptr, &PollerStats::cpu),  // cqd_poller_info
     I<PollerStats>("numa_node", nullptr, nullptr, &PollerStats::numa_node),
+    I<PollerStats>("engine_driven", nullptr, nullptr, &PollerStats::engine_driven),
     U<PollerStats>("polls", "cqd_poller_polls_total", "counter", "Poll calls on CQs.",
                    &PollerStats::polls),
     U<PollerStats>("empty_polls", "cqd_poller_empty_polls_total", "counter",
@@ -520,11 +521,12 @@ std::string StatsToPrometheus(const Stats& s, const PrometheusOptions& options) 
   w.Family("cqd_cqs", "gauge", "CQs the runtime polls now (0 in a snapshot without CQs).");
   w.U64("cqd_cqs", {}, s.cqs.size());
   AppendPromFamilies(w, s.pollers, kPollerFields, PollerLabels);
-  AppendInfo(w, "cqd_poller_info", "Always 1; the poller's CPU and NUMA node, empty if none.",
+  AppendInfo(w, "cqd_poller_info", "Always 1; the poller's CPU and NUMA node (empty if none), and 1 for an engine-driven shard.",
              s.pollers, [&](size_t i) {
                std::vector<Label> labels = PollerLabels(i);
                labels.push_back({"cpu", Id(s.pollers[i].cpu)});
                labels.push_back({"numa_node", Id(s.pollers[i].numa_node)});
+               labels.push_back({"engine_driven", Id(s.pollers[i].engine_driven)});
                return labels;
              });
   if (options.per_cq) {

@@ -1,0 +1,626 @@
+// SPDX-License-Identifier: BSD-2-Clause
+// Engine-driven shards (RuntimeOptions::engine_shards): the engine's loop is the shard's poller
+// (Runtime::PollShard, TrySleepShard, ShardFd). The guarantees of runtime-owned shards hold:
+// order and exactly-once, events behind completions, no lost wakeup across the sleep protocol,
+// the budget, Unregister, TeardownQp, control calls from handlers and from other threads (also
+// while nobody polls the shard), Shutdown, and bad input.
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <thread>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::InjectRecvs;
+using testing::OneQp;
+using testing::RecordingHandler;
+using testing::SequenceHandler;
+using testing::WaitFor;
+
+// `pollers` engine-driven shards; consumer i runs to completion on shard i, and consumer
+// `pollers` (if `owned`) is a runtime-owned thread.
+RuntimeOptions EngineOptions(int pollers, bool owned = false) {
+  RuntimeOptions options;
+  options.pollers = pollers;
+  options.consumers.assign(pollers, ConsumerOptions{});
+  for (int i = 0; i < pollers; ++i) {
+    options.engine_shards.push_back(i);
+    options.consumers[i].kind = ConsumerKind::kRunToCompletion;
+    options.consumers[i].poller = i;
+  }
+  if (owned) options.consumers.push_back(ConsumerOptions{});
+  return options;
+}
+
+// A reactor thread: polls its shard while there is work, then asks to sleep and sleeps in
+// epoll on the shard's fd (and a stop eventfd of its own) when told it may.
+class EngineLoop {
+ public:
+  EngineLoop(Runtime& rt, int shard, int budget = 64) : rt_(rt), shard_(shard), budget_(budget) {
+    stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~EngineLoop() { Stop(); }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    stop_.store(true);
+    uint64_t one = 1;
+    (void)!write(stop_fd_, &one, sizeof(one));
+    thread_.join();
+    close(stop_fd_);
+  }
+  // True while the loop is in (or about to enter) an unbounded epoll_wait.
+  bool asleep() const { return asleep_.load(std::memory_order_acquire); }
+  std::thread::id id() const { return thread_.get_id(); }
+  int errors() const { return errors_.load(); }
+
+ private:
+  void Run() {
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    int fd = rt_.ShardFd(shard_).value();
+    for (int watched : {fd, stop_fd_}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = watched;
+      epoll_ctl(ep, EPOLL_CTL_ADD, watched, &ev);
+    }
+    while (!stop_.load()) {
+      int n = rt_.PollShard(shard_, budget_);
+      if (n < 0) errors_.fetch_add(1);
+      if (n != 0) continue;
+      int verdict = rt_.TrySleepShard(shard_);
+      if (verdict < 0) errors_.fetch_add(1);
+      if (verdict != 1) continue;
+      asleep_.store(true, std::memory_order_release);
+      epoll_event events[2];
+      epoll_wait(ep, events, 2, -1);
+      asleep_.store(false, std::memory_order_release);
+    }
+    close(ep);
+  }
+
+  Runtime& rt_;
+  const int shard_;
+  const int budget_;
+  int stop_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> asleep_{false};
+  std::atomic<int> errors_{0};
+  std::thread thread_;
+};
+
+// Records the thread of each call.
+class ThreadCheckingHandler : public SequenceHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    if (std::this_thread::get_id() != expected_thread) wrong_thread.fetch_add(1);
+    SequenceHandler::OnCompletions(wcs);
+  }
+  std::thread::id expected_thread;
+  std::atomic<uint64_t> wrong_thread{0};
+};
+
+TEST(EngineShard, BadInputIsRefusedWithAStatus) {
+  RuntimeOptions options = EngineOptions(1);
+  options.engine_shards = {1};
+  auto refused = Runtime::Create(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("engine_shards"), std::string::npos);
+  options.pollers = 2;
+  options.engine_shards = {1, 1};
+  refused = Runtime::Create(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("twice"), std::string::npos);
+
+  RuntimeOptions mixed;
+  mixed.pollers = 2;
+  mixed.engine_shards = {1};
+  auto rt = Runtime::Create(mixed).value();
+  EXPECT_EQ(rt->PollShard(0, 16), -EINVAL);  // a thread of the runtime polls shard 0
+  EXPECT_EQ(rt->PollShard(2, 16), -EINVAL);
+  EXPECT_EQ(rt->PollShard(-1, 16), -EINVAL);
+  EXPECT_EQ(rt->PollShard(1, 0), -EINVAL);
+  EXPECT_EQ(rt->TrySleepShard(0), -EINVAL);
+  EXPECT_EQ(rt->TrySleepShard(7), -EINVAL);
+  EXPECT_EQ(rt->ShardFd(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt->ShardFd(9).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(rt->ShardFd(1).ok());
+  EXPECT_GE(*rt->ShardFd(1), 0);
+  EXPECT_EQ(rt->PollShard(1, 16), 0);  // nothing to do
+  Stats stats = rt->GetStats();
+  ASSERT_EQ(stats.pollers.size(), 2u);
+  EXPECT_EQ(stats.pollers[0].engine_driven, 0);
+  EXPECT_EQ(stats.pollers[1].engine_driven, 1);
+}
+
+// Nothing polls an engine-driven shard but the engine: its completions wait in the CQ until
+// PollShard, which runs the run-to-completion handlers on the calling thread, in order.
+TEST(EngineShard, PollShardRunsHandlersInlineInOrder) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  ThreadCheckingHandler handler;
+  handler.qp_num = one.qp->qp_num();
+  handler.expected_thread = std::this_thread::get_id();
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(handler.received(), 0u);  // no thread of the runtime took them
+  int work = 0;
+  while (handler.received() < 100) {
+    int n = one.rt->PollShard(0, 1000);
+    ASSERT_GE(n, 0);
+    work += n;
+    if (n == 0) break;
+  }
+  EXPECT_EQ(handler.received(), 100u);
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  EXPECT_EQ(handler.wrong_thread.load(), 0u);
+  EXPECT_GE(work, 100);  // 100 polled, and 100 dispatched
+  EXPECT_EQ(one.rt->PollShard(0, 1000), 0);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// The budget bounds the completions one call takes, and a pass it cuts short resumes at the
+// CQ it left out: two busy CQs take turns.
+TEST(EngineShard, BudgetBoundsEachCallAndRotates) {
+  RuntimeOptions options = EngineOptions(1);
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle a = rt->CreateCq(dev, 0).value();
+  CqHandle b = rt->CreateCq(dev, 0).value();
+  SimQp* qa = sim->CreateQp(a.sim(), a.sim()).value();
+  SimQp* qb = sim->CreateQp(b.sim(), b.sim()).value();
+  SequenceHandler ha, hb;
+  ha.qp_num = qa->qp_num();
+  hb.qp_num = qb->qp_num();
+  Registration ra = rt->RegisterQp(*qa, ha, 0).value();
+  Registration rb = rt->RegisterQp(*qb, hb, 0).value();
+  ASSERT_TRUE(InjectRecvs(qa, 0, 100));
+  ASSERT_TRUE(InjectRecvs(qb, 0, 100));
+  auto polled = [&](CqHandle cq) {
+    for (const CqStats& c : rt->GetStats().cqs) {
+      if (c.id == cq.id()) return c.completions;
+    }
+    return uint64_t{0};
+  };
+  ASSERT_GT(rt->PollShard(0, 10), 0);
+  EXPECT_EQ(rt->GetStats().pollers[0].completions, 10u);
+  ASSERT_GT(rt->PollShard(0, 10), 0);
+  EXPECT_EQ(polled(a), 10u);
+  EXPECT_EQ(polled(b), 10u);
+  while (rt->PollShard(0, 7) > 0) {
+  }
+  EXPECT_EQ(ha.received(), 100u);
+  EXPECT_EQ(hb.received(), 100u);
+  EXPECT_EQ(ha.out_of_order() + hb.out_of_order(), 0u);
+  ra.Unregister();
+  rb.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qa));
+  CQD_ASSERT_OK(sim->DestroyQp(qb));
+  CQD_ASSERT_OK(rt->DestroyCq(a));
+  CQD_ASSERT_OK(rt->DestroyCq(b));
+}
+
+// The sleep protocol: 0 while there is work (the poll once more found it), 1 when idle; from
+// then on a completion makes the fd readable.
+TEST(EngineShard, TrySleepSaysWhetherSleepingIsSafeAndTheFdWakes) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  const int fd = one.rt->ShardFd(0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 3));
+  EXPECT_EQ(one.rt->TrySleepShard(0), 0);  // found the three, routed them
+  while (one.rt->PollShard(0, 64) > 0) {
+  }
+  EXPECT_EQ(handler.completions(), 3u);
+  for (int round = 0; round < 50; ++round) {
+    ASSERT_EQ(one.rt->TrySleepShard(0), 1) << round;
+    ASSERT_EQ(one.rt->TrySleepShard(0), 1) << round;  // twice in a row is harmless
+    pollfd p{fd, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 0), 0) << round;  // nothing yet: not readable
+    ASSERT_TRUE(InjectRecvs(one.qp, 3 + round, 1));
+    ASSERT_EQ(poll(&p, 1, 30000), 1) << round;  // the event thread made it readable
+    while (one.rt->PollShard(0, 64) > 0) {
+    }
+    ASSERT_EQ(handler.completions(), 4u + round);
+  }
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// No lost wakeup: every time the reactor is asleep in epoll with no timeout, one completion,
+// one async event, or a CQ created on its shard (then used) wakes it.
+TEST(EngineShard, ASleepingReactorAlwaysWakes) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  EngineLoop loop(*one.rt, 0);
+  for (int round = 0; round < 100; ++round) {
+    ASSERT_TRUE(WaitFor([&] { return loop.asleep(); })) << round;
+    if (round % 4 == 3) {
+      CQD_ASSERT_OK(one.sim->RaiseQpEvent(one.qp, IBV_EVENT_COMM_EST));
+      ASSERT_TRUE(WaitFor([&] { return handler.events() == (round + 1) / 4; })) << round;
+    } else {
+      const uint64_t before = handler.completions();
+      ASSERT_TRUE(InjectRecvs(one.qp, round, 1));
+      ASSERT_TRUE(WaitFor([&] { return handler.completions() == before + 1; })) << round;
+    }
+  }
+  // A CQ added while the reactor sleeps is armed before the next sleep.
+  ASSERT_TRUE(WaitFor([&] { return loop.asleep(); }));
+  CqHandle late = one.rt->CreateCq(one.dev, 0).value();
+  SimQp* qp2 = one.sim->CreateQp(late.sim(), late.sim()).value();
+  SequenceHandler second;
+  second.qp_num = qp2->qp_num();
+  Registration reg2 = one.rt->RegisterQp(*qp2, second, 0).value();
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_TRUE(WaitFor([&] { return loop.asleep(); })) << round;
+    ASSERT_TRUE(InjectRecvs(qp2, round, 1));
+    ASSERT_TRUE(WaitFor([&] { return second.received() == round + 1u; })) << round;
+  }
+  EXPECT_EQ(second.out_of_order(), 0u);
+  EXPECT_GT(one.rt->GetStats().pollers[0].sleeps, 0u);
+  loop.Stop();
+  EXPECT_EQ(loop.errors(), 0);
+  reg.Unregister();
+  reg2.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.sim->DestroyQp(qp2));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+  CQD_ASSERT_OK(one.rt->DestroyCq(late));
+}
+
+// Two reactors, each with its shard, plus an owned consumer fed by both: exactly once and in
+// order under concurrent injection; run-to-completion handlers run on their reactor's thread.
+TEST(EngineShard, ReactorsAndAnOwnedConsumerDeliverExactlyOnceInOrder) {
+  RuntimeOptions options = EngineOptions(2, /*owned=*/true);
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  std::vector<CqHandle> cqs = {rt->CreateCq(dev, 0).value(), rt->CreateCq(dev, 1).value()};
+  std::vector<SimQp*> qps;
+  std::vector<std::unique_ptr<ThreadCheckingHandler>> handlers;
+  std::vector<Registration> regs;
+  std::vector<std::unique_ptr<EngineLoop>> loops;
+  for (int s = 0; s < 2; ++s) loops.push_back(std::make_unique<EngineLoop>(*rt, s, 16));
+  for (int i = 0; i < 6; ++i) {
+    const int shard = i % 2;
+    const ConsumerId consumer = i < 4 ? shard : 2;  // QPs 4 and 5 go to the owned consumer
+    qps.push_back(sim->CreateQp(cqs[shard].sim(), cqs[shard].sim()).value());
+    handlers.push_back(std::make_unique<ThreadCheckingHandler>());
+    handlers.back()->qp_num = qps.back()->qp_num();
+    handlers.back()->expected_thread = consumer == 2 ? std::thread::id() : loops[shard]->id();
+    regs.push_back(rt->RegisterQp(*qps.back(), *handlers.back(), consumer).value());
+  }
+  constexpr int kPerQp = 4000;
+  std::vector<std::thread> injectors;
+  for (int i = 0; i < 6; ++i) {
+    injectors.emplace_back([&, i] {
+      for (int k = 0; k < kPerQp; ++k) {
+        while (qps[i]->Complete(k) != 1) std::this_thread::yield();  // CQ full: retry
+      }
+    });
+  }
+  for (auto& t : injectors) t.join();
+  ASSERT_TRUE(WaitFor([&] {
+    uint64_t sum = 0;
+    for (auto& h : handlers) sum += h->received();
+    return sum == 6u * kPerQp;
+  }));
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(handlers[i]->received(), static_cast<uint64_t>(kPerQp)) << i;
+    EXPECT_EQ(handlers[i]->out_of_order(), 0u) << i;
+    EXPECT_EQ(handlers[i]->concurrent_calls(), 0u) << i;
+    if (i < 4) EXPECT_EQ(handlers[i]->wrong_thread.load(), 0u) << i;
+  }
+  for (auto& loop : loops) {
+    loop->Stop();
+    EXPECT_EQ(loop->errors(), 0);
+  }
+  regs.clear();
+  for (SimQp* qp : qps) CQD_ASSERT_OK(sim->DestroyQp(qp));
+  for (CqHandle cq : cqs) CQD_ASSERT_OK(rt->DestroyCq(cq));
+  CQD_ASSERT_OK(rt->Shutdown());
+}
+
+// An async event follows every completion that was in the QP's CQ when it was read, though the
+// event thread posts it while the engine polls on its own schedule.
+TEST(EngineShard, EventsFollowCompletions) {
+  CqOptions cq_options;
+  cq_options.solicited_only = true;
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1), cq_options));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 40));
+  CQD_ASSERT_OK(one.sim->RaiseQpEvent(one.qp, IBV_EVENT_COMM_EST));
+  ASSERT_TRUE(WaitFor([&] {
+    one.rt->PollShard(0, 8);
+    return handler.events() == 1;
+  }));
+  std::vector<RecordingHandler::Entry> log = handler.log();
+  ASSERT_EQ(log.size(), 41u);
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_FALSE(log[i].event) << i;
+    EXPECT_EQ(log[i].wr_id, static_cast<uint64_t>(i));
+  }
+  EXPECT_TRUE(log[40].event);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// Control calls never wait for the engine to come back: with nobody polling the shard, CQs are
+// created and destroyed and QPs registered and unregistered from another thread; a teardown
+// ends by its deadline, and what it left goes to the orphan handler once the engine polls.
+TEST(EngineShard, ControlCallsFinishWhileNobodyPolls) {
+  CountingOrphans orphans;
+  RuntimeOptions options = EngineOptions(1);
+  options.orphan_handler = &orphans;
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  for (int round = 0; round < 20; ++round) {
+    CqHandle cq = rt->CreateCq(dev, 0).value();
+    SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+    SequenceHandler handler;
+    handler.qp_num = qp->qp_num();
+    Registration reg = rt->RegisterQp(*qp, handler, 0).value();
+    ASSERT_TRUE(InjectRecvs(qp, 0, 5));
+    reg.Unregister();  // the five are still in the CQ: nobody polled
+    CQD_ASSERT_OK(sim->DestroyQp(qp));
+    CQD_ASSERT_OK(rt->DestroyCq(cq));  // polls the CQ empty itself: five orphans
+    EXPECT_EQ(handler.received(), 0u);
+  }
+  EXPECT_EQ(orphans.count.load(), 100u);
+
+  CqHandle cq = rt->CreateCq(dev, 0).value();
+  SimQp* qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  Registration reg = rt->RegisterQp(*qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(qp, 0, 5));
+  TeardownOptions teardown_options;
+  teardown_options.timeout = std::chrono::milliseconds(100);
+  Teardown teardown = rt->TeardownQp(reg, teardown_options).value();
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);  // this thread never polled
+  EXPECT_EQ(handler.received(), 0u);
+  while (rt->PollShard(0, 64) > 0) {
+  }
+  // The five, and the QP's flushed receives, are leftovers: orphans, never the handler.
+  EXPECT_EQ(handler.received(), 0u);
+  EXPECT_GE(orphans.count.load(), 105u);
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// A teardown completes while the engine polls; Wait is refused on the thread that polls the
+// QP's shard (it would wait for itself) and works elsewhere.
+TEST(EngineShard, TeardownDrainsAndWaitIsRefusedOnTheDriver) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 10));
+  while (one.rt->PollShard(0, 64) > 0) {
+  }
+  Teardown teardown = one.rt->TeardownQp(reg).value();
+  Status refused = teardown.Wait();  // this thread polled the shard
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("engine-driven shard"), std::string::npos);
+  ASSERT_TRUE(WaitFor([&] {
+    one.rt->PollShard(0, 64);
+    return teardown.done();
+  }));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), 10u);
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+
+  // From another thread, while a reactor polls: OK.
+  SimQp* qp2 = one.sim->CreateQp(one.cq.sim(), one.cq.sim()).value();
+  RecordingHandler second;
+  Registration reg2 = one.rt->RegisterQp(*qp2, second, 0).value();
+  EngineLoop loop(*one.rt, 0);
+  ASSERT_TRUE(InjectRecvs(qp2, 0, 7));
+  ASSERT_TRUE(WaitFor([&] { return second.completions() == 7; }));
+  Teardown t2 = one.rt->TeardownQp(reg2).value();
+  CQD_ASSERT_OK(t2.Wait());
+  EXPECT_FALSE(reg2.registered());
+  loop.Stop();
+  CQD_ASSERT_OK(one.sim->DestroyQp(qp2));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// A handler on the shard makes control calls that need its own shard (CreateCq, RegisterQp,
+// Unregister of itself) while another thread makes control calls on the same shard: all finish.
+// PollShard from inside the shard's own handler is refused with -EBUSY.
+TEST(EngineShard, ControlCallsFromHandlersAndOtherThreadsFinish) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  Runtime& rt = *one.rt;
+  struct Handler : QpHandler {
+    Runtime* rt;
+    DeviceId dev;
+    std::shared_ptr<SimDevice> sim;
+    Registration* self;
+    std::atomic<int> made{0};
+    std::atomic<int> busy{0};
+    std::atomic<bool> unregistered_self{false};
+    std::vector<CqHandle> cqs;  // the handler's thread only
+    void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+      if (rt->PollShard(0, 4) == -EBUSY) busy.fetch_add(1);
+      for (const ibv_wc& wc : wcs) {
+        if (wc.wr_id == 1000) {
+          self->Unregister();  // its own registration, from its handler
+          unregistered_self.store(true);
+          return;
+        }
+        auto cq = rt->CreateCq(dev, 0);
+        if (cq.ok()) {
+          cqs.push_back(*cq);
+          made.fetch_add(1);
+        }
+      }
+    }
+  } handler;
+  Registration reg;
+  handler.rt = &rt;
+  handler.dev = one.dev;
+  handler.sim = one.sim;
+  handler.self = &reg;
+  reg = rt.RegisterQp(*one.qp, handler, 0).value();
+  EngineLoop loop(rt, 0, 4);
+  std::atomic<bool> stop{false};
+  std::atomic<int> other_rounds{0};
+  std::thread other([&] {
+    while (!stop.load()) {
+      auto cq = rt.CreateCq(one.dev, 0);
+      if (!cq.ok()) continue;
+      (void)rt.DestroyCq(*cq);
+      other_rounds.fetch_add(1);
+    }
+  });
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(InjectRecvs(one.qp, i, 1));
+    ASSERT_TRUE(WaitFor([&] { return handler.made.load() == i + 1; })) << i;
+  }
+  ASSERT_TRUE(InjectRecvs(one.qp, 1000, 1));
+  ASSERT_TRUE(WaitFor([&] { return handler.unregistered_self.load(); }));
+  ASSERT_TRUE(WaitFor([&] { return other_rounds.load() > 10; }));
+  stop.store(true);
+  other.join();
+  loop.Stop();
+  EXPECT_FALSE(reg.registered());
+  EXPECT_EQ(handler.busy.load(), 51);
+  for (CqHandle cq : handler.cqs) CQD_ASSERT_OK(rt.DestroyCq(cq));
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(rt.DestroyCq(one.cq));
+}
+
+// Unregister from another thread while the reactor delivers: once it returns the handler is
+// never called again; everything injected reached the handler or the orphan handler.
+TEST(EngineShard, UnregisterFromAnotherThreadEndsCalls) {
+  CountingOrphans orphans;
+  RuntimeOptions options = EngineOptions(1);
+  options.orphan_handler = &orphans;
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(options));
+  std::atomic<bool> unregistered{false};
+  std::atomic<uint64_t> late{0}, delivered{0};
+  struct Handler : QpHandler {
+    std::atomic<bool>* unregistered;
+    std::atomic<uint64_t>* late;
+    std::atomic<uint64_t>* delivered;
+    void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+      if (unregistered->load(std::memory_order_acquire)) late->fetch_add(1);
+      delivered->fetch_add(wcs.size());
+    }
+  } handler;
+  handler.unregistered = &unregistered;
+  handler.late = &late;
+  handler.delivered = &delivered;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  EngineLoop loop(*one.rt, 0, 8);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> injected{0};
+  std::thread injector([&] {
+    for (uint64_t i = 0; !stop.load(); ++i) {
+      if (one.qp->Complete(i) == 1) injected.fetch_add(1);
+    }
+  });
+  ASSERT_TRUE(WaitFor([&] { return delivered.load() > 1000; }));
+  reg.Unregister();
+  unregistered.store(true, std::memory_order_release);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  stop.store(true);
+  injector.join();
+  ASSERT_TRUE(
+      WaitFor([&] { return delivered.load() + orphans.count.load() == injected.load(); }));
+  EXPECT_EQ(late.load(), 0u);
+  loop.Stop();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// Shutdown from another thread while the reactor runs: what the shard had polled is still
+// delivered by the engine's next PollShard calls, which then return 0 for good; nothing is lost.
+TEST(EngineShard, ShutdownLosesNothing) {
+  CountingOrphans orphans;
+  RuntimeOptions options = EngineOptions(1);
+  options.orphan_handler = &orphans;
+  options.poll_batch = 128;
+  options.consumers[0].dispatch_batch = 1;  // a step dispatches 4 of the 100 it polls
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(options));
+  SequenceHandler handler;
+  handler.qp_num = one.qp->qp_num();
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 500));
+  // Polled, not yet all dispatched.
+  ASSERT_GT(one.rt->PollShard(0, 100), 0);
+  std::thread shutdown([&] { CQD_ASSERT_OK(one.rt->Shutdown()); });
+  shutdown.join();
+  int rounds = 0;
+  while (one.rt->PollShard(0, 64) > 0) ++rounds;
+  EXPECT_EQ(one.rt->PollShard(0, 64), 0);
+  EXPECT_EQ(one.rt->TrySleepShard(0), 1);
+  const uint64_t polled = one.rt->GetStats().pollers[0].completions;
+  EXPECT_EQ(handler.received() + orphans.count.load(), polled);
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  EXPECT_EQ(polled, 100u);
+  EXPECT_EQ(handler.received(), 100u);
+  EXPECT_GT(rounds, 0);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+}
+
+// Two threads calling PollShard on one shard at once: one drives, the other gets 0; handlers
+// never run on two threads at once, and everything arrives once, in order.
+TEST(EngineShard, ConcurrentPollersOfOneShardTakeTurns) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  SequenceHandler handler;
+  handler.qp_num = one.qp->qp_num();
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  constexpr int kTotal = 20000;
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> pollers;
+  for (int t = 0; t < 2; ++t) {
+    pollers.emplace_back([&] {
+      while (!stop.load()) one.rt->PollShard(0, 16);
+    });
+  }
+  for (int k = 0; k < kTotal; ++k) {
+    while (one.qp->Complete(k) != 1) std::this_thread::yield();
+  }
+  ASSERT_TRUE(WaitFor([&] { return handler.received() == kTotal; }));
+  stop.store(true);
+  for (auto& t : pollers) t.join();
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  EXPECT_EQ(handler.concurrent_calls(), 0u);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+}  // namespace
+}  // namespace cqd
