@@ -553,8 +553,7 @@ TEST(EngineShard, UnregisterFromAnotherThreadEndsCalls) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   stop.store(true);
   injector.join();
-  ASSERT_TRUE(
-      WaitFor([&] { return delivered.load() + orphans.count.load() == injected.load(); }));
+  ASSERT_TRUE(WaitFor([&] { return delivered.load() + orphans.count.load() == injected.load(); }));
   EXPECT_EQ(late.load(), 0u);
   loop.Stop();
   CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));

@@ -28,8 +28,8 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       batch_slots_(std::make_unique<const Slot*[]>(options.poll_batch)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
                          [](const ConsumerOptions& c) { return c.record_latency; })),
-      engine_driven_(std::find(options.engine_shards.begin(), options.engine_shards.end(),
-                               index) != options.engine_shards.end()) {
+      engine_driven_(std::find(options.engine_shards.begin(), options.engine_shards.end(), index) !=
+                     options.engine_shards.end()) {
   if (engine_driven_) {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(wake_fd_);
@@ -184,8 +184,8 @@ int Poller::PrepareSleep() noexcept {
       ArmAll();
       // S6: completions that arrived before arming raise no event: poll once more.
       busy = PollAll() > 0 || mailbox_.pending() ||
-             inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() ||
-             UnparkPending() || !listed_.empty() || !deferred_.empty() || arm_failed_ ||
+             inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending() ||
+             !listed_.empty() || !deferred_.empty() || arm_failed_ ||
              notifications_broken_.load(std::memory_order_relaxed);
     }
     tls_runtime_thread = was_runtime;

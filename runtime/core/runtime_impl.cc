@@ -591,7 +591,8 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
     teardown->drainer = &consumers_[consumer]->last_drainer();
   }
   for (int k = 0; k < 2; ++k) {  // the markers come back only through the CQs' shards
-    const CqRecord* cq = cqs_.Find((k == 0 ? slot.send_cq : slot.recv_cq).load(std::memory_order_relaxed));
+    const CqRecord* cq =
+        cqs_.Find((k == 0 ? slot.send_cq : slot.recv_cq).load(std::memory_order_relaxed));
     if (cq != nullptr && pollers_[cq->shard]->engine_driven()) {
       teardown->shard_drivers[k] = &pollers_[cq->shard]->last_driver();
     }

@@ -521,14 +521,16 @@ std::string StatsToPrometheus(const Stats& s, const PrometheusOptions& options) 
   w.Family("cqd_cqs", "gauge", "CQs the runtime polls now (0 in a snapshot without CQs).");
   w.U64("cqd_cqs", {}, s.cqs.size());
   AppendPromFamilies(w, s.pollers, kPollerFields, PollerLabels);
-  AppendInfo(w, "cqd_poller_info", "Always 1; the poller's CPU and NUMA node (empty if none), and 1 for an engine-driven shard.",
-             s.pollers, [&](size_t i) {
-               std::vector<Label> labels = PollerLabels(i);
-               labels.push_back({"cpu", Id(s.pollers[i].cpu)});
-               labels.push_back({"numa_node", Id(s.pollers[i].numa_node)});
-               labels.push_back({"engine_driven", Id(s.pollers[i].engine_driven)});
-               return labels;
-             });
+  AppendInfo(
+      w, "cqd_poller_info",
+      "Always 1; the poller's CPU and NUMA node (empty if none), and 1 for an engine-driven shard.",
+      s.pollers, [&](size_t i) {
+        std::vector<Label> labels = PollerLabels(i);
+        labels.push_back({"cpu", Id(s.pollers[i].cpu)});
+        labels.push_back({"numa_node", Id(s.pollers[i].numa_node)});
+        labels.push_back({"engine_driven", Id(s.pollers[i].engine_driven)});
+        return labels;
+      });
   if (options.per_cq) {
     AppendPromFamilies(w, s.cqs, kCqFields, [&](size_t i) { return CqLabels(s.cqs[i]); });
     AppendInfo(w, "cqd_cq_info",
