@@ -14,7 +14,10 @@
 //              {1,2,3,4,8,16,64,256}; bit6 max_registrations 3 (else 64)
 //   config[2]: bits0-1 spill_capacity {1,2,8,4096}; bit2 the device raises no LAST_WQE_REACHED
 //              (as rxe); bit3 DEVICE_FATAL at the start of the final teardown; bit4 the other
-//              consumer (with two) runs to completion on poller 0 instead of on its own thread
+//              consumer (with two) runs to completion on poller 0 instead of on its own thread;
+//              bit5 shard 0 is engine-driven (RuntimeOptions::engine_shards): a reactor thread
+//              of the fuzzer drives it (PollShard, TrySleepShard, epoll on ShardFd), and the
+//              fuzzer's own thread asks it to sleep now and then (kRawDrain)
 //   operations: see enum Op below (opcode % kOpCount).
 //
 // A QP incarnation (one SimQp, kMaxQps over an input's life; the device reuses qp_nums) tags its
@@ -56,6 +59,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -273,8 +277,9 @@ struct State {
   // Configuration.
   int pollers = 1;
   int consumers = 1;
-  int engine = 0;    // the engine-driven consumer's index
-  bool rtc = false;  // consumer 0 (of two) is kRunToCompletion on poller 0
+  int engine = 0;             // the engine-driven consumer's index
+  bool rtc = false;           // consumer 0 (of two) is kRunToCompletion on poller 0
+  bool engine_shard = false;  // shard 0 is engine-driven, polled by `reactor`
   bool edge = false;
   size_t queue_capacity = 1;
   size_t spill_capacity = 4096;
@@ -298,8 +303,15 @@ struct State {
   int teardown_refused = 0;                   // TeardownQp calls that returned an error
   int qp_num_reuses = 0;                      // new QPs registered with a torn-down QP's qp_num
   std::atomic<uint64_t> stale_deliveries{0};  // completions of a predecessor (plain Unregister)
-  std::atomic<uint64_t> events_matched{0};    // events checked against a recorded floor
-  std::atomic<uint64_t> handler_waits{0};     // Teardown::Wait calls from handlers and on_done
+  // The engine-driven shard's reactor thread: PollShard while there is work, else TrySleepShard
+  // and epoll_wait on the shard fd and `reactor_stop_fd`.
+  std::thread reactor;
+  int reactor_stop_fd = -1;
+  std::atomic<bool> reactor_stop{false};
+  std::atomic<int> reactor_errors{0};
+  std::atomic<uint64_t> reactor_sleeps{0};
+  std::atomic<uint64_t> events_matched{0};  // events checked against a recorded floor
+  std::atomic<uint64_t> handler_waits{0};   // Teardown::Wait calls from handlers and on_done
   std::mutex latest_mu;
   cqd::Teardown latest_td;  // guarded by latest_mu: the teardown started last
 
@@ -556,6 +568,52 @@ auto Timed(State& st, const char* what, Fn fn) {
               std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
   }
   return result;
+}
+
+// ---- the engine-driven shard ----
+
+void ReactorLoop(State& st) {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  auto fd = st.rt->ShardFd(0);
+  if (ep < 0 || !fd.ok()) {
+    st.reactor_errors.fetch_add(1);
+    return;
+  }
+  for (int watched : {*fd, st.reactor_stop_fd}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = watched;
+    epoll_ctl(ep, EPOLL_CTL_ADD, watched, &ev);
+  }
+  while (!st.reactor_stop.load(std::memory_order_acquire)) {
+    const int n = st.rt->PollShard(0, 1 + static_cast<int>(st.reactor_sleeps.load() % 64));
+    if (n < 0) st.reactor_errors.fetch_add(1);
+    if (n != 0) continue;
+    const int verdict = st.rt->TrySleepShard(0);
+    if (verdict < 0) st.reactor_errors.fetch_add(1);
+    if (verdict != 1) continue;
+    st.reactor_sleeps.fetch_add(1, std::memory_order_relaxed);
+    epoll_event events[2];
+    (void)epoll_wait(ep, events, 2, -1);  // no timeout: a lost wakeup hangs the input
+  }
+  close(ep);
+}
+
+void StartReactor(State& st) {
+  st.reactor_stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  CHECK(st.reactor_stop_fd >= 0, "eventfd");
+  st.reactor = std::thread([&st] { ReactorLoop(st); });
+}
+
+void StopReactor(State& st) {
+  if (!st.reactor.joinable()) return;
+  st.reactor_stop.store(true, std::memory_order_release);
+  uint64_t one = 1;
+  CHECK(write(st.reactor_stop_fd, &one, sizeof(one)) == sizeof(one), "write(reactor stop)");
+  st.reactor.join();
+  close(st.reactor_stop_fd);
+  CHECK(st.reactor_errors.load() == 0, "PollShard or TrySleepShard failed %d times",
+        st.reactor_errors.load());
 }
 
 // ---- the engine-driven consumer ----
@@ -1503,6 +1561,15 @@ void RunOp(State& st, int op, uint8_t a, uint8_t b) {
       } else {
         CHECK(got == -EINVAL, "Drain of a consumer that is not engine-driven returned %d", got);
       }
+      if (st.engine_shard) {
+        // A second thread asking the reactor's shard to sleep: harmless, never an error.
+        const int verdict = st.rt->TrySleepShard(0);
+        CHECK(verdict == 0 || verdict == 1, "TrySleepShard(0) returned %d", verdict);
+      }
+      if (st.pollers == 2 || !st.engine_shard) {
+        const int shard = st.engine_shard ? 1 : 0;
+        CHECK(st.rt->PollShard(shard, 8) == -EINVAL, "PollShard of a runtime-owned shard");
+      }
       return;
     }
     case kGetStats:
@@ -1572,9 +1639,15 @@ void TearDown(State& st) {
       st,
       [&] {
         cqd::Stats s = st.rt->GetStats();
-        return s.consumers[st.engine].queue_depth == 0;
+        // The engine consumer's queue, and (on an engine-driven shard, whose reactor runs them
+        // after Shutdown) the run-to-completion consumer's.
+        for (const auto& c : s.consumers) {
+          if (c.queue_depth != 0) return false;
+        }
+        return true;
       },
-      "HANG: the engine consumer's queue does not empty after Shutdown");
+      "HANG: a consumer's queue does not empty after Shutdown");
+  StopReactor(st);
   CheckAckBalance(st, "after Shutdown", /*settle=*/false);
   cqd::Stats s = st.rt->GetStats();
   uint64_t delivered = 0, handler_delivered = 0;
@@ -1697,6 +1770,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   st->last_wqe_device = !((c2 >> 2) & 1);
   st->fatal_at_end = (c2 >> 3) & 1;
   st->rtc = st->consumers == 2 && ((c2 >> 4) & 1);
+  st->engine_shard = (c2 >> 5) & 1;
 
   cqd::RuntimeOptions options;
   options.pollers = st->pollers;
@@ -1705,6 +1779,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.poll_batch = kPollBatch[(c0 >> 6) & 3];
   options.max_registrations = st->max_registrations;
   options.orphan_handler = &st->orphans;
+  if (st->engine_shard) options.engine_shards = {0};
   options.consumers.clear();
   for (int c = 0; c < st->consumers; ++c) {
     cqd::ConsumerOptions co;
@@ -1727,6 +1802,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto dev = st->rt->AddSimDevice(st->sim, &st->device_events);
   CHECK(dev.ok(), "AddSimDevice: %s", dev.status().ToString().c_str());
   st->dev = *dev;
+  if (st->engine_shard) StartReactor(*st);
   auto fd = st->rt->NotifyFd(st->engine);
   CHECK(fd.ok(), "NotifyFd: %s", fd.status().ToString().c_str());
   st->notify_fd = *fd;

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "cqd/runtime.h"
@@ -23,6 +25,7 @@ class WcRecorder : public QpHandler {
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
     wcs_.insert(wcs_.end(), wcs.begin(), wcs.end());
+    threads_.insert(std::this_thread::get_id());
     count_.fetch_add(wcs.size(), std::memory_order_release);
   }
   void OnAsyncEvent(const AsyncEvent& event) noexcept override {
@@ -38,11 +41,17 @@ class WcRecorder : public QpHandler {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
   }
+  // The threads OnCompletions ran on.
+  std::set<std::thread::id> threads() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_;
+  }
 
  private:
   mutable std::mutex mu_;
   std::vector<ibv_wc> wcs_;
   std::vector<AsyncEvent> events_;
+  std::set<std::thread::id> threads_;
   std::atomic<size_t> count_{0};
 };
 
