@@ -9,7 +9,11 @@
 // runtime-owned thread, consumers 1 and 2 are engine-driven, each driven by a thread of this tool
 // through NotifyFd() + epoll + Drain() (1: level-triggered, and it pauses its Drain loop for
 // --pause_ms every --pause_every seconds; 2: edge-triggered). Every --split_every-th QP has its
-// send CQ on the other shard, so its completions travel on two CQs.
+// send CQ on the other shard, so its completions travel on two CQs. With --engine_shard, shard 1
+// has no poller thread: a reactor thread of this tool drives it (PollShard while there is work,
+// else TrySleepShard and epoll_wait on ShardFd, no timeout), and consumer 0 runs to completion on
+// it (ConsumerKind::kRunToCompletion: its handlers run inside PollShard on the reactor); QPs
+// meant for consumer 0 whose CQs are not both on shard 1 go to consumer 1 or 2 instead.
 //
 // The tool behaves as a disciplined engine: each QP is created with --qp_wrs work requests per
 // queue (SimQpOptions), RegisterQp's capacity guard grows the CQs to hold them, and a QP never has
@@ -44,6 +48,7 @@
 // consumers' spill and stall figures (ConsumerStats).
 #include <errno.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -106,6 +111,7 @@ struct Flags {
   double drain_timeout = 60;       // seconds to wait for the last completions
   uint64_t seed = 1;
   bool progress = true;
+  bool engine_shard = false;  // shard 1 driven by a reactor thread; consumer 0 runs on it
 };
 
 struct FlagSpec {
@@ -146,6 +152,10 @@ std::vector<FlagSpec> Specs(Flags& f) {
        &f.drain_timeout},
       {"seed", "random seed", FlagSpec::kU64, &f.seed},
       {"progress", "print a progress line every second (0/1)", FlagSpec::kBool, &f.progress},
+      {"engine_shard",
+       "shard 1 is engine-driven, polled by a reactor thread; consumer 0 runs to completion on it "
+       "(0/1)",
+       FlagSpec::kBool, &f.engine_shard},
   };
 }
 
@@ -451,6 +461,10 @@ struct Soak {
   std::atomic<bool> stop_injecting{false};
   std::atomic<bool> stop_side{false};  // churn and chaos
   std::atomic<bool> stop_engines{false};
+  std::atomic<bool> stop_reactor{false};
+  int reactor_stop_fd = -1;
+  std::atomic<uint64_t> reactor_steps{0};
+  std::atomic<uint64_t> reactor_sleeps{0};
   std::atomic<uint64_t> injected{0};
   std::atomic<uint64_t> budget_taken{0};
   std::atomic<uint64_t> full_retries{0};
@@ -479,6 +493,9 @@ struct Soak {
 
   // Makes a QP on slot i's CQs and registers it on `consumer`. Caller holds the slot's mutex.
   bool NewQp(QpSlot& slot, cqd::ConsumerId consumer) {
+    if (flags.engine_shard && consumer == 0 && (slot.send_cq % 2 != 1 || slot.recv_cq % 2 != 1)) {
+      consumer = 1 + slot.recv_cq % 2;  // run to completion needs both CQs on its shard
+    }
     auto qp = sim->CreateQp(cqs[slot.send_cq].sim(), cqs[slot.recv_cq].sim(),
                             {.max_send_wr = flags.qp_wrs, .max_recv_wr = flags.qp_wrs});
     if (!qp.ok()) {
@@ -647,13 +664,19 @@ struct Soak {
     options.ack_threshold = 16;
     options.orphan_handler = &g_orphans;
     options.consumers.resize(kConsumers);
-    const char* names[kConsumers] = {"owned0", "engine1-lt", "engine2-et"};
+    const char* names[kConsumers] = {flags.engine_shard ? "rtc0-shard1" : "owned0", "engine1-lt",
+                                     "engine2-et"};
+    if (flags.engine_shard) options.engine_shards = {1};
     for (int c = 0; c < kConsumers; ++c) {
       options.consumers[c].name = names[c];
       options.consumers[c].queue_capacity = flags.queue_capacity;
       options.consumers[c].spill_capacity = flags.spill_capacity;
       options.consumers[c].kind =
           c == 0 ? cqd::ConsumerKind::kOwnedThread : cqd::ConsumerKind::kEngineDriven;
+    }
+    if (flags.engine_shard) {
+      options.consumers[0].kind = cqd::ConsumerKind::kRunToCompletion;
+      options.consumers[0].poller = 1;
     }
     auto rt_or = cqd::Runtime::Create(options);
     if (!rt_or.ok()) {
@@ -928,6 +951,44 @@ struct Soak {
     close(ep);
   }
 
+  // --engine_shard: the reactor of shard 1, until stop_reactor (after Shutdown: it runs what the
+  // run-to-completion consumer still holds).
+  void Reactor() {
+    auto fd = rt->ShardFd(1);
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (!fd.ok() || ep < 0) {
+      control_errors.fetch_add(1);
+      return;
+    }
+    for (int watched : {*fd, reactor_stop_fd}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = watched;
+      epoll_ctl(ep, EPOLL_CTL_ADD, watched, &ev);
+    }
+    while (!stop_reactor.load(std::memory_order_acquire)) {
+      const int n = rt->PollShard(1, 64);
+      reactor_steps.fetch_add(1, std::memory_order_relaxed);
+      if (n < 0) {
+        fprintf(stderr, "\nsoak: PollShard(1) returned %d\n", n);
+        control_errors.fetch_add(1);
+        return;
+      }
+      if (n > 0) continue;
+      const int verdict = rt->TrySleepShard(1);
+      if (verdict < 0) {
+        fprintf(stderr, "\nsoak: TrySleepShard(1) returned %d\n", verdict);
+        control_errors.fetch_add(1);
+        return;
+      }
+      if (verdict != 1) continue;
+      reactor_sleeps.fetch_add(1, std::memory_order_relaxed);
+      epoll_event got[2];
+      (void)epoll_wait(ep, got, 2, -1);  // no timeout: a lost wakeup shows as STUCK
+    }
+    close(ep);
+  }
+
   // Sums of the books of live and retired QPs (racy snapshot, for progress and waiting).
   void Count(uint64_t* delivered, uint64_t* orphans, uint64_t* injected_so_far) {
     uint64_t d = 0, o = 0, n = 0;
@@ -1008,22 +1069,29 @@ int main(int argc, char** argv) {
   const Flags& f = soak.flags;
   setvbuf(stdout, nullptr, _IOLBF, 0);
   printf("soak: %" PRIu64
-         " completions%s%s, %d QPs on %d CQs over 2 shards, 3 consumers "
-         "(owned, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d "
+         " completions%s%s, %d QPs on %d CQs over 2 shards%s, 3 consumers "
+         "(%s, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d "
          "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
          ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns), faults every %.1f "
          "ms\n",
          f.completions,
          f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
          f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
-         f.qps, f.cqs, f.pause_ms, f.pause_every, f.injectors, f.depth, f.qp_wrs, f.queue_capacity,
-         f.spill_capacity, f.error_permille, f.churn_ms, f.teardown_permille, f.fault_ms);
+         f.qps, f.cqs, f.engine_shard ? " (shard 1 engine-driven, by a reactor thread)" : "",
+         f.engine_shard ? "run to completion on shard 1" : "owned", f.pause_ms, f.pause_every,
+         f.injectors, f.depth, f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille,
+         f.churn_ms, f.teardown_permille, f.fault_ms);
   if (!soak.Setup()) return 1;
 
   soak.start = Clock::now();
   std::vector<std::thread> engines;
   engines.emplace_back([&] { soak.Engine(1, /*edge=*/false); });
   engines.emplace_back([&] { soak.Engine(2, /*edge=*/true); });
+  std::thread reactor;
+  if (f.engine_shard) {
+    soak.reactor_stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    reactor = std::thread([&] { soak.Reactor(); });
+  }
   std::vector<std::thread> injectors;
   for (int i = 0; i < f.injectors; ++i) injectors.emplace_back([&, i] { soak.Injector(i); });
   std::vector<std::thread> side;
@@ -1111,6 +1179,14 @@ int main(int argc, char** argv) {
   }
   cqd::Stats after_destroy = soak.rt->GetStats();
   if (cqd::Status s = soak.rt->Shutdown(); !s.ok()) soak.ControlError("Shutdown", s);
+  if (reactor.joinable()) {
+    soak.stop_reactor.store(true, std::memory_order_release);
+    uint64_t one = 1;
+    if (write(soak.reactor_stop_fd, &one, sizeof(one)) != sizeof(one)) perror("soak: write");
+    reactor.join();
+    while (soak.rt->PollShard(1, 1024) > 0) {  // what the run-to-completion consumer still holds
+    }
+  }
   cqd::Stats after_shutdown = soak.rt->GetStats();
   uint64_t runtime_orphans = after_shutdown.orphans;
   soak.rt.reset();  // hands anything left in engine-driven queues to the orphan handler
@@ -1171,6 +1247,10 @@ int main(int argc, char** argv) {
          " / %" PRIu64 ")\n",
          soak.engine_wakeups[1].load(), soak.engine_wakeups[2].load(),
          soak.engine_timeouts[1].load(), soak.engine_timeouts[2].load());
+  if (f.engine_shard) {
+    printf("  reactor (shard 1)       %14" PRIu64 " steps  (sleeps %" PRIu64 ")\n",
+           soak.reactor_steps.load(), soak.reactor_sleeps.load());
+  }
   printf("  ack balance             %14s  (after DestroyCq: events %" PRIu64 " acked %" PRIu64
          "; after Shutdown: events %" PRIu64 " acked %" PRIu64 ")\n",
          ack_ok ? "ok" : "IMBALANCED", after_destroy.cq_events, after_destroy.cq_acked_events,
