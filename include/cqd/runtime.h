@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // cqd/runtime.h: the completion dispatcher.
 //
-// A Runtime owns poller threads (one per CQ shard), consumers (runtime-owned threads or
-// engine-driven), and one event thread for completion channels and device async events:
+// A Runtime owns pollers (one per CQ shard: a thread of its own, or, for an engine-driven shard,
+// a step of the engine's loop), consumers (runtime-owned threads, engine-driven, or run to
+// completion on their poller), and one event thread for completion channels and device async
+// events:
 //
 //   auto rt = cqd::Runtime::Create(options).value();
 //   auto dev = rt->OpenVerbsDevice("rxe0").value();           // or AddSimDevice(sim)
@@ -18,7 +20,8 @@
 // thread, concurrently; they serialize on an internal mutex and may block briefly while a poller
 // or consumer reaches a safe point. From the runtime's own pollers and event thread (inside an
 // OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
-// called only by the engine thread that drives that consumer. Handlers run on their consumer (a
+// called only by the engine thread that drives that consumer; PollShard() and TrySleepShard() by
+// the engine thread that drives that shard (one at a time; see "Engine-driven shards" below). Handlers run on their consumer (a
 // kRunToCompletion consumer's on its poller's thread); a handler may call control-path functions
 // (including Unregister of its own QP), except Shutdown, on every kind of consumer.
 // Unregister of a QP whose handler is running (or about to run in its consumer's current batch)
@@ -150,8 +153,10 @@ class Teardown {
   // (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
   // Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
   // the RuntimeOptions::log sink, and the thread that last called Drain on the QP's
-  // engine-driven consumer (nothing else would deliver its markers). Those use on_done, or check
-  // done() without waiting on it. kFailedPrecondition also on a default-constructed Teardown.
+  // engine-driven consumer (nothing else would deliver its markers), and the thread that last
+  // called PollShard on the engine-driven shard of one of the QP's CQs (nothing else would poll
+  // them). Those use on_done, or check done() without waiting on it. kFailedPrecondition also on
+  // a default-constructed Teardown.
   Status Wait() const;
 
  private:
@@ -306,9 +311,11 @@ class Runtime {
 
   // Ends every pending teardown (OK if drained, else kCancelled), then stops the event thread and
   // the pollers (everything already polled is still delivered), and drains and stops owned
-  // consumers. Engine-driven consumers may Drain() what is left until the runtime is destroyed;
-  // the destructor hands anything still queued to the orphan handler. Idempotent. Blocks until
-  // the runtime's threads are joined; kFailedPrecondition at once from a handler, from
+  // consumers. Engine-driven consumers may Drain() what is left until the runtime is destroyed,
+  // and an engine-driven shard's PollShard() runs its run-to-completion handlers on what they
+  // still hold; the destructor hands anything still queued to the orphan handler. Idempotent.
+  // Blocks until the runtime's threads are joined (an engine-driven shard: until a PollShard or
+  // TrySleepShard in progress has returned); kFailedPrecondition at once from a handler, from
   // TeardownOptions::on_done, or from a poller or the event thread.
   Status Shutdown();
 
