@@ -92,18 +92,24 @@ void Poller::RunSync(const std::function<void()>& fn) {
 
 void Poller::ServeIfFree() noexcept {
   if (!mailbox_.pending() || !TryDrive()) return;
-  const bool was_runtime = tls_runtime_thread;
-  tls_runtime_thread = true;  // an OrphanHandler called from here must not call the runtime
-  mailbox_.RunPosted();
-  tls_runtime_thread = was_runtime;
-  Release();
-  parker_.Wake();  // the engine's next PrepareSleep arms what changed (a CQ added)
+  ServeAndRelease();
 }
 
 void Poller::Release() noexcept {
   driver_.store(0, std::memory_order_seq_cst);
   // A control call that found the driver taken relies on this check (the header comment).
-  if (mailbox_.pending()) ServeIfFree();
+  if (mailbox_.pending() && TryDrive()) ServeAndRelease();
+}
+
+void Poller::ServeAndRelease() noexcept {
+  do {
+    const bool was_runtime = tls_runtime_thread;
+    tls_runtime_thread = true;  // an OrphanHandler called from here must not call the runtime
+    mailbox_.RunPosted();
+    tls_runtime_thread = was_runtime;
+    parker_.Wake();  // the engine's next TrySleepShard arms what changed (a CQ added)
+    driver_.store(0, std::memory_order_seq_cst);
+  } while (mailbox_.pending() && TryDrive());
 }
 
 void Poller::EndSleep() noexcept {

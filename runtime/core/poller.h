@@ -197,6 +197,9 @@ class Poller {
   void Release() noexcept;
   // Any thread: runs what was posted to the mailbox if nobody drives the shard.
   void ServeIfFree() noexcept;
+  // The driver: runs what was posted and gives the driver back, again while more is posted and
+  // the driver is free.
+  void ServeAndRelease() noexcept;
   // The driver: a sleep PrepareSleep allowed is over; reads the fd if a write is owed.
   void EndSleep() noexcept;
   // The driver: Step after Stop; returns the entries dispatched.
