@@ -31,7 +31,7 @@ class EngineLoop {
     thread_.join();
     close(stop_fd_);
   }
-  // True while the loop is in (or about to enter) an unbounded epoll_wait.
+  // True while the loop is in (or about to enter) an epoll_wait with no timeout.
   bool asleep() const { return asleep_.load(std::memory_order_acquire); }
   std::thread::id id() const { return thread_.get_id(); }
   int errors() const { return errors_.load(); }
@@ -52,10 +52,10 @@ class EngineLoop {
       if (n != 0) continue;
       int verdict = rt_.TrySleepShard(shard_);
       if (verdict < 0) errors_.fetch_add(1);
-      if (verdict != 1) continue;
-      asleep_.store(true, std::memory_order_release);
+      if (verdict != 1 && verdict != 2) continue;
+      if (verdict == 1) asleep_.store(true, std::memory_order_release);
       epoll_event events[2];
-      epoll_wait(ep, events, 2, -1);
+      epoll_wait(ep, events, 2, verdict == 1 ? -1 : 1);  // 2: at most a millisecond
       asleep_.store(false, std::memory_order_release);
     }
     close(ep);

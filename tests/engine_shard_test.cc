@@ -5,6 +5,8 @@
 // the budget, Unregister, TeardownQp, control calls from handlers and from other threads (also
 // while nobody polls the shard), Shutdown, and bad input.
 #include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -532,6 +534,171 @@ TEST(EngineShard, ShutdownLosesNothing) {
   EXPECT_GT(rounds, 0);
   reg.Unregister();
   CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+}
+
+// Driving a shard from inside a cqd callback would nest one poller's pass in another's batch:
+// PollShard and TrySleepShard are refused there (-EBUSY), from a run-to-completion handler of any
+// shard, an owned consumer's handler and an OrphanHandler; control calls from the same handler
+// still finish.
+TEST(EngineShard, DrivingAShardFromACallbackIsRefused) {
+  struct Orphans : OrphanHandler {
+    Runtime* rt = nullptr;
+    std::atomic<int> refused{0};
+    std::atomic<int> calls{0};
+    void OnOrphans(std::span<const ibv_wc>) noexcept override {
+      calls.fetch_add(1);
+      if (rt->PollShard(0, 4) == -EBUSY && rt->TrySleepShard(1) == -EBUSY) refused.fetch_add(1);
+    }
+  } orphans;
+  RuntimeOptions options = EngineOptions(2, /*owned=*/true);
+  options.orphan_handler = &orphans;
+  auto rt = Runtime::Create(options).value();
+  orphans.rt = rt.get();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq0 = rt->CreateCq(dev, 0).value();
+  struct Handler : QpHandler {
+    Runtime* rt;
+    DeviceId dev;
+    std::atomic<int> refused{0};
+    std::atomic<int> made{0};
+    std::vector<CqHandle> cqs;
+    void OnCompletions(std::span<const ibv_wc>) noexcept override {
+      if (rt->PollShard(1, 16) == -EBUSY && rt->TrySleepShard(1) == -EBUSY &&
+          rt->PollShard(0, 16) == -EBUSY && rt->TrySleepShard(0) == -EBUSY) {
+        refused.fetch_add(1);
+      }
+      auto cq = rt->CreateCq(dev, 0);  // needs this very shard
+      if (cq.ok()) {
+        cqs.push_back(*cq);
+        made.fetch_add(1);
+      }
+    }
+  } rtc, owned;
+  rtc.rt = owned.rt = rt.get();
+  rtc.dev = owned.dev = dev;
+  SimQp* qa = sim->CreateQp(cq0.sim(), cq0.sim()).value();
+  SimQp* qb = sim->CreateQp(cq0.sim(), cq0.sim()).value();
+  Registration ra = rt->RegisterQp(*qa, rtc, 0).value();    // run to completion on shard 0
+  Registration rb = rt->RegisterQp(*qb, owned, 2).value();  // the owned consumer
+  ASSERT_TRUE(InjectRecvs(qa, 0, 1));
+  ASSERT_TRUE(InjectRecvs(qb, 0, 1));
+  ASSERT_TRUE(WaitFor([&] {
+    rt->PollShard(0, 16);
+    return rtc.made.load() == 1 && owned.made.load() == 1;
+  }));
+  EXPECT_EQ(rtc.refused.load(), 1);
+  EXPECT_EQ(owned.refused.load(), 1);
+  rb.Unregister();
+  ASSERT_TRUE(InjectRecvs(qb, 1, 1));  // no registration: an orphan, inside PollShard
+  ASSERT_TRUE(WaitFor([&] {
+    rt->PollShard(0, 16);
+    return orphans.calls.load() == 1;
+  }));
+  EXPECT_EQ(orphans.refused.load(), 1);
+  ra.Unregister();
+  for (CqHandle cq : rtc.cqs) CQD_ASSERT_OK(rt->DestroyCq(cq));
+  for (CqHandle cq : owned.cqs) CQD_ASSERT_OK(rt->DestroyCq(cq));
+  CQD_ASSERT_OK(sim->DestroyQp(qa));
+  CQD_ASSERT_OK(sim->DestroyQp(qb));
+  CQD_ASSERT_OK(rt->DestroyCq(cq0));
+}
+
+// One thread sleeps on a shard at a time: another thread's PollShard or TrySleepShard while it
+// sleeps wakes it (its fd becomes readable) and returns 0, and takes nothing the sleeper relies
+// on; the sleeper's next PollShard reads the fd and the protocol starts afresh.
+TEST(EngineShard, AnotherThreadsCallWakesTheSleeper) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  const int fd = one.rt->ShardFd(0).value();
+  auto readable = [&](int timeout_ms) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, timeout_ms) == 1;
+  };
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(one.rt->TrySleepShard(0), 1);  // this thread sleeps on the shard
+    ASSERT_FALSE(readable(0));
+    int other = -1;
+    std::thread([&] {
+      other = round == 0 ? one.rt->PollShard(0, 64) : one.rt->TrySleepShard(0);
+    }).join();
+    EXPECT_EQ(other, 0) << round;
+    EXPECT_TRUE(readable(0)) << "the sleeper was not woken, round " << round;
+    EXPECT_EQ(one.rt->PollShard(0, 64), 0);
+    EXPECT_FALSE(readable(0)) << "PollShard did not read the wake, round " << round;
+  }
+  // The protocol goes on as before: sleep, a completion wakes the fd, the poll delivers it.
+  ASSERT_EQ(one.rt->TrySleepShard(0), 1);
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 1));
+  ASSERT_TRUE(readable(30000));
+  while (one.rt->PollShard(0, 64) > 0) {
+  }
+  EXPECT_EQ(handler.completions(), 1u);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// Edge-triggered: once the fd reported a wake, asking to sleep again (before polling) says poll
+// again, since the edge is spent.
+TEST(EngineShard, AskingAgainAfterAWakeSaysPollAgain) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLET;
+  ev.data.fd = one.rt->ShardFd(0).value();
+  ASSERT_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, ev.data.fd, &ev), 0);
+  epoll_event out[1];
+  ASSERT_EQ(one.rt->TrySleepShard(0), 1);
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 1));
+  ASSERT_EQ(epoll_wait(ep, out, 1, 30000), 1);
+  EXPECT_EQ(one.rt->TrySleepShard(0), 0);
+  while (one.rt->PollShard(0, 64) > 0) {
+  }
+  EXPECT_EQ(handler.completions(), 1u);
+  ASSERT_EQ(one.rt->TrySleepShard(0), 1);  // and the next round has an edge again
+  ASSERT_TRUE(InjectRecvs(one.qp, 1, 1));
+  ASSERT_EQ(epoll_wait(ep, out, 1, 30000), 1);
+  while (one.rt->PollShard(0, 64) > 0) {
+  }
+  EXPECT_EQ(handler.completions(), 2u);
+  close(ep);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// A consumer the shard feeds is full: nothing would make the fd readable when it drains, so
+// TrySleepShard bounds the sleep (2); once it drains, the shard sleeps without bound again.
+TEST(EngineShard, AFullConsumerBoundsTheSleep) {
+  RuntimeOptions options = EngineOptions(1);
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  options.consumers[0].queue_capacity = 1;
+  options.consumers[0].spill_capacity = 1;
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(options));
+  SequenceHandler handler;
+  handler.qp_num = one.qp->qp_num();
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 5));
+  while (one.rt->PollShard(0, 64) > 0) {
+  }
+  EXPECT_EQ(one.rt->TrySleepShard(0), 2);  // the queue and the spill are full
+  ASSERT_TRUE(WaitFor([&] {
+    one.rt->Drain(0, 64);
+    one.rt->PollShard(0, 64);
+    return handler.received() == 5;
+  }));
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  EXPECT_EQ(one.rt->TrySleepShard(0), 1);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
 }
 
 // Two threads calling PollShard on one shard at once: one drives, the other gets 0; handlers

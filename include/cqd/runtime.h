@@ -21,13 +21,13 @@
 // or consumer reaches a safe point. From the runtime's own pollers and event thread (inside an
 // OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
 // called only by the engine thread that drives that consumer; PollShard() and TrySleepShard() by
-// the engine thread that drives that shard (one at a time; see "Engine-driven shards" below). Handlers run on their consumer (a
-// kRunToCompletion consumer's on its poller's thread); a handler may call control-path functions
-// (including Unregister of its own QP), except Shutdown, on every kind of consumer.
-// Unregister of a QP whose handler is running (or about to run in its consumer's current batch)
-// waits for that batch to end (so does a TeardownQp the device refuses to start), so a handler
-// must not unregister or tear down, or hold a lock while another thread does, a QP whose handler
-// waits for it.
+// the engine thread that drives that shard (one at a time; see "Engine-driven shards" below).
+// Handlers run on their consumer (a kRunToCompletion consumer's on its poller's thread); a handler
+// may call control-path functions (including Unregister of its own QP), except Shutdown, on every
+// kind of consumer. Unregister of a QP whose handler is running (or about to run in its consumer's
+// current batch) waits for that batch to end (so does a TeardownQp the device refuses to start), so
+// a handler must not unregister or tear down, or hold a lock while another thread does, a QP whose
+// handler waits for it.
 //
 // Waiting. No wait in the runtime depends on a thread that is itself waiting for it:
 //   - control calls wait only for pollers and the event thread, which never wait for anyone;
@@ -273,34 +273,40 @@ class Runtime {
 
   // Engine-driven shards (RuntimeOptions::engine_shards): the engine's loop is the shard's
   // poller. One engine thread at a time drives a shard (a call while another thread drives it
-  // returns 0 at once); it may be any thread, and a different one from call to call. Every
-  // guarantee of runtime-owned shards holds (order, events after completions, parking, capacity,
-  // TeardownQp, Unregister, Shutdown): control calls that need the shard (CreateCq, RegisterQp,
-  // Unregister, a teardown's end...) run their part on it themselves when no PollShard or
-  // TrySleepShard is in progress, else that call runs it before it returns (or, from one of the
-  // shard's handlers waiting for the runtime, while it waits). So no control call waits for the
-  // engine to come back: a shard that is not polled delays only its own completions, and its
-  // teardowns end by their deadline. OrphanHandlers run inside these calls as on a poller (no
-  // control calls from them).
+  // returns 0 at once); it may be any thread, and a different one from call to call, except
+  // that one thread at a time sleeps on it: after TrySleepShard returned 1 or 2 to a thread, a
+  // PollShard or TrySleepShard of another thread wakes it (makes the fd readable) and returns 0
+  // until it has called again. Every guarantee of runtime-owned shards holds (order, events
+  // after completions, parking, capacity, TeardownQp, Unregister, Shutdown): control calls that
+  // need the shard (CreateCq, RegisterQp, Unregister, a teardown's end...) run their part on it
+  // themselves when no PollShard or TrySleepShard is in progress, else that call runs it before
+  // it returns (or, from one of the shard's handlers waiting for the runtime, while it waits).
+  // So no control call waits for the engine to come back: a shard that is not polled delays
+  // only its own completions, and its teardowns end by their deadline. OrphanHandlers run inside
+  // these calls as on a poller (no control calls from them). Neither call may be made from a
+  // cqd handler or callback of any kind (they would nest one poller's pass inside another's
+  // batch): there they return -EBUSY.
   //
   // One step of the shard's poller: places posted async events, hands spilled entries to
   // consumers that have room, polls the shard's CQs round robin for up to `budget` completions
-  // (at most poll_batch per CQ) and routes them, then runs the shard's run-to-completion
-  // handlers inline, a few batches each. After Shutdown it runs those handlers on what they
-  // still hold, and then returns 0 for good. Returns the work done (completions taken off CQs,
-  // plus events placed and entries handed over or dispatched; 0: none), -EINVAL if `shard` is not
-  // an engine-driven shard of this runtime or `budget` < 1, -EBUSY from a handler or
-  // OrphanHandler running inside this shard's own PollShard.
+  // (at most poll_batch per CQ; a pass the budget cuts short resumes where it stopped) and
+  // routes them, then runs the shard's run-to-completion handlers inline, a few batches each.
+  // After Shutdown it runs those handlers on what they still hold, and then returns 0 for good.
+  // Returns the work done (completions taken off CQs, plus events placed and entries handed over
+  // or dispatched; 0: none), -EINVAL if `shard` is not an engine-driven shard of this runtime or
+  // `budget` < 1, -EBUSY from a handler, OrphanHandler or DeviceEventHandler.
   int PollShard(int shard, int budget) noexcept;
   // The sleep protocol (Seastar's try_enter_interrupt_mode). Arms the shard's CQs that are not
   // armed, polls them once more (what that finds is routed, not dropped) and checks for posted
   // work. Returns 1 when the engine may sleep until ShardFd(shard) is readable: from the arm on,
   // a completion on any of the shard's CQs, an async event posted to it, an item queued for one
   // of its run-to-completion consumers, a control call run on it, and Shutdown each make the fd
-  // readable, so no wakeup is lost. Returns 0 when the engine must poll again: it found work,
-  // another thread was driving the shard, or nothing could wake the fd (a consumer the shard
-  // feeds is full, an arm failed, the shard's completion channel failed). Errors as PollShard.
-  // The engine may skip it and keep polling; calling it twice in a row is harmless.
+  // readable, so no wakeup is lost. Returns 2 when it may sleep that way but for at most a
+  // millisecond (an epoll timeout), because something the fd cannot report needs a retry: a
+  // consumer the shard feeds is full, an arm failed, or the shard's completion channel failed.
+  // Returns 0 when the engine must poll again: it found work, or another thread was driving (or
+  // sleeping on) the shard. Errors as PollShard. The engine may skip it and keep polling; asking
+  // twice in a row is harmless (0 if the fd was made readable in between).
   int TrySleepShard(int shard) noexcept;
   // Returns the shard's fd (an eventfd, non-blocking) for the engine's epoll set: EPOLLIN, level-
   // or edge-triggered. PollShard reads it; the engine must not. Valid until the runtime is

@@ -125,9 +125,19 @@ void Poller::EndSleep() noexcept {
   if (got == sizeof(value)) wake_owed_ = false;  // else not written yet: read it next time
 }
 
+bool Poller::KickOtherSleeper() noexcept {
+  if (!sleep_prepared_ || sleeper_ == ThreadToken()) return false;
+  // Another thread sleeps on the fd: wake it (one write, unless a Wake already made it) and
+  // leave the announcement and the fd to it, so that nothing it relies on is taken from it.
+  parker_.Wake();
+  Release();
+  return true;
+}
+
 int Poller::Step(int budget) noexcept {
   if (driver_.load(std::memory_order_relaxed) == ThreadToken()) return -EBUSY;
   if (!TryDrive()) return 0;
+  if (KickOtherSleeper()) return 0;
   const bool was_runtime = tls_runtime_thread;
   tls_runtime_thread = true;  // as on a poller thread: OrphanHandlers must not call the runtime
   if (last_driver_.load(std::memory_order_relaxed) != ThreadToken()) {
@@ -174,11 +184,20 @@ int Poller::StepStopped() noexcept {
 int Poller::PrepareSleep() noexcept {
   if (driver_.load(std::memory_order_relaxed) == ThreadToken()) return -EBUSY;
   if (!TryDrive()) return 0;
+  if (KickOtherSleeper()) return 0;
   int verdict = 1;
-  if (wake_owed_) EndSleep();
-  if (sleep_prepared_ || wake_owed_) {
-    // Already prepared (a Wake since then has written or will write the fd), or a write is
-    // still on its way: either way the fd will be readable.
+  if (sleep_prepared_ && !parker_.sleeping()) {
+    // Prepared, and a Wake took it since: the fd was written (an edge-triggered epoll may have
+    // reported it already). Read it, and have the engine poll.
+    EndSleep();
+    verdict = 0;
+  } else if (wake_owed_) {
+    EndSleep();
+  }
+  if (verdict == 0 || sleep_prepared_ || wake_owed_) {
+    // Still prepared with no Wake since (it writes the fd), or a write is still on its way
+    // (the fd will be readable): sleeping stays safe; keep the bound of the first verdict.
+    if (verdict != 0 && bounded_sleep_) verdict = 2;
   } else {
     const bool was_runtime = tls_runtime_thread;
     tls_runtime_thread = true;
@@ -190,16 +209,20 @@ int Poller::PrepareSleep() noexcept {
       ArmAll();
       // S6: completions that arrived before arming raise no event: poll once more.
       busy = PollAll() > 0 || mailbox_.pending() ||
-             inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending() ||
-             !listed_.empty() || !deferred_.empty() || arm_failed_ ||
-             notifications_broken_.load(std::memory_order_relaxed);
+             inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
     }
     tls_runtime_thread = was_runtime;
     if (busy) {
       if (!parker_.TryCancel()) wake_owed_ = true;
       verdict = 0;
     } else {
+      // As the thread's bounded sleeps: a full spill or a held event (retry the consumer), a
+      // failed arm or channel (no event may come). The fd still wakes it earlier.
+      bounded_sleep_ = !listed_.empty() || !deferred_.empty() || arm_failed_ ||
+                       notifications_broken_.load(std::memory_order_relaxed);
       sleep_prepared_ = true;
+      sleeper_ = ThreadToken();
+      verdict = bounded_sleep_ ? 2 : 1;
       Count(sleeps_, 1);
     }
   }

@@ -64,8 +64,10 @@
 // of the shard waiting for the runtime serves the mailbox as on a thread (the wait duty). So no
 // control call waits for the engine to come back, only for a Step in progress. Every control
 // part run this way, and Stop, writes the fd if the engine prepared to sleep: a CQ added
-// meanwhile is armed by the next PrepareSleep. Sleeping when a bounded wait would be needed
-// (a full spill, a failed arm, broken notifications) is refused: PrepareSleep says poll again.
+// meanwhile is armed by the next PrepareSleep. Where the thread would sleep only briefly (a full
+// spill, a failed arm, broken notifications) PrepareSleep says so (2). One thread sleeps at a
+// time: a Step or PrepareSleep of another thread meanwhile wakes it and returns 0, so that it
+// never cancels or reads what the sleeper relies on.
 // After Stop the engine's Steps dispatch what the hosted consumers still hold and close them.
 //
 // Threading: the CQ list, the spills and CqRecord::uses belong to the poller thread (the
@@ -119,8 +121,9 @@ class Poller {
   // One pass: returns the work done, 0 if another thread drives the shard, -EBUSY if this one
   // does (a handler or OrphanHandler inside this shard's Step).
   int Step(int budget) noexcept;
-  // Returns 1 if the engine may sleep until fd() is readable, 0 if it must poll again, -EBUSY
-  // as Step.
+  // Returns 1 if the engine may sleep until fd() is readable, 2 if for at most kRecheckUnarmed
+  // (nothing may make fd() readable: a full spill, a failed arm or channel), 0 if it must poll
+  // again (or another thread sleeps on the shard: it was woken), -EBUSY as Step.
   int PrepareSleep() noexcept;
   int fd() const { return wake_fd_; }
   // ThreadToken() of the thread that last called Step (relaxed): Teardown::Wait refuses it.
@@ -202,6 +205,9 @@ class Poller {
   void ServeAndRelease() noexcept;
   // The driver: a sleep PrepareSleep allowed is over; reads the fd if a write is owed.
   void EndSleep() noexcept;
+  // The driver: if another thread sleeps on the shard, wakes it, gives the driver back and
+  // returns true (the caller returns 0: the shard is the sleeper's until it comes back).
+  bool KickOtherSleeper() noexcept;
   // The driver: Step after Stop; returns the entries dispatched.
   int StepStopped() noexcept;
   // Arms every CQ in the passes not armed yet (S7); sets arm_failed_.
@@ -317,6 +323,8 @@ class Poller {
   int wake_fd_ = -1;                  // the eventfd the engine sleeps on
   bool sleep_prepared_ = false;       // the driver's: PrepareSleep said 1 and no Step came since
   bool wake_owed_ = false;            // the driver's: a Wake won the race, its write is unread
+  bool bounded_sleep_ = false;        // the driver's: the prepared sleep must be bounded
+  uintptr_t sleeper_ = 0;             // the driver's: ThreadToken of the thread that may sleep
   std::atomic<bool> stopped_{false};  // Stop ran (HandOverAll)
   alignas(64) std::atomic<uintptr_t> driver_{0};  // ThreadToken of the driver; 0: none
   std::atomic<uintptr_t> last_driver_{0};

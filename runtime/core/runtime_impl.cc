@@ -640,10 +640,18 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   return max <= 0 ? 0 : c.Drain(max);
 }
 
+// A handler of any kind, or an OrphanHandler or DeviceEventHandler: driving a shard from there
+// would nest one poller's pass inside another's (or inside a consumer's batch), and a wait duty
+// serves one shard only.
+static bool InsideRuntimeCallback() noexcept {
+  return OnRuntimeThread() || HasWaitDuty() || Consumer::OnConsumerThread();
+}
+
 int RuntimeImpl::PollShard(int shard, int budget) noexcept {
   if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size() || budget < 1) return -EINVAL;
   Poller& poller = *pollers_[shard];
   if (!poller.engine_driven()) return -EINVAL;
+  if (InsideRuntimeCallback()) return -EBUSY;
   return poller.Step(budget);
 }
 
@@ -651,6 +659,7 @@ int RuntimeImpl::TrySleepShard(int shard) noexcept {
   if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size()) return -EINVAL;
   Poller& poller = *pollers_[shard];
   if (!poller.engine_driven()) return -EINVAL;
+  if (InsideRuntimeCallback()) return -EBUSY;
   return poller.PrepareSleep();
 }
 
