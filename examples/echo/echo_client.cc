@@ -2,7 +2,7 @@
 // echo_client: many RC connections to echo_server, each checking every reply, coming and going.
 //
 //   echo_client --server=ADDR [--port=7471] [--device=NAME] [--connections=16] [--requests=200]
-//               [--window=8] [--rounds=2] [--pollers=2] [--consumers=2]
+//               [--window=8] [--rounds=2] [--pollers=2] [--consumers=2] [--latency]
 //
 // Connection i sends requests * (1 + i % 3) requests per round, at most `window` outstanding,
 // each 64 bytes naming the connection and sequence number; every reply must come back in order
@@ -13,7 +13,13 @@
 //
 // Prints "echo_client: running" once the first connection finished a round, and a summary at
 // the end. Exit code 0 when every request of every round was verified and every teardown
-// drained; 1 otherwise.
+// drained; 1 otherwise. With --latency it also prints the round-trip time of the requests (from
+// posting a request to verifying its reply, window queueing included) as one more line:
+// "echo_client: latency_us samples=N mean=... p50=... p90=... p99=... p999=... max=...".
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +38,67 @@ namespace {
 constexpr uint32_t kBytes = 64;
 constexpr uint64_t kSendBit = 1ull << 32;
 
+// --latency: round-trip times in nanoseconds, from every consumer thread at once. Log-linear
+// buckets, 16 per power of two (a value is reported as its bucket's middle: within 3%).
+class LatencyHistogram {
+ public:
+  static uint64_t Now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void Add(uint64_t ns) {
+    buckets_[Bucket(ns)].fetch_add(1, std::memory_order_relaxed);
+    count_.fetch_add(1, std::memory_order_relaxed);
+    sum_.fetch_add(ns, std::memory_order_relaxed);
+    uint64_t max = max_.load(std::memory_order_relaxed);
+    while (ns > max && !max_.compare_exchange_weak(max, ns, std::memory_order_relaxed)) {
+    }
+  }
+  // The line --latency prints (after every connection finished).
+  void Print() const {
+    const uint64_t count = count_.load();
+    if (count == 0) {
+      printf("echo_client: latency_us samples=0\n");
+      return;
+    }
+    printf("echo_client: latency_us samples=%" PRIu64
+           " mean=%.1f p50=%.1f p90=%.1f p99=%.1f p999=%.1f max=%.1f\n",
+           count, static_cast<double>(sum_.load()) / count / 1000, Quantile(0.5) / 1000,
+           Quantile(0.9) / 1000, Quantile(0.99) / 1000, Quantile(0.999) / 1000,
+           static_cast<double>(max_.load()) / 1000);
+  }
+
+ private:
+  static constexpr int kSub = 16;
+  static int Bucket(uint64_t ns) {
+    if (ns < kSub) return static_cast<int>(ns);
+    const int msb = 63 - __builtin_clzll(ns);
+    return (msb - 3) * kSub + static_cast<int>(ns >> (msb - 4)) - kSub;
+  }
+  static double Middle(int bucket) {
+    if (bucket < kSub) return bucket;
+    const int shift = bucket / kSub - 1;
+    const double low = static_cast<double>(static_cast<uint64_t>(kSub + bucket % kSub) << shift);
+    return low + static_cast<double>(uint64_t{1} << shift) / 2;
+  }
+  double Quantile(double q) const {
+    const uint64_t count = count_.load();
+    const auto rank = static_cast<uint64_t>(q * static_cast<double>(count - 1)) + 1;
+    uint64_t seen = 0;
+    for (int b = 0; b < kBuckets; ++b) {
+      seen += buckets_[b].load();
+      if (seen >= rank) return std::min(Middle(b), static_cast<double>(max_.load()));
+    }
+    return static_cast<double>(max_.load());
+  }
+  static constexpr int kBuckets = 64 * kSub;
+  std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint64_t> sum_{0};
+  std::atomic<uint64_t> max_{0};
+};
+
 void Fill(char* out, uint32_t conn, uint32_t seq) {
   memcpy(out, &conn, 4);
   memcpy(out + 4, &seq, 4);
@@ -40,8 +107,11 @@ void Fill(char* out, uint32_t conn, uint32_t seq) {
 
 class Conn : public ClientConn {
  public:
-  Conn(ClientEngine& client, uint32_t index, int window, uint32_t requests)
-      : ClientConn(client, index), window_(window), requests_(requests) {}
+  Conn(ClientEngine& client, uint32_t index, int window, uint32_t requests,
+       LatencyHistogram* latency)
+      : ClientConn(client, index), window_(window), requests_(requests), latency_(latency) {
+    if (latency_ != nullptr) sent_at_.resize(window_);
+  }
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
   void OnCmEvent(const CmEvent& event) noexcept override;
 
@@ -52,7 +122,9 @@ class Conn : public ClientConn {
 
   const int window_;
   const uint32_t requests_;
-  Region buffers_;  // window receive slots, then window send slots
+  LatencyHistogram* const latency_;  // nullptr without --latency
+  std::vector<uint64_t> sent_at_;    // --latency: when request seq was posted, at seq % window
+  Region buffers_;                   // window receive slots, then window send slots
   uint32_t sent_ = 0;
   uint32_t received_ = 0;
 };
@@ -94,6 +166,7 @@ bool Conn::PostRequest() {
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
   ibv_send_wr* bad = nullptr;
+  if (latency_ != nullptr) sent_at_[slot] = LatencyHistogram::Now();
   if (ibv_post_send(id()->qp, &wr, &bad) != 0) return false;
   ++sent_;
   return true;
@@ -119,6 +192,7 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     if (wc.byte_len != kBytes || memcmp(buffers_.data + slot * kBytes, expected, kBytes) != 0) {
       return Fail("a reply differs from its request");
     }
+    if (latency_ != nullptr) latency_->Add(LatencyHistogram::Now() - sent_at_[received_ % window_]);
     ++received_;
     Verified(1);
     if (!PostRecv(slot)) return Fail("ibv_post_recv");
@@ -151,16 +225,21 @@ int Run(const Flags& flags) {
   // Connection i sends requests * (1 + i % 3) requests in each of its rounds.
   uint64_t expected = 0;
   for (int i = 0; i < connections; ++i) expected += uint64_t{requests} * (1 + i % 3) * rounds;
+  std::unique_ptr<LatencyHistogram> latency;
+  if (flags.Has("latency")) latency = std::make_unique<LatencyHistogram>();
   LoopTotals totals;
   const bool started = RunConnections(
       client, connections, rounds,
-      [&](int i) { return std::make_unique<Conn>(client, i, window, requests * (1 + i % 3)); },
+      [&](int i) {
+        return std::make_unique<Conn>(client, i, window, requests * (1 + i % 3), latency.get());
+      },
       &totals);
   if (!started) return 1;
   printf("echo_client: connections=%d rounds=%d verified=%" PRIu64 " of %" PRIu64
          " teardowns_ok=%" PRIu64 " failures=%" PRIu64 " setup_retries=%" PRIu64 "\n",
          connections, rounds, totals.verified, expected, totals.teardowns_ok, totals.failures,
          totals.setup_retries);
+  if (latency != nullptr) latency->Print();
   client.Stop(flags);
   return totals.failures == 0 && totals.verified == expected ? 0 : 1;
 }
@@ -187,6 +266,7 @@ int main(int argc, char** argv) {
           {"pollers", "N", "poller threads (default 2)", 1, 256},
           {"consumers", "N", "consumer threads (default 2)", 1, 256},
           {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
+          {"latency", nullptr, "print the requests' round-trip times (p50, p99...) at the end"},
       });
   return cqd::examples::Run(flags);
 }

@@ -5,7 +5,7 @@
 #
 #   tools/vm/run_two_vms.sh [--timeout S] [--with FILE]... [--ready REGEX]
 #                           [--kill-client-on REGEX] [--fetch-server GUEST:HOST]...
-#                           [--fetch-client GUEST:HOST]... [--logs DIR]
+#                           [--fetch-client GUEST:HOST]... [--logs DIR] [--relay REGEX]
 #                           SERVER_PROG [ARGS...] -- CLIENT_PROG [ARGS...]
 #
 # Both VMs boot at once (qemu TCG, the initramfs and /init of vm_lib.sh, which also loads the
@@ -27,6 +27,9 @@
 # --kill-client-on REGEX: when the client program prints a matching line (ERE), the client qemu
 # gets SIGKILL (a host losing power mid-traffic); the server runs on. The runner polls the
 # consoles every 0.5 s, so the client may run on for that long after the line.
+# --relay REGEX: each line either program prints that matches REGEX (ERE) is written, once and in
+# order, to the other VM's console (its program's stdin; the client's only once it was started),
+# within about 0.5 s: for programs that take turns (tools/vm/reactor_vs_echo.sh).
 #
 # Exit code: with --kill-client-on, once the kill happened, the server's; otherwise the server's
 # if non-zero, else the client's. 97 if a VM that had to report a code did not (boot failure,
@@ -41,6 +44,7 @@ set -euo pipefail
 timeout_s=900
 ready_re='^cqd-ready'
 kill_re=
+relay_re=
 logs=${TEST_UNDECLARED_OUTPUTS_DIR:-}
 extra=()
 fetch_server=()
@@ -55,6 +59,7 @@ while (( $# > 0 )); do
     --fetch-server) fetch_server+=("$2"); shift 2 ;;
     --fetch-client) fetch_client+=("$2"); shift 2 ;;
     --logs) logs=$2; shift 2 ;;
+    --relay) relay_re=$2; shift 2 ;;
     -*) echo "run_two_vms: unknown option $1" >&2; usage ;;
     *) break ;;
   esac
@@ -139,6 +144,20 @@ to_vm() { printf '%s\n' "$2" >&"${in_fd[$1]}"; }
 # has ROLE REGEX: the program (the console after /init's "running" line) printed a match.
 has() { grep -Eq -- "$2" <(sed '0,/^cqd-vm: running/d' "${log[$1]}" 2>/dev/null); }
 in_log() { grep -q -- "$2" "${log[$1]}" 2>/dev/null; }
+# relay FROM TO: writes FROM's program lines matching --relay that are new since the last call
+# to TO's console (complete lines only).
+declare -A relayed=([server]=0 [client]=0)
+relay() {
+  local lines=() k n
+  mapfile -t lines < <(sed '0,/^cqd-vm: running/d' "${log[$1]}" 2>/dev/null)
+  n=${#lines[@]}
+  [[ -s ${log[$1]} && $(tail -c1 "${log[$1]}" | od -An -c) == *'\n'* ]] || n=$((n > 0 ? n - 1 : 0))
+  for ((k = relayed[$1]; k < n; k++)); do
+    [[ ${lines[k]} =~ $relay_re ]] && to_vm "$2" "${lines[k]}"
+  done
+  (( n > relayed[$1] )) && relayed[$1]=$n
+  return 0
+}
 
 # ---- boot: the server's qemu listens on a free 127.0.0.1 port, then the client's connects ----
 port=
@@ -167,6 +186,10 @@ while :; do
   if [[ -z $go_sent ]] && has server "$ready_re" && in_log client '^cqd-vm: waiting for go'; then
     to_vm client go; go_sent=1
     say "server ready; client program started"
+  fi
+  if [[ -n $relay_re ]]; then
+    relay client server
+    [[ -z $go_sent || -n $client_rc ]] || relay server client
   fi
   if [[ -n $go_sent && -n $kill_re && -z $killed && -z $client_rc ]] && has client "$kill_re"; then
     kill_vm client; killed=1 client_rc=137
