@@ -23,11 +23,11 @@
 // never blocks, so it may be called from any thread, any number of times.
 //
 // Thread contract.
-//   - Handlers (QpHandler of hosted consumers, the StrandConsumer's user handlers, its OrphanHandler
-//     and TeardownOptions::on_done) run on the arena's threads: a worker, or a thread that joined
-//     the arena (task_arena::execute, or a wait inside it). For one consumer (ArenaConsumers) or one
-//     QP (StrandConsumer) one call at a time, and each call happens-before the next (acq_rel on the
-//     scheduling flags, plus the arena's own hand-off).
+//   - Handlers (QpHandler of hosted consumers, the StrandConsumer's user handlers, its
+//     OrphanHandler and TeardownOptions::on_done) run on the arena's threads: a worker, or a
+//     thread that joined the arena (task_arena::execute, or a wait inside it). For one consumer
+//     (ArenaConsumers) or one QP (StrandConsumer) one call at a time, and each call happens-before
+//     the next (acq_rel on the scheduling flags, plus the arena's own hand-off).
 //   - Handlers must not block for long: a blocked handler holds an arena thread, and an arena
 //     with one thread then delivers nothing else. On an arena worker never call
 //     cqd::Teardown::Wait (the runtime refuses it on the thread that last drained the QP's
@@ -104,8 +104,7 @@ class ArenaConsumers {
  public:
   // Returns a started object, or kInvalidArgument naming the consumer that is not engine-driven
   // or listed twice, or kInternal if the watcher's epoll could not be made.
-  static Result<std::unique_ptr<ArenaConsumers>> Create(Runtime& runtime,
-                                                        ::tbb::task_arena& arena,
+  static Result<std::unique_ptr<ArenaConsumers>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                         const ArenaConsumersOptions& options);
   ~ArenaConsumers();  // Stop()
   ArenaConsumers(const ArenaConsumers&) = delete;
@@ -190,9 +189,10 @@ class StrandTeardown {
   // Returns the result: OK only when every completion flushed ahead of the markers reached the
   // USER handler (the strand delivered its queue up to the teardown); otherwise the runtime's
   // teardown result (kDeadlineExceeded, kUnavailable, kCancelled), or kCancelled when the strand
-  // had to drop completions (StrandConsumer stopped first). Blocks until then. kFailedPrecondition
-  // at once from a task of any ArenaConsumers or StrandConsumer (a handler, an on_done), and on a
-  // default-constructed StrandTeardown. Like cqd::Teardown::Wait, never wait from a runtime
+  // had to drop completions (StrandConsumer stopped first). A finished teardown's result comes at
+  // once, on any thread. Otherwise blocks until then; kFailedPrecondition at once (the teardown
+  // goes on) from a task of any ArenaConsumers or StrandConsumer (a handler, an on_done), and on
+  // a default-constructed StrandTeardown. Like cqd::Teardown::Wait, never wait from a runtime
   // handler, on_done, OrphanHandler, DeviceEventHandler or log sink either.
   Status Wait() const;
 
@@ -225,8 +225,7 @@ class StrandConsumer {
  public:
   // Returns a started object, or kInvalidArgument if options.consumer is not an engine-driven
   // consumer of `runtime` or a budget is out of range.
-  static Result<std::unique_ptr<StrandConsumer>> Create(Runtime& runtime,
-                                                        ::tbb::task_arena& arena,
+  static Result<std::unique_ptr<StrandConsumer>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                         const StrandConsumerOptions& options);
   ~StrandConsumer();  // Stop(); strands still registered then stay valid until unregistered
   StrandConsumer(const StrandConsumer&) = delete;

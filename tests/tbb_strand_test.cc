@@ -1,0 +1,527 @@
+// SPDX-License-Identifier: BSD-2-Clause
+// StrandConsumer (cqd/tbb.h) on the simulated device: exactly once and in order per QP under many
+// QPs, a blocked QP that does not hold up the others, Unregister from another thread and from the
+// QP's own handler, TeardownQp that ends only after the user handler saw every flushed
+// completion, events behind completions, Shutdown then Stop with nothing lost, refused waits and
+// bad input. Nothing here asserts on time: blocked handlers wait on latches the test opens.
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "cqd/tbb.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::CountingOrphans;
+using testing::InjectRecvs;
+using testing::RecordingHandler;
+using testing::SequenceHandler;
+using testing::WaitFor;
+using testing::WaitForPollersAsleep;
+
+// TBB starts at most (CPUs - 1) workers unless told otherwise; the tests block some on purpose.
+::tbb::global_control& Parallelism() {
+  static ::tbb::global_control control(::tbb::global_control::max_allowed_parallelism, 8);
+  return control;
+}
+
+// A runtime with consumer 0 engine-driven and `cqs` CQs on a simulated device.
+struct Bed {
+  CountingOrphans rt_orphans;
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim = SimDevice::Create();
+  DeviceId dev = 0;
+  std::vector<CqHandle> cqs;
+
+  Status Build(int num_cqs, bool solicited_only = false, int pollers = 1) {
+    (void)Parallelism();
+    RuntimeOptions options;
+    options.pollers = pollers;
+    options.orphan_handler = &rt_orphans;
+    options.consumers.assign(2, ConsumerOptions{});
+    options.consumers[0].kind = ConsumerKind::kEngineDriven;
+    auto runtime = Runtime::Create(options);
+    if (!runtime.ok()) return runtime.status();
+    rt = std::move(runtime).value();
+    auto d = rt->AddSimDevice(sim);
+    if (!d.ok()) return d.status();
+    dev = *d;
+    for (int i = 0; i < num_cqs; ++i) {
+      CqOptions cq_options;
+      cq_options.solicited_only = solicited_only;
+      auto cq = rt->CreateCq(dev, i % pollers, cq_options);
+      if (!cq.ok()) return cq.status();
+      cqs.push_back(*cq);
+    }
+    return Status::Ok();
+  }
+  Result<SimQp*> Qp(int i) {
+    return sim->CreateQp(cqs[i % cqs.size()].sim(), cqs[i % cqs.size()].sim());
+  }
+};
+
+// A handler that blocks in its first call until Open(), after telling that it entered.
+class LatchedHandler : public SequenceHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    calls.fetch_add(1, std::memory_order_acq_rel);
+    if (!first_done_) {
+      first_done_ = true;
+      entered.store(true, std::memory_order_release);
+      while (!open_.load(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    SequenceHandler::OnCompletions(wcs);
+  }
+  void Open() { open_.store(true, std::memory_order_release); }
+  std::atomic<bool> entered{false};
+  std::atomic<uint64_t> calls{0};
+
+ private:
+  bool first_done_ = false;
+  std::atomic<bool> open_{false};
+};
+
+uint64_t Delivered(const Runtime& rt, int consumer) {
+  return rt.GetStats().consumers[consumer].delivered;
+}
+
+TEST(StrandConsumer, ExactlyOnceInOrderPerQpUnderManyQps) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(/*cqs=*/4, false, /*pollers=*/2));
+  ::tbb::task_arena arena(4, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  constexpr int kQps = 200;
+  constexpr uint64_t kPerQp = 300;
+  std::vector<std::unique_ptr<SequenceHandler>> handlers;
+  std::vector<StrandRegistration> regs;
+  std::vector<SimQp*> qps;
+  for (int i = 0; i < kQps; ++i) {
+    CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(i));
+    qps.push_back(qp);
+    handlers.push_back(std::make_unique<SequenceHandler>());
+    handlers.back()->qp_num = qp->qp_num();
+    CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, *handlers.back()));
+    EXPECT_EQ(reg.qp_num(), qp->qp_num());
+    regs.push_back(std::move(reg));
+  }
+  SimTrafficSource traffic({.qps = qps, .completions_per_qp = kPerQp, .burst = 8});
+  traffic.Start();
+  traffic.Join();
+  auto total = [&] {
+    uint64_t n = 0;
+    for (const auto& h : handlers) n += h->received();
+    return n;
+  };
+  ASSERT_TRUE(WaitFor([&] { return total() == kQps * kPerQp; })) << total();
+  for (const auto& h : handlers) {
+    EXPECT_EQ(h->received(), kPerQp);
+    EXPECT_EQ(h->out_of_order(), 0u);
+    EXPECT_EQ(h->wrong_qp(), 0u);
+    EXPECT_EQ(h->concurrent_calls(), 0u);
+  }
+  StrandStats stats = strands->GetStats();
+  EXPECT_EQ(stats.delivered, kQps * kPerQp);
+  EXPECT_EQ(stats.orphans, 0u);
+  EXPECT_EQ(stats.strands, static_cast<uint64_t>(kQps));
+  EXPECT_GT(stats.drain.drain_tasks, 0u);
+  EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
+  CQD_ASSERT_OK(strands->Stop());
+  for (auto& r : regs) r.Unregister();
+  EXPECT_EQ(strands->GetStats().strands, 0u);
+  EXPECT_EQ(bed.rt->GetStats().registrations, 0u);
+}
+
+// One QP's handler blocks; the others' completions, queued behind it on the same consumer, all
+// reach their handlers while it is still blocked. Then it catches up, in order.
+TEST(StrandConsumer, BlockedQpDoesNotHoldUpTheOthers) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(2));
+  ::tbb::task_arena arena(3, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  LatchedHandler slow;
+  CQD_ASSERT_OK_AND_ASSIGN(slow_qp, bed.Qp(0));
+  slow.qp_num = slow_qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(slow_reg, strands->RegisterQp(*slow_qp, slow));
+  constexpr int kFast = 20;
+  constexpr int kPerQp = 100;
+  std::vector<std::unique_ptr<SequenceHandler>> fast;
+  std::vector<StrandRegistration> regs;
+  std::vector<SimQp*> fast_qps;
+  for (int i = 0; i < kFast; ++i) {
+    CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(i));
+    fast_qps.push_back(qp);
+    fast.push_back(std::make_unique<SequenceHandler>());
+    fast.back()->qp_num = qp->qp_num();
+    CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, *fast.back()));
+    regs.push_back(std::move(reg));
+  }
+  ASSERT_TRUE(InjectRecvs(slow_qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return slow.entered.load(); }));
+  // Interleaved: the slow QP's next completions sit between the fast ones in the same CQs.
+  for (int k = 0; k < kPerQp; ++k) {
+    ASSERT_TRUE(InjectRecvs(slow_qp, 1 + k, 1));
+    for (SimQp* qp : fast_qps) ASSERT_TRUE(InjectRecvs(qp, k, 1));
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& h : fast) {
+      if (h->received() != kPerQp) return false;
+    }
+    return true;
+  }));
+  EXPECT_EQ(slow.received(), 0u);  // still inside its first call
+  EXPECT_EQ(slow.calls.load(), 1u);
+  slow.Open();
+  ASSERT_TRUE(WaitFor([&] { return slow.received() == kPerQp + 1; }));
+  EXPECT_EQ(slow.out_of_order(), 0u);
+  EXPECT_EQ(slow.concurrent_calls(), 0u);
+  for (const auto& h : fast) EXPECT_EQ(h->out_of_order(), 0u);
+}
+
+// Unregister from another thread while the handler is inside a call: it returns only after that
+// call, the handler is never called again, and what was queued in the strand is orphaned.
+TEST(StrandConsumer, UnregisterFromAnotherThreadWaitsAndOrphansTheQueue) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(2, 0);
+  CountingOrphans strand_orphans;
+  CQD_ASSERT_OK_AND_ASSIGN(
+      strands,
+      StrandConsumer::Create(*bed.rt, arena, {.consumer = 0, .orphan_handler = &strand_orphans}));
+  LatchedHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return handler.entered.load(); }));
+  ASSERT_TRUE(InjectRecvs(qp, 1, 50));
+  ASSERT_TRUE(WaitFor([&] { return Delivered(*bed.rt, 0) == 51; }));  // all in the strand now
+  std::atomic<bool> returned{false};
+  std::thread unregister([&] {
+    reg.Unregister();
+    returned.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(returned.load());  // the handler is still inside its call
+  EXPECT_EQ(handler.calls.load(), 1u);
+  handler.Open();
+  unregister.join();
+  EXPECT_EQ(handler.calls.load(), 1u);  // never called again
+  EXPECT_EQ(handler.received(), 1u);
+  EXPECT_EQ(strand_orphans.count.load(), 50u);
+  EXPECT_EQ(strands->GetStats().orphans, 50u);
+  ASSERT_TRUE(InjectRecvs(qp, 51, 5));  // after Unregister: the runtime's orphans
+  ASSERT_TRUE(WaitFor([&] { return bed.rt_orphans.count.load() == 5; }));
+  EXPECT_EQ(handler.calls.load(), 1u);
+  EXPECT_EQ(strands->GetStats().strands, 0u);
+}
+
+// A handler that unregisters its own QP when it sees wr_id 10: no call after that one.
+class SelfUnregistering : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    if (unregistered.load()) calls_after.fetch_add(1);
+    for (const ibv_wc& wc : wcs) {
+      if (wc.wr_id != next) out_of_order.fetch_add(1);
+      next = wc.wr_id + 1;
+      received.fetch_add(1);
+    }
+    for (const ibv_wc& wc : wcs) {
+      if (wc.wr_id == 10) {
+        reg->Unregister();
+        EXPECT_FALSE(reg->registered());
+        unregistered.store(true);
+      }
+    }
+  }
+  StrandRegistration* reg = nullptr;
+  uint64_t next = 0;
+  std::atomic<bool> unregistered{false};
+  std::atomic<uint64_t> calls_after{0};
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> out_of_order{0};
+};
+
+TEST(StrandConsumer, UnregisterFromItsOwnHandler) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(2, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(
+      strands,
+      StrandConsumer::Create(*bed.rt, arena, {.consumer = 0, .orphan_handler = &bed.rt_orphans}));
+  SelfUnregistering handler;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  handler.reg = &reg;
+  ASSERT_TRUE(InjectRecvs(qp, 0, 100));
+  // Every completion ends up either with the handler or with an orphan handler (the runtime's for
+  // what it still held, the strand's for what was queued in it: the same counter here).
+  ASSERT_TRUE(WaitFor([&] {
+    return handler.unregistered.load() &&
+           handler.received.load() + bed.rt_orphans.count.load() == 100;
+  })) << handler.received.load()
+      << " + " << bed.rt_orphans.count.load();
+  EXPECT_TRUE(handler.unregistered.load());
+  EXPECT_EQ(handler.calls_after.load(), 0u);
+  EXPECT_EQ(handler.out_of_order.load(), 0u);
+  EXPECT_GE(handler.received.load(), 11u);
+  EXPECT_FALSE(reg.registered());
+}
+
+// TeardownQp: the QP's completions are held in its strand behind a blocked call; the runtime's
+// teardown is over once they reached the strand, but the StrandTeardown only once the user
+// handler has seen every one of them, flushed ones included.
+TEST(StrandConsumer, TeardownEndsOnlyAfterTheUserHandlerSawEverything) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1, /*solicited_only=*/true));
+  ::tbb::task_arena arena(2, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  LatchedHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 1, /*solicited=*/true));
+  ASSERT_TRUE(WaitFor([&] { return handler.entered.load(); }));
+  ASSERT_TRUE(WaitForPollersAsleep(*bed.rt));
+  ASSERT_TRUE(InjectRecvs(qp, 1, 20));  // unsolicited: they wait in the CQ
+  for (uint64_t i = 21; i < 25; ++i) {  // flushed sends
+    ASSERT_EQ(qp->Complete(i, IBV_WC_SEND, IBV_WC_WR_FLUSH_ERR), 1);
+  }
+  std::atomic<int> on_done_calls{0};
+  std::atomic<uint64_t> seen_at_done{0};
+  std::promise<Status> done_status;
+  TeardownOptions options;
+  options.on_done = [&](const Status& s) {
+    seen_at_done.store(handler.received());
+    if (on_done_calls.fetch_add(1) == 0) done_status.set_value(s);
+  };
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, strands->TeardownQp(reg, options));
+  EXPECT_FALSE(reg.registered());
+  // The runtime delivers everything to the strand (its own teardown ends), not to the handler.
+  ASSERT_TRUE(WaitFor([&] { return bed.rt->GetStats().registrations == 0; }));
+  EXPECT_FALSE(teardown.done());
+  EXPECT_EQ(on_done_calls.load(), 0);
+  handler.Open();
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_TRUE(teardown.done());
+  EXPECT_EQ(handler.received(), 25u);
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  CQD_ASSERT_OK(done_status.get_future().get());
+  EXPECT_EQ(seen_at_done.load(), 25u);
+  EXPECT_EQ(on_done_calls.load(), 1);
+  EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
+  EXPECT_EQ(strands->GetStats().strands, 0u);
+  CQD_ASSERT_OK(bed.sim->DestroyQp(qp));
+}
+
+// A teardown of an idle strand ends on the runtime's teardown thread, OK.
+TEST(StrandConsumer, TeardownOfAnIdleQp) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(2, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 10));
+  ASSERT_TRUE(WaitFor([&] { return handler.completions() == 10; }));
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, strands->TeardownQp(reg));
+  CQD_ASSERT_OK(teardown.Wait());
+  EXPECT_EQ(handler.completions(), 10u);
+}
+
+// Async events travel through the strand behind the completions dispatched before them.
+// (Raised after each round of 50, so event k comes after at least 50 * k completions.)
+TEST(StrandConsumer, EventsAfterTheCompletionsBeforeThem) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(2, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  RecordingHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_TRUE(InjectRecvs(qp, round * 50, 50));
+    CQD_ASSERT_OK(bed.sim->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
+  }
+  ASSERT_TRUE(WaitFor([&] { return handler.completions() == 1000 && handler.events() == 20; }));
+  const auto log = handler.log();
+  uint64_t completions = 0;
+  int events = 0;
+  for (const auto& e : log) {
+    if (e.event) {
+      ++events;
+      // After every completion injected before it was raised (and maybe some injected later,
+      // before the runtime read it).
+      EXPECT_GE(completions, static_cast<uint64_t>(events) * 50) << "event " << events;
+    } else {
+      EXPECT_EQ(e.wr_id, completions);
+      ++completions;
+    }
+  }
+  EXPECT_EQ(events, 20);
+}
+
+// Runtime::Shutdown, then Stop: everything polled reaches the handlers, including what was held
+// in a strand behind a blocked call.
+TEST(StrandConsumer, ShutdownThenStopLosesNothing) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(2));
+  ::tbb::task_arena arena(3, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  LatchedHandler blocked;
+  CQD_ASSERT_OK_AND_ASSIGN(blocked_qp, bed.Qp(0));
+  blocked.qp_num = blocked_qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(blocked_reg, strands->RegisterQp(*blocked_qp, blocked));
+  std::vector<std::unique_ptr<SequenceHandler>> handlers;
+  std::vector<StrandRegistration> regs;
+  std::vector<SimQp*> qps;
+  for (int i = 0; i < 30; ++i) {
+    CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(i));
+    qps.push_back(qp);
+    handlers.push_back(std::make_unique<SequenceHandler>());
+    handlers.back()->qp_num = qp->qp_num();
+    CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, *handlers.back()));
+    regs.push_back(std::move(reg));
+  }
+  ASSERT_TRUE(InjectRecvs(blocked_qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return blocked.entered.load(); }));
+  ASSERT_TRUE(InjectRecvs(blocked_qp, 1, 99));
+  SimTrafficSource traffic({.qps = qps, .completions_per_qp = 200});
+  traffic.Start();
+  traffic.Join();
+  ASSERT_TRUE(
+      WaitFor([&] { return bed.cqs[0].sim()->size() == 0 && bed.cqs[1].sim()->size() == 0; }));
+  CQD_ASSERT_OK(bed.rt->Shutdown());
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    blocked.Open();
+  });
+  CQD_ASSERT_OK(strands->Stop());  // waits for the blocked strand too
+  opener.join();
+  EXPECT_EQ(blocked.received(), 100u);
+  for (const auto& h : handlers) {
+    EXPECT_EQ(h->received(), 200u);
+    EXPECT_EQ(h->out_of_order(), 0u);
+  }
+  EXPECT_EQ(strands->GetStats().orphans, 0u);
+  EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
+  CQD_ASSERT_OK(strands->Stop());  // idempotent
+  auto late = strands->RegisterQp(*qps[0], *handlers[0]);
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition) << late.status().ToString();
+}
+
+// Waits that could wait for themselves are refused on strand threads.
+class RefusingHandler : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc>) noexcept override {
+    if (called.exchange(true)) return;
+    wait_status = teardown->Wait();
+    stop_status = strands->Stop();
+    default_wait = StrandTeardown().Wait();
+    done.store(true);
+  }
+  StrandTeardown* teardown = nullptr;
+  StrandConsumer* strands = nullptr;
+  std::atomic<bool> called{false};
+  std::atomic<bool> done{false};
+  Status wait_status, stop_status, default_wait;
+};
+
+TEST(StrandConsumer, WaitsFromStrandTasksAreRefused) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(3, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  // A teardown that cannot end while `blocked` is inside its first call.
+  LatchedHandler blocked;
+  CQD_ASSERT_OK_AND_ASSIGN(blocked_qp, bed.Qp(0));
+  blocked.qp_num = blocked_qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(blocked_reg, strands->RegisterQp(*blocked_qp, blocked));
+  ASSERT_TRUE(InjectRecvs(blocked_qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return blocked.entered.load(); }));
+  CQD_ASSERT_OK_AND_ASSIGN(pending, strands->TeardownQp(blocked_reg));
+  RefusingHandler handler;
+  handler.teardown = &pending;
+  handler.strands = strands.get();
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return handler.done.load(); }));
+  EXPECT_EQ(handler.wait_status.code(), StatusCode::kFailedPrecondition)
+      << handler.wait_status.ToString();
+  EXPECT_EQ(handler.stop_status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(handler.default_wait.code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(pending.done());
+  blocked.Open();
+  CQD_ASSERT_OK(pending.Wait());  // on this thread it waits, and then the result stays
+  CQD_ASSERT_OK(pending.Wait());
+  EXPECT_EQ(StrandTeardown().Wait().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(StrandTeardown().done());
+}
+
+TEST(StrandConsumer, BadInput) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(2, 0);
+  auto owned = StrandConsumer::Create(*bed.rt, arena, {.consumer = 1});
+  EXPECT_EQ(owned.status().code(), StatusCode::kInvalidArgument) << owned.status().ToString();
+  EXPECT_NE(owned.status().message().find("runtime-owned"), std::string::npos);
+  auto missing = StrandConsumer::Create(*bed.rt, arena, {.consumer = 7});
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument);
+  auto budget = StrandConsumer::Create(*bed.rt, arena, {.consumer = 0, .strand_budget = 0});
+  EXPECT_EQ(budget.status().code(), StatusCode::kInvalidArgument);
+  auto drain_budget = StrandConsumer::Create(*bed.rt, arena, {.consumer = 0, .drain_budget = -1});
+  EXPECT_EQ(drain_budget.status().code(), StatusCode::kInvalidArgument);
+
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  auto twice = StrandConsumer::Create(*bed.rt, arena, {.consumer = 0});
+  EXPECT_EQ(twice.status().code(), StatusCode::kAlreadyExists) << twice.status().ToString();
+  ArenaConsumersOptions arena_options;
+  arena_options.consumers = {0};
+  auto hosted = ArenaConsumers::Create(*bed.rt, arena, arena_options);
+  EXPECT_EQ(hosted.status().code(), StatusCode::kAlreadyExists);
+
+  SequenceHandler handler;
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
+  auto again = strands->RegisterQp(*qp, handler);
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists) << again.status().ToString();
+  auto null_qp = strands->RegisterQp(static_cast<ibv_qp*>(nullptr), handler);
+  EXPECT_FALSE(null_qp.ok());
+  auto null_id = strands->RegisterQp(static_cast<rdma_cm_id*>(nullptr), handler);
+  EXPECT_EQ(null_id.status().code(), StatusCode::kInvalidArgument);
+  StrandRegistration none;
+  auto no_teardown = strands->TeardownQp(none);
+  EXPECT_EQ(no_teardown.status().code(), StatusCode::kInvalidArgument);
+  TeardownOptions zero;
+  zero.timeout = std::chrono::milliseconds(0);
+  auto bad_timeout = strands->TeardownQp(reg, zero);
+  EXPECT_EQ(bad_timeout.status().code(), StatusCode::kInvalidArgument)
+      << bad_timeout.status().ToString();
+  EXPECT_TRUE(reg.registered());  // a refused teardown leaves the registration as it was
+
+  // Another StrandConsumer's registration.
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  CQD_ASSERT_OK_AND_ASSIGN(rt2, Runtime::Create(options));
+  CQD_ASSERT_OK_AND_ASSIGN(other, StrandConsumer::Create(*rt2, arena, {.consumer = 0}));
+  auto foreign = other->TeardownQp(reg);
+  EXPECT_EQ(foreign.status().code(), StatusCode::kInvalidArgument) << foreign.status().ToString();
+  EXPECT_TRUE(reg.registered());
+  reg.Unregister();
+  EXPECT_FALSE(reg.registered());
+  reg.Unregister();  // idempotent
+}
+
+}  // namespace
+}  // namespace cqd
