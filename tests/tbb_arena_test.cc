@@ -137,11 +137,11 @@ TEST(ArenaConsumers, WatcherDrainsEveryConsumerExactlyOnceInOrder) {
   traffic.Join();
   ASSERT_TRUE(WaitFor([&] { return bed.received() == bed.qps.size() * kPerQp; })) << bed.received();
   bed.Check(kPerQp);
+  CQD_ASSERT_OK(hosted->Stop());  // waits for the drain task in flight, which counts last
   ArenaStats stats = hosted->GetStats();
   EXPECT_GE(stats.dispatched, bed.qps.size() * kPerQp);
   EXPECT_GT(stats.drain_tasks, 3u);
   EXPECT_EQ(stats.enqueue_failures, 0u);
-  CQD_ASSERT_OK(hosted->Stop());
   CQD_ASSERT_OK(hosted->Stop());  // idempotent
 }
 

@@ -129,13 +129,13 @@ TEST(StrandConsumer, ExactlyOnceInOrderPerQpUnderManyQps) {
     EXPECT_EQ(h->wrong_qp(), 0u);
     EXPECT_EQ(h->concurrent_calls(), 0u);
   }
+  CQD_ASSERT_OK(strands->Stop());  // waits for the strand tasks, which count after each call
   StrandStats stats = strands->GetStats();
   EXPECT_EQ(stats.delivered, kQps * kPerQp);
   EXPECT_EQ(stats.orphans, 0u);
   EXPECT_EQ(stats.strands, static_cast<uint64_t>(kQps));
   EXPECT_GT(stats.drain.drain_tasks, 0u);
   EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
-  CQD_ASSERT_OK(strands->Stop());
   for (auto& r : regs) r.Unregister();
   EXPECT_EQ(strands->GetStats().strands, 0u);
   EXPECT_EQ(bed.rt->GetStats().registrations, 0u);

@@ -13,7 +13,10 @@
 // has no poller thread: a reactor thread of this tool drives it (PollShard while there is work,
 // else TrySleepShard and epoll_wait on ShardFd, no timeout), and consumer 0 runs to completion on
 // it (ConsumerKind::kRunToCompletion: its handlers run inside PollShard on the reactor); QPs
-// meant for consumer 0 whose CQs are not both on shard 1 go to consumer 1 or 2 instead.
+// meant for consumer 0 whose CQs are not both on shard 1 go to consumer 1 or 2 instead. With
+// --arena, consumers 1 and 2 are not drained by threads of this tool but hosted in a oneTBB
+// task_arena of two threads (cqd::ArenaConsumers, cqd/tbb.h: a drain task per readable notify
+// fd, at most one per consumer at a time); nothing pauses them then.
 //
 // The tool behaves as a disciplined engine: each QP is created with --qp_wrs work requests per
 // queue (SimQpOptions), RegisterQp's capacity guard grows the CQs to hold them, and a QP never has
@@ -71,6 +74,7 @@
 
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
+#include "cqd/tbb.h"
 
 namespace {
 
@@ -112,6 +116,7 @@ struct Flags {
   uint64_t seed = 1;
   bool progress = true;
   bool engine_shard = false;  // shard 1 driven by a reactor thread; consumer 0 runs on it
+  bool arena = false;         // consumers 1 and 2 drained as tasks of a oneTBB arena
 };
 
 struct FlagSpec {
@@ -156,6 +161,10 @@ std::vector<FlagSpec> Specs(Flags& f) {
        "shard 1 is engine-driven, polled by a reactor thread; consumer 0 runs to completion on it "
        "(0/1)",
        FlagSpec::kBool, &f.engine_shard},
+      {"arena",
+       "consumers 1 and 2 are hosted in a oneTBB task_arena (cqd::ArenaConsumers) instead of "
+       "engine threads (0/1)",
+       FlagSpec::kBool, &f.arena},
   };
 }
 
@@ -664,8 +673,9 @@ struct Soak {
     options.ack_threshold = 16;
     options.orphan_handler = &g_orphans;
     options.consumers.resize(kConsumers);
-    const char* names[kConsumers] = {flags.engine_shard ? "rtc0-shard1" : "owned0", "engine1-lt",
-                                     "engine2-et"};
+    const char* names[kConsumers] = {flags.engine_shard ? "rtc0-shard1" : "owned0",
+                                     flags.arena ? "arena1" : "engine1-lt",
+                                     flags.arena ? "arena2" : "engine2-et"};
     if (flags.engine_shard) options.engine_shards = {1};
     for (int c = 0; c < kConsumers; ++c) {
       options.consumers[c].name = names[c];
@@ -1069,9 +1079,17 @@ int main(int argc, char** argv) {
   if (!ParseFlags(argc, argv, soak.flags)) return 2;
   const Flags& f = soak.flags;
   setvbuf(stdout, nullptr, _IOLBF, 0);
+  char engine_text[160];
+  if (f.arena) {
+    snprintf(engine_text, sizeof(engine_text),
+             "engine-driven 1 and 2 drained in a oneTBB arena of 2");
+  } else {
+    snprintf(engine_text, sizeof(engine_text), "engine LT pausing %.0f ms every %.1f s, engine ET",
+             f.pause_ms, f.pause_every);
+  }
   printf("soak: %" PRIu64
          " completions%s%s, %d QPs on %d CQs over 2 shards%s, 3 consumers "
-         "(%s, engine LT pausing %.0f ms every %.1f s, engine ET), %d injectors, CQ depth %d "
+         "(%s, %s), %d injectors, CQ depth %d "
          "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
          ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns), faults every %.1f "
          "ms\n",
@@ -1079,15 +1097,28 @@ int main(int argc, char** argv) {
          f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
          f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
          f.qps, f.cqs, f.engine_shard ? " (shard 1 engine-driven, by a reactor thread)" : "",
-         f.engine_shard ? "run to completion on shard 1" : "owned", f.pause_ms, f.pause_every,
-         f.injectors, f.depth, f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille,
-         f.churn_ms, f.teardown_permille, f.fault_ms);
+         f.engine_shard ? "run to completion on shard 1" : "owned", engine_text, f.injectors,
+         f.depth, f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms,
+         f.teardown_permille, f.fault_ms);
   if (!soak.Setup()) return 1;
 
   soak.start = Clock::now();
   std::vector<std::thread> engines;
-  engines.emplace_back([&] { soak.Engine(1, /*edge=*/false); });
-  engines.emplace_back([&] { soak.Engine(2, /*edge=*/true); });
+  ::tbb::task_arena arena(2);
+  std::unique_ptr<cqd::ArenaConsumers> hosted;
+  if (f.arena) {
+    cqd::ArenaConsumersOptions arena_options;
+    arena_options.consumers = {1, 2};
+    auto created = cqd::ArenaConsumers::Create(*soak.rt, arena, arena_options);
+    if (!created.ok()) {
+      soak.ControlError("ArenaConsumers::Create", created.status());
+      return 1;
+    }
+    hosted = std::move(created).value();
+  } else {
+    engines.emplace_back([&] { soak.Engine(1, /*edge=*/false); });
+    engines.emplace_back([&] { soak.Engine(2, /*edge=*/true); });
+  }
   std::thread reactor;
   if (f.engine_shard) {
     soak.reactor_stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1156,6 +1187,11 @@ int main(int argc, char** argv) {
   std::thread watchdog([&] { Watchdog(&teardown_done, 60, "teardown"); });
   soak.stop_engines.store(true);
   for (auto& t : engines) t.join();
+  cqd::ArenaStats arena_stats;
+  if (hosted != nullptr) {
+    if (cqd::Status s = hosted->Stop(); !s.ok()) soak.ControlError("ArenaConsumers::Stop", s);
+    arena_stats = hosted->GetStats();
+  }
   if (stuck) {
     // Take what is queued for the engine-driven consumers so the books say what was lost.
     for (int c = 1; c < kConsumers; ++c) {
@@ -1248,6 +1284,11 @@ int main(int argc, char** argv) {
          " / %" PRIu64 ")\n",
          soak.engine_wakeups[1].load(), soak.engine_wakeups[2].load(),
          soak.engine_timeouts[1].load(), soak.engine_timeouts[2].load());
+  if (f.arena) {
+    printf("  arena drain tasks       %14" PRIu64 "  (dispatched %" PRIu64
+           ", enqueue failures %" PRIu64 ")\n",
+           arena_stats.drain_tasks, arena_stats.dispatched, arena_stats.enqueue_failures);
+  }
   if (f.engine_shard) {
     printf("  reactor (shard 1)       %14" PRIu64 " steps  (sleeps %" PRIu64 ")\n",
            soak.reactor_steps.load(), soak.reactor_sleeps.load());

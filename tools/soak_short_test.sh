@@ -41,3 +41,14 @@ if (( rc != 0 )); then
   echo "soak_short_test: the engine-driven shard soak exited with $rc" >&2
   exit 1
 fi
+# Consumers 1 and 2 hosted in a oneTBB arena (cqd::ArenaConsumers) instead of the tool's engine
+# threads, with shard 1 engine-driven too.
+"$soak" --completions=200000 --rate=50000 --qps=48 --cqs=4 --depth=256 --queue_capacity=4 \
+  --spill_capacity=2 --qp_wrs=64 --churn_ms=2 --teardown_permille=1000 --teardown_timeout_ms=20 \
+  --fault_ms=5 --split_every=2 --error_permille=200 --drain_timeout=60 --engine_shard=1 --arena=1 \
+  --seed="${SOAK_SEED:-$RANDOM}"
+rc=$?
+if (( rc != 0 )); then
+  echo "soak_short_test: the arena soak exited with $rc" >&2
+  exit 1
+fi
