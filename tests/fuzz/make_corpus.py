@@ -22,11 +22,11 @@ def op(name, a=0, b=0):
 
 def config(pollers=1, owned=False, edge=False, ack=0, idle=False, batch=3, cap=7, dispatch=6,
            few_regs=False, spill=4096, no_last_wqe=False, fatal_at_end=False, rtc=False,
-           engine_shard=False):
+           engine_shard=False, arena=False):
     c0 = (pollers - 1) | (owned << 1) | (edge << 2) | (ack << 3) | (idle << 5) | (batch << 6)
     c1 = cap | (dispatch << 3) | (few_regs << 6)
     c2 = SPILLS.index(spill) | (no_last_wqe << 2) | (fatal_at_end << 3) | (rtc << 4) | (
-        engine_shard << 5)
+        engine_shard << 5) | (arena << 6)
     return bytes([c0, c1, c2])
 
 
@@ -227,8 +227,9 @@ if __name__ == "__main__":
             variants[name + "_rtc"] = data[:2] + bytes([data[2] | 0x10]) + data[3:]
             # ... and on shard 0 driven by the fuzzer's reactor thread (engine_shards)
             variants[name + "_rtc_shard"] = data[:2] + bytes([data[2] | 0x30]) + data[3:]
-        else:  # shard 0 engine-driven
+        else:  # shard 0 engine-driven; the engine consumer in a oneTBB arena
             variants[name + "_shard"] = data[:2] + bytes([data[2] | 0x20]) + data[3:]
+            variants[name + "_arena"] = data[:2] + bytes([data[2] | 0x40]) + data[3:]
         for variant, bytes_ in variants.items():
             with open(os.path.join(out, variant), "wb") as f:
                 f.write(bytes_)

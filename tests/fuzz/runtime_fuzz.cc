@@ -16,7 +16,9 @@
 //              (as rxe); bit3 DEVICE_FATAL at the start of the final teardown; bit4 the other
 //              consumer (with two) runs to completion on poller 0 instead of on its own thread;
 //              bit5 shard 0 is engine-driven (RuntimeOptions::engine_shards): a reactor thread
-//              of the fuzzer drives it (PollShard, TrySleepShard, epoll on ShardFd)
+//              of the fuzzer drives it (PollShard, TrySleepShard, epoll on ShardFd); bit6 the
+//              engine-driven consumer is hosted in a oneTBB arena of two threads
+//              (cqd::ArenaConsumers, cqd/tbb.h) instead of drained by the fuzzer's thread
 //   operations: see enum Op below (opcode % kOpCount).
 //
 // A QP incarnation (one SimQp, kMaxQps over an input's life; the device reuses qp_nums) tags its
@@ -78,6 +80,7 @@
 
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
+#include "cqd/tbb.h"
 
 namespace {
 
@@ -279,6 +282,9 @@ struct State {
   int engine = 0;             // the engine-driven consumer's index
   bool rtc = false;           // consumer 0 (of two) is kRunToCompletion on poller 0
   bool engine_shard = false;  // shard 0 is engine-driven, polled by `reactor`
+  bool arena = false;         // the engine consumer is drained as tasks of `tbb_arena`
+  std::unique_ptr<::tbb::task_arena> tbb_arena;
+  std::unique_ptr<cqd::ArenaConsumers> hosted;
   bool edge = false;
   size_t queue_capacity = 1;
   size_t spill_capacity = 4096;
@@ -621,6 +627,10 @@ void StopReactor(State& st) {
 // Waits up to `timeout_ms` for the notify fd; Drains once if it reported work. Returns what Drain
 // returned, or 0.
 int EngineStep(State& st, int timeout_ms, int max) {
+  if (st.arena) {  // the arena drains it; this thread must not
+    if (timeout_ms > 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    return 0;
+  }
   epoll_event ev;
   int n;
   do {
@@ -1360,7 +1370,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
     std::lock_guard<std::mutex> latest(st.latest_mu);
     st.latest_td = *td;  // for waits from handlers and on_done
   }
-  q->td_engine_idle = mode == 1 && q->consumer == static_cast<cqd::ConsumerId>(st.engine);
+  q->td_engine_idle =
+      mode == 1 && q->consumer == static_cast<cqd::ConsumerId>(st.engine) && !st.arena;
   lock.unlock();
   switch (mode) {
     case 0:
@@ -1555,6 +1566,10 @@ void RunOp(State& st, int op, uint8_t a, uint8_t b) {
       return;
     case kRawDrain: {
       const int c = a % (st.consumers + 1);
+      if (c == st.engine && st.arena) {  // hosted: only a nudge is allowed from here
+        CHECK(st.hosted->OnReadable(c), "ArenaConsumers::OnReadable of its consumer failed");
+        return;
+      }
       const int got = st.rt->Drain(c, b % 65);
       if (c == st.engine) {
         CHECK(got >= 0, "Drain(engine) returned %d", got);
@@ -1643,6 +1658,10 @@ void TearDown(State& st) {
       },
       "HANG: a consumer's queue does not empty after Shutdown");
   StopReactor(st);
+  if (st.hosted != nullptr) {
+    const cqd::Status stopped = st.hosted->Stop();
+    CHECK(stopped.ok(), "ArenaConsumers::Stop: %s", stopped.ToString().c_str());
+  }
   CheckAckBalance(st, "after Shutdown", /*settle=*/false);
   cqd::Stats s = st.rt->GetStats();
   uint64_t delivered = 0, handler_delivered = 0;
@@ -1766,6 +1785,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   st->fatal_at_end = (c2 >> 3) & 1;
   st->rtc = st->consumers == 2 && ((c2 >> 4) & 1);
   st->engine_shard = (c2 >> 5) & 1;
+  st->arena = (c2 >> 6) & 1;
 
   cqd::RuntimeOptions options;
   options.pollers = st->pollers;
@@ -1798,6 +1818,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CHECK(dev.ok(), "AddSimDevice: %s", dev.status().ToString().c_str());
   st->dev = *dev;
   if (st->engine_shard) StartReactor(*st);
+  if (st->arena) {
+    st->tbb_arena = std::make_unique<::tbb::task_arena>(2);
+    cqd::ArenaConsumersOptions arena_options;
+    arena_options.consumers = {static_cast<cqd::ConsumerId>(st->engine)};
+    arena_options.drain_budget = 1 + c1 % 64;
+    auto hosted = cqd::ArenaConsumers::Create(*st->rt, *st->tbb_arena, arena_options);
+    CHECK(hosted.ok(), "ArenaConsumers::Create: %s", hosted.status().ToString().c_str());
+    st->hosted = std::move(hosted).value();
+  }
   auto fd = st->rt->NotifyFd(st->engine);
   CHECK(fd.ok(), "NotifyFd: %s", fd.status().ToString().c_str());
   st->notify_fd = *fd;
