@@ -271,6 +271,51 @@ TEST(ArenaConsumers, HandlerCallsAreRefusedWhereTheyWouldWaitForThemselves) {
   CQD_ASSERT_OK(hosted->Stop());
 }
 
+// Stop waits for drain tasks, whose handlers may wait for other threads (a control call, an
+// Unregister of a QP whose consumer is busy): so it is refused from another object's drain task
+// and from the runtime's own handlers, not only from its own tasks.
+class StopCaller : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc>) noexcept override {
+    if (called.exchange(true)) return;
+    stop_status = target->Stop();
+    done.store(true);
+  }
+  ArenaConsumers* target = nullptr;
+  std::atomic<bool> called{false};
+  std::atomic<bool> done{false};
+  Status stop_status;
+};
+
+TEST(ArenaConsumers, StopFromAnyCallbackIsRefused) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(/*engine=*/2, /*cqs=*/1, /*qps=*/2));  // consumer 2 is owned
+  ::tbb::task_arena arena(2, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(first, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0}}));
+  CQD_ASSERT_OK_AND_ASSIGN(second, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {1}}));
+  StopCaller from_first_task, from_owned;
+  from_first_task.target = second.get();
+  from_owned.target = first.get();
+  CQD_ASSERT_OK_AND_ASSIGN(qp_a, bed.sim->CreateQp(bed.cqs[0].sim(), bed.cqs[0].sim()));
+  CQD_ASSERT_OK_AND_ASSIGN(qp_b, bed.sim->CreateQp(bed.cqs[0].sim(), bed.cqs[0].sim()));
+  CQD_ASSERT_OK_AND_ASSIGN(reg_a, bed.rt->RegisterQp(*qp_a, from_first_task, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg_b, bed.rt->RegisterQp(*qp_b, from_owned, 2));
+  ASSERT_TRUE(InjectRecvs(qp_a, 0, 1));
+  ASSERT_TRUE(InjectRecvs(qp_b, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return from_first_task.done.load() && from_owned.done.load(); }));
+  EXPECT_EQ(from_first_task.stop_status.code(), StatusCode::kFailedPrecondition)
+      << from_first_task.stop_status.ToString();
+  EXPECT_EQ(from_owned.stop_status.code(), StatusCode::kFailedPrecondition)
+      << from_owned.stop_status.ToString();
+  // Neither object stopped: both consumers are still drained.
+  ASSERT_TRUE(InjectRecvs(bed.qps[0], 0, 3));
+  ASSERT_TRUE(InjectRecvs(bed.qps[1], 0, 3));
+  ASSERT_TRUE(WaitFor([&] { return bed.received() == 6; }));
+  CQD_ASSERT_OK(first->Stop());
+  CQD_ASSERT_OK(second->Stop());
+  bed.Check(3);
+}
+
 TEST(ArenaConsumers, ConstraintsForADevice) {
   Bed bed;
   CQD_ASSERT_OK(bed.Build(/*engine=*/1, /*cqs=*/1, /*qps=*/1));

@@ -8,9 +8,11 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cqd/runtime.h"
@@ -467,6 +469,51 @@ TEST(StrandConsumer, WaitsFromStrandTasksAreRefused) {
   CQD_ASSERT_OK(pending.Wait());
   EXPECT_EQ(StrandTeardown().Wait().code(), StatusCode::kFailedPrecondition);
   EXPECT_FALSE(StrandTeardown().done());
+}
+
+// The same waits from the runtime's own callbacks (a handler of an owned consumer, a runtime
+// teardown's on_done) are refused too: the strands they wait for may need those threads (a
+// strand handler unregistering a QP of that owned consumer waits for its batch).
+TEST(StrandConsumer, WaitsFromRuntimeCallbacksAreRefused) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(1));
+  ::tbb::task_arena arena(3, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*bed.rt, arena, {.consumer = 0}));
+  LatchedHandler blocked;
+  CQD_ASSERT_OK_AND_ASSIGN(blocked_qp, bed.Qp(0));
+  blocked.qp_num = blocked_qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(blocked_reg, strands->RegisterQp(*blocked_qp, blocked));
+  ASSERT_TRUE(InjectRecvs(blocked_qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return blocked.entered.load(); }));
+  CQD_ASSERT_OK_AND_ASSIGN(pending, strands->TeardownQp(blocked_reg));
+  RefusingHandler owned;  // on the runtime's owned consumer 1, not a strand
+  owned.teardown = &pending;
+  owned.strands = strands.get();
+  CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, owned, 1));
+  ASSERT_TRUE(InjectRecvs(qp, 0, 1));
+  ASSERT_TRUE(WaitFor([&] { return owned.done.load(); }));
+  EXPECT_EQ(owned.wait_status.code(), StatusCode::kFailedPrecondition)
+      << owned.wait_status.ToString();
+  EXPECT_EQ(owned.stop_status.code(), StatusCode::kFailedPrecondition)
+      << owned.stop_status.ToString();
+  std::promise<std::pair<Status, Status>> from_on_done;
+  TeardownOptions options;
+  options.on_done = [&](const Status&) {
+    from_on_done.set_value({pending.Wait(), strands->Stop()});
+  };
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(reg, options));
+  auto got = from_on_done.get_future();
+  ASSERT_EQ(got.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  auto [wait, stop] = got.get();
+  EXPECT_EQ(wait.code(), StatusCode::kFailedPrecondition) << wait.ToString();
+  EXPECT_EQ(stop.code(), StatusCode::kFailedPrecondition) << stop.ToString();
+  CQD_ASSERT_OK(teardown.Wait());
+  // Nothing was stopped: the strand still delivers, and the teardown ends on this thread.
+  EXPECT_FALSE(pending.done());
+  blocked.Open();
+  CQD_ASSERT_OK(pending.Wait());
+  CQD_ASSERT_OK(strands->Stop());
 }
 
 TEST(StrandConsumer, BadInput) {

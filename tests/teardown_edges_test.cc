@@ -382,6 +382,77 @@ TEST(TeardownWaits, CallsFromTheLogSinkAreRefused) {
   EXPECT_EQ(teardown.Wait().code(), StatusCode::kCancelled);
 }
 
+// Runtime::InCallback, which layers above the runtime (cqd/tbb.h) use to refuse their own waits,
+// is true in each kind of callback, including an OrphanHandler run on the thread that destroys
+// the runtime, and false on the engine's threads around them.
+class CallbackProbe : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+    if (!Runtime::InCallback()) outside.fetch_add(1);
+    seen.fetch_add(wcs.size());
+  }
+  std::atomic<uint64_t> seen{0};
+  std::atomic<int> outside{0};
+};
+class OrphanProbe : public OrphanHandler {
+ public:
+  void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
+    (Runtime::InCallback() ? inside : outside).fetch_add(wcs.size());
+  }
+  std::atomic<uint64_t> inside{0};
+  std::atomic<uint64_t> outside{0};
+};
+
+TEST(TeardownWaits, InCallbackIsTrueInEveryCallbackAndOnlyThere) {
+  EXPECT_FALSE(Runtime::InCallback());
+  OrphanProbe orphans;
+  std::atomic<int> sink_outside{0};
+  RuntimeOptions options;
+  options.consumers.assign(3, ConsumerOptions{});  // owned, engine-driven, run to completion
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;
+  options.consumers[2].kind = ConsumerKind::kRunToCompletion;
+  options.orphan_handler = &orphans;
+  options.log = [&](LogLevel, std::string_view) {
+    if (!Runtime::InCallback()) sink_outside.fetch_add(1);
+  };
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq = rt->CreateCq(dev, 0, {}).value();
+  CallbackProbe probes[3];
+  SimQp* qps[3];
+  Registration regs[3];
+  for (int c = 0; c < 3; ++c) {
+    qps[c] = sim->CreateQp(cq.sim(), cq.sim()).value();
+    regs[c] = rt->RegisterQp(*qps[c], probes[c], static_cast<ConsumerId>(c)).value();
+    ASSERT_TRUE(InjectRecvs(qps[c], 0, 4));
+  }
+  ASSERT_TRUE(WaitFor([&] { return probes[0].seen.load() == 4 && probes[2].seen.load() == 4; }));
+  ASSERT_TRUE(testing::DrainUntil(*rt, 1, [&] { return probes[1].seen.load() == 4; }));
+  EXPECT_FALSE(Runtime::InCallback());  // the engine's thread, after its Drain returned
+  std::promise<bool> on_done_inside;
+  TeardownOptions teardown_options;
+  teardown_options.on_done = [&](const Status&) {
+    on_done_inside.set_value(Runtime::InCallback());
+  };
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, rt->TeardownQp(regs[0], teardown_options));
+  auto inside = on_done_inside.get_future();
+  ASSERT_EQ(inside.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(inside.get());
+  // Completions left in the engine-driven consumer go to the OrphanHandler on this thread, when
+  // the QP is unregistered or the runtime destroyed.
+  ASSERT_TRUE(InjectRecvs(qps[1], 4, 3));
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[1].queue_depth == 3; }));
+  regs[1].Unregister();
+  regs[2].Unregister();
+  rt.reset();
+  EXPECT_EQ(orphans.inside.load(), 3u);
+  EXPECT_EQ(orphans.outside.load(), 0u);
+  for (const CallbackProbe& probe : probes) EXPECT_EQ(probe.outside.load(), 0);
+  EXPECT_EQ(sink_outside.load(), 0);
+  EXPECT_FALSE(Runtime::InCallback());
+}
+
 // A CQ held back by a stalled consumer, and a teardown that ends at its deadline while its QP's
 // completions and markers are still in it.
 struct HeldBack {

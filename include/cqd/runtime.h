@@ -325,6 +325,12 @@ class Runtime {
   // TeardownOptions::on_done, or from a poller or the event thread.
   Status Shutdown();
 
+  // Returns true when the calling thread is running a cqd callback of any runtime: a QpHandler
+  // (any consumer kind), TeardownOptions::on_done, an OrphanHandler, a DeviceEventHandler, a
+  // CmHandler or the RuntimeOptions::log sink. Layers that block (cqd/tbb.h) refuse their waits
+  // there. Any thread; never blocks.
+  static bool InCallback() noexcept;
+
  private:
   explicit Runtime(std::unique_ptr<internal::RuntimeImpl> impl);
   static Result<CqHandle> ToHandle(Result<internal::PolledCq> polled);

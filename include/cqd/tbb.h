@@ -31,17 +31,20 @@
 //   - Handlers must not block for long: a blocked handler holds an arena thread, and an arena
 //     with one thread then delivers nothing else. On an arena worker never call
 //     cqd::Teardown::Wait (the runtime refuses it on the thread that last drained the QP's
-//     consumer, which is any worker, and elsewhere it could wait for the very worker it holds),
-//     StrandTeardown::Wait (refused, kFailedPrecondition), Stop (refused) or Runtime::Shutdown.
-//     Use TeardownOptions::on_done instead. Control calls (RegisterQp, TeardownQp, Unregister)
+//     consumer, which is any worker, and elsewhere it could wait for the very worker it holds)
+//     or Runtime::Shutdown. Use TeardownOptions::on_done instead. StrandTeardown::Wait and Stop
+//     are refused (kFailedPrecondition, at once) in every arena task of these classes and in
+//     every cqd callback (Runtime::InCallback: a runtime handler, on_done, OrphanHandler, ...):
+//     what they wait for may need that thread. Control calls (RegisterQp, TeardownQp, Unregister)
 //     are allowed from handlers.
 //   - Runtime::Drain of a hosted consumer from one of its own handlers returns -EBUSY, as always;
 //     the engine must not Drain a consumer it handed to one of these classes.
 //   - A handler that runs TBB algorithms inside the arena may have other consumers' drain tasks or
 //     other strands run nested on its thread (never its own consumer's or strand's: at most one
 //     task exists per consumer and strand). Wrap such work in tbb::this_task_arena::isolate.
-//   - Create, Stop, the destructors and the StrandConsumer's RegisterQp/TeardownQp may be called
-//     from any thread; Stop and the destructors not from a handler these objects run.
+//   - Create, the StrandConsumer's RegisterQp/TeardownQp and OnReadable may be called from any
+//     thread; Stop from any thread but those above (refused there); the destructors (which
+//     Stop) not from those threads either.
 //   - Lifetimes: the Runtime and the arena must outlive the object (until Stop returned); a
 //     QpHandler must outlive its registration (StrandRegistration::Unregister returned, or the
 //     StrandTeardown is done()).
@@ -118,7 +121,8 @@ class ArenaConsumers {
   // Stops watching, stops scheduling drains and waits for the drain tasks in flight (a drain in
   // progress finishes its Runtime::Drain call). Work still queued stays in the consumers: the
   // engine may Drain them itself afterwards. Idempotent. kFailedPrecondition (nothing waited for)
-  // when called from a drain task of this object (a hosted consumer's handler).
+  // from an arena task of any ArenaConsumers or StrandConsumer or a cqd callback
+  // (Runtime::InCallback).
   Status Stop();
 
   ArenaStats GetStats() const;
@@ -191,9 +195,9 @@ class StrandTeardown {
   // teardown result (kDeadlineExceeded, kUnavailable, kCancelled), or kCancelled when the strand
   // had to drop completions (StrandConsumer stopped first). A finished teardown's result comes at
   // once, on any thread. Otherwise blocks until then; kFailedPrecondition at once (the teardown
-  // goes on) from a task of any ArenaConsumers or StrandConsumer (a handler, an on_done), and on
-  // a default-constructed StrandTeardown. Like cqd::Teardown::Wait, never wait from a runtime
-  // handler, on_done, OrphanHandler, DeviceEventHandler or log sink either.
+  // goes on) from a task of any ArenaConsumers or StrandConsumer (a handler, an on_done), from
+  // a cqd callback (Runtime::InCallback: a runtime handler, on_done, OrphanHandler,
+  // DeviceEventHandler, CmHandler, the log sink), and on a default-constructed StrandTeardown.
   Status Wait() const;
 
  private:
@@ -255,7 +259,7 @@ class StrandConsumer {
   // in the consumer on this thread (so call Runtime::Shutdown first for everything polled), then
   // waits until the strands have delivered all of it. Items queued afterwards (a teardown's end)
   // are not delivered: completions are orphaned, events dropped, both counted. Idempotent.
-  // kFailedPrecondition (nothing done) from a task of this object (a handler or on_done).
+  // kFailedPrecondition (nothing done) where ArenaConsumers::Stop is refused.
   Status Stop();
 
   StrandStats GetStats() const;

@@ -31,6 +31,18 @@ inline bool OnRuntimeThread() { return tls_runtime_thread; }
 inline thread_local bool tls_in_log_sink = false;
 inline bool InLogSink() { return tls_in_log_sink; }
 
+// Counts the engine's callbacks that run on a thread none of the marks here names (an
+// OrphanHandler or a CmHandler called on a control thread): Runtime::InCallback reads it.
+inline thread_local int tls_callback_depth = 0;
+class CallbackScope {
+ public:
+  CallbackScope() noexcept { ++tls_callback_depth; }
+  ~CallbackScope() { --tls_callback_depth; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+};
+inline bool InCallbackScope() { return tls_callback_depth > 0; }
+
 // Names the calling thread: a number no other thread of the process ever gets (an address of a
 // thread_local would be reused by a later thread).
 inline uintptr_t ThreadToken() {

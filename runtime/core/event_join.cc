@@ -3,6 +3,7 @@
 
 #include <new>
 
+#include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/poller.h"
 
@@ -45,7 +46,10 @@ void HeldEvents::DeliverAll() noexcept {
     first_ = join->next_held;
     if (first_ == nullptr) last_ = nullptr;
     lock.unlock();
-    join->watch->handler->OnCmEvent(join->cm);
+    {
+      const CallbackScope scope;
+      join->watch->handler->OnCmEvent(join->cm);
+    }
     join->Finish();
     EventJoin::ReleaseHold(join);
     lock.lock();

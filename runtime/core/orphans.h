@@ -24,6 +24,7 @@ class OrphanSink {
     if (wcs.empty()) return;
     count_.fetch_add(wcs.size(), std::memory_order_relaxed);
     if (handler_ == nullptr) return;
+    const CallbackScope scope;
     if (!HasWaitDuty()) {
       handler_->OnOrphans(wcs);
       return;

@@ -257,6 +257,12 @@ Status Teardown::Wait() const {
   return state_->result;
 }
 
+bool Runtime::InCallback() noexcept {
+  return internal::Consumer::OnConsumerThread() || internal::OnRuntimeThread() ||
+         internal::HasWaitDuty() || internal::TeardownWorker::OnWorkerThread() ||
+         internal::InLogSink() || internal::InCallbackScope();
+}
+
 int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
 int Runtime::PollShard(int shard, int budget) noexcept { return impl_->PollShard(shard, budget); }
 int Runtime::TrySleepShard(int shard) noexcept { return impl_->TrySleepShard(shard); }

@@ -72,13 +72,18 @@ Result<std::unique_ptr<ArenaConsumers>> ArenaConsumers::Create(
   }
 }
 
-ArenaConsumers::~ArenaConsumers() { (void)Stop(); }
+ArenaConsumers::~ArenaConsumers() { (void)drainer_->Stop(); }
 
 bool ArenaConsumers::OnReadable(ConsumerId consumer) noexcept {
   return drainer_->OnReadable(consumer);
 }
 
-Status ArenaConsumers::Stop() { return drainer_->Stop(); }
+Status ArenaConsumers::Stop() {
+  if (Status refused = internal::RefuseWaitInCallback("ArenaConsumers::Stop"); !refused.ok()) {
+    return refused;
+  }
+  return drainer_->Stop();
+}
 
 ArenaStats ArenaConsumers::GetStats() const { return drainer_->GetStats(); }
 

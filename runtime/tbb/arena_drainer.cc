@@ -69,6 +69,21 @@ void WaitForZero(const std::atomic<int64_t>& count) noexcept {
   }
 }
 
+Status RefuseWaitInCallback(const char* who) {
+  if (TaskScope::InAnyTask()) {
+    return FailedPrecondition(std::string(who) +
+                              ": called from an arena task of cqd (a handler or on_done), which "
+                              "the wait may need");
+  }
+  if (Runtime::InCallback()) {
+    return FailedPrecondition(std::string(who) +
+                              ": called from a cqd callback (a handler, on_done, OrphanHandler, "
+                              "DeviceEventHandler, CmHandler or the log sink), which the wait may "
+                              "need");
+  }
+  return Status::Ok();
+}
+
 ArenaDrainer::ArenaDrainer(Runtime& runtime, ::tbb::task_arena& arena, int drain_budget)
     : runtime_(runtime), arena_(arena), budget_(drain_budget) {}
 

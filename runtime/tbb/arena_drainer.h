@@ -136,6 +136,11 @@ class TaskScope {
 // Waits (sleeping in short steps) until `count` reads 0 (acquire).
 void WaitForZero(const std::atomic<int64_t>& count) noexcept;
 
+// Returns kFailedPrecondition naming `who` when the caller runs inside any arena task of these
+// classes or any cqd callback (Runtime::InCallback), where waiting for tasks could wait for a
+// thread that waits for this one; OK elsewhere.
+Status RefuseWaitInCallback(const char* who);
+
 class ArenaDrainer {
  public:
   // Returns a started drainer for `consumers` (engine-driven consumers of `runtime`), or

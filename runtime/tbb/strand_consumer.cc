@@ -436,15 +436,39 @@ Status StrandTeardown::Wait() const {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->finished) return state_->result;  // any thread
   }
-  if (TaskScope::InAnyTask()) {
-    return FailedPrecondition(
-        "StrandTeardown::Wait: called from an arena task of cqd (a handler or on_done), which "
-        "the teardown may need: use TeardownOptions::on_done");
+  if (Status refused = internal::RefuseWaitInCallback("StrandTeardown::Wait"); !refused.ok()) {
+    return FailedPrecondition(refused.message() + ": use TeardownOptions::on_done");
   }
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->finished; });
   return state_->result;
 }
+
+namespace {
+
+// StrandConsumer::Stop past its refusal (the destructor's too).
+Status StopAndDeliver(Runtime& runtime, StrandCore& core, internal::ArenaDrainer& drainer) {
+  std::lock_guard<std::mutex> stop_lock(core.stop_mu);
+  if (Status s = drainer.Stop(); !s.ok()) return s;
+  if (core.stopped.load(std::memory_order_acquire)) return Status::Ok();
+  // What the consumer still holds goes to the strands, on this thread: no drain task runs now.
+  while (runtime.Drain(core.consumer, core.drain_budget) > 0) {
+  }
+  internal::WaitForZero(core.inflight);
+  {
+    // From here a push finds `stopped` (the lock of each live strand orders it with the pushes
+    // that did not), so no strand task starts after the wait below.
+    std::lock_guard<std::mutex> lock(core.mu);
+    core.stopped.store(true, std::memory_order_release);
+    for (Strand* strand : core.live) {
+      std::lock_guard<internal::SpinLock> strand_lock(strand->mu);
+    }
+  }
+  internal::WaitForZero(core.inflight);
+  return Status::Ok();
+}
+
+}  // namespace
 
 StrandConsumer::StrandConsumer(Runtime& runtime, std::shared_ptr<StrandCore> core,
                                std::unique_ptr<internal::ArenaDrainer> drainer)
@@ -475,7 +499,9 @@ Result<std::unique_ptr<StrandConsumer>> StrandConsumer::Create(
   }
 }
 
-StrandConsumer::~StrandConsumer() { (void)Stop(); }
+StrandConsumer::~StrandConsumer() {
+  if (!TaskScope::InTaskOf(core_.get())) (void)StopAndDeliver(runtime_, *core_, *drainer_);
+}
 
 template <typename Register>
 Result<StrandRegistration> StrandConsumer::RegisterWith(QpHandler& handler,
@@ -552,29 +578,10 @@ Result<StrandTeardown> StrandConsumer::TeardownQp(StrandRegistration& registrati
 bool StrandConsumer::OnReadable() noexcept { return drainer_->OnReadable(core_->consumer); }
 
 Status StrandConsumer::Stop() {
-  if (TaskScope::InTaskOf(core_.get())) {
-    return FailedPrecondition(
-        "StrandConsumer::Stop: called from one of its strand tasks (a handler or on_done), "
-        "which it waits for");
+  if (Status refused = internal::RefuseWaitInCallback("StrandConsumer::Stop"); !refused.ok()) {
+    return refused;
   }
-  std::lock_guard<std::mutex> stop_lock(core_->stop_mu);
-  if (Status s = drainer_->Stop(); !s.ok()) return s;
-  if (core_->stopped.load(std::memory_order_acquire)) return Status::Ok();
-  // What the consumer still holds goes to the strands, on this thread: no drain task runs now.
-  while (runtime_.Drain(core_->consumer, core_->drain_budget) > 0) {
-  }
-  internal::WaitForZero(core_->inflight);
-  {
-    // From here a push finds `stopped` (the lock of each live strand orders it with the pushes
-    // that did not), so no strand task starts after the wait below.
-    std::lock_guard<std::mutex> lock(core_->mu);
-    core_->stopped.store(true, std::memory_order_release);
-    for (Strand* strand : core_->live) {
-      std::lock_guard<internal::SpinLock> strand_lock(strand->mu);
-    }
-  }
-  internal::WaitForZero(core_->inflight);
-  return Status::Ok();
+  return StopAndDeliver(runtime_, *core_, *drainer_);
 }
 
 StrandStats StrandConsumer::GetStats() const {
