@@ -516,6 +516,75 @@ TEST(StrandConsumer, WaitsFromRuntimeCallbacksAreRefused) {
   CQD_ASSERT_OK(strands->Stop());
 }
 
+// StrandRegistration::Unregister on a poller (here: the runtime's OrphanHandler) does nothing,
+// as Registration::Unregister there, and a StrandRegistration destroyed there hands its strand to
+// the StrandConsumer instead of freeing a handler the runtime still calls; the next call of the
+// StrandConsumer on another thread unregisters it. (It freed the strand: use after free.)
+class UnregisteringOrphans : public OrphanHandler {
+ public:
+  void OnOrphans(std::span<const ibv_wc>) noexcept override {
+    if (fired.exchange(true)) return;
+    keep->Unregister();
+    still_registered = keep->registered();
+    { StrandRegistration dropped = std::move(*drop); }  // destroyed on the poller
+    done.store(true, std::memory_order_release);
+  }
+  StrandRegistration* keep = nullptr;
+  StrandRegistration* drop = nullptr;
+  std::atomic<bool> fired{false};
+  std::atomic<bool> done{false};
+  bool still_registered = false;
+};
+
+TEST(StrandConsumer, UnregisterOnAPollerDoesNothingAndADropThereIsHandedOver) {
+  (void)Parallelism();
+  UnregisteringOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq = rt->CreateCq(dev, 0, {}).value();
+  ::tbb::task_arena arena(2, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(strands, StrandConsumer::Create(*rt, arena, {.consumer = 0}));
+  SequenceHandler kept_handler, dropped_handler;
+  SimQp* kept_qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SimQp* dropped_qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SimQp* stranger = sim->CreateQp(cq.sim(), cq.sim()).value();  // never registered
+  kept_handler.qp_num = kept_qp->qp_num();
+  dropped_handler.qp_num = dropped_qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(kept, strands->RegisterQp(*kept_qp, kept_handler));
+  CQD_ASSERT_OK_AND_ASSIGN(dropped, strands->RegisterQp(*dropped_qp, dropped_handler));
+  orphans.keep = &kept;
+  orphans.drop = &dropped;
+  ASSERT_TRUE(InjectRecvs(stranger, 0, 1));  // an orphan: the handler runs on the poller
+  ASSERT_TRUE(WaitFor([&] { return orphans.done.load(std::memory_order_acquire); }));
+  EXPECT_TRUE(orphans.still_registered);
+  EXPECT_TRUE(kept.registered());
+  EXPECT_FALSE(dropped.registered());
+  EXPECT_EQ(rt->GetStats().registrations, 2u);
+  // Both strands still deliver: the runtime still has both registrations.
+  ASSERT_TRUE(InjectRecvs(kept_qp, 0, 3));
+  ASSERT_TRUE(InjectRecvs(dropped_qp, 0, 3));
+  ASSERT_TRUE(
+      WaitFor([&] { return kept_handler.received() == 3 && dropped_handler.received() == 3; }));
+  // The next StrandConsumer call on this thread unregisters the handed-over strand.
+  SequenceHandler third_handler;
+  SimQp* third_qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  CQD_ASSERT_OK_AND_ASSIGN(third, strands->RegisterQp(*third_qp, third_handler));
+  EXPECT_EQ(rt->GetStats().registrations, 2u);  // kept and third
+  ASSERT_TRUE(InjectRecvs(dropped_qp, 3, 2));   // now orphans
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().orphans >= 3; }));
+  EXPECT_EQ(dropped_handler.received(), 3u);
+  kept.Unregister();
+  EXPECT_FALSE(kept.registered());
+  third.Unregister();
+  CQD_ASSERT_OK(strands->Stop());
+  EXPECT_EQ(kept_handler.out_of_order(), 0u);
+  EXPECT_EQ(dropped_handler.out_of_order(), 0u);
+}
+
 TEST(StrandConsumer, BadInput) {
   Bed bed;
   CQD_ASSERT_OK(bed.Build(1));

@@ -43,8 +43,9 @@
 //     other strands run nested on its thread (never its own consumer's or strand's: at most one
 //     task exists per consumer and strand). Wrap such work in tbb::this_task_arena::isolate.
 //   - Create, the StrandConsumer's RegisterQp/TeardownQp and OnReadable may be called from any
-//     thread; Stop from any thread but those above (refused there); the destructors (which
-//     Stop) not from those threads either.
+//     thread; Stop from any thread but those above (refused there). The destructors Stop, so an
+//     object not yet stopped must not be destroyed on those threads either (a destructor cannot
+//     refuse: it would wait there); once Stop returned OK, destroying it waits for nothing.
 //   - Lifetimes: the Runtime and the arena must outlive the object (until Stop returned); a
 //     QpHandler must outlive its registration (StrandRegistration::Unregister returned, or the
 //     StrandTeardown is done()).
@@ -86,7 +87,8 @@ Result<::tbb::task_arena::constraints> ArenaConstraintsFor(const Runtime& runtim
 
 struct ArenaConsumersOptions {
   // The engine-driven consumers to host (each at most once; each consumer may be hosted by one
-  // object only, and the engine must not Drain it itself while hosted).
+  // object only, until that object is destroyed (Stop does not free it: kAlreadyExists), and
+  // the engine must not Drain it itself while hosted).
   std::vector<ConsumerId> consumers;
   // true: a watcher thread epolls the consumers' notify fds. false: the engine calls OnReadable.
   bool watcher_thread = true;
@@ -106,7 +108,8 @@ struct ArenaStats {
 class ArenaConsumers {
  public:
   // Returns a started object, or kInvalidArgument naming the consumer that is not engine-driven
-  // or listed twice, or kInternal if the watcher's epoll could not be made.
+  // or listed twice (or a budget out of range), kAlreadyExists for a consumer another object
+  // hosts, or kInternal if the watcher's epoll could not be made.
   static Result<std::unique_ptr<ArenaConsumers>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                         const ArenaConsumersOptions& options);
   ~ArenaConsumers();  // Stop()
@@ -166,20 +169,26 @@ class StrandRegistration {
   StrandRegistration& operator=(StrandRegistration&& other) noexcept;
   StrandRegistration(const StrandRegistration&) = delete;
   StrandRegistration& operator=(const StrandRegistration&) = delete;
-  ~StrandRegistration() { Unregister(); }
+  ~StrandRegistration();  // Unregister()
 
   // After this returns the user handler is never called again and may be destroyed: it ends the
   // runtime registration (Registration::Unregister), marks the strand dead and waits for a strand
   // task delivering to it to return from the handler. Called from this QP's own handler it does
   // not wait: it takes effect when that handler returns (no further call). Completions still
   // queued in the strand go to StrandConsumerOptions::orphan_handler (or are counted); queued
-  // async and CM events are dropped and counted. Idempotent.
+  // async and CM events are dropped and counted. Idempotent. On a poller or the event thread
+  // (an OrphanHandler, a DeviceEventHandler) it does nothing and registered() stays true, as
+  // Registration::Unregister; a StrandRegistration destroyed or assigned over there hands its
+  // strand to the StrandConsumer, whose next RegisterQp, TeardownQp, Stop or destructor
+  // unregisters it (until then its handler may still be called).
   void Unregister() noexcept;
   bool registered() const { return strand_ != nullptr; }
   uint32_t qp_num() const { return qp_num_; }
 
  private:
   friend class StrandConsumer;
+  // Hands a strand still registered (Unregister did nothing here) to its StrandConsumer.
+  void HandOver() noexcept;
   std::shared_ptr<internal::Strand> strand_;
   uint32_t qp_num_ = 0;
 };
@@ -228,7 +237,7 @@ class StrandTeardown {
 class StrandConsumer {
  public:
   // Returns a started object, or kInvalidArgument if options.consumer is not an engine-driven
-  // consumer of `runtime` or a budget is out of range.
+  // consumer of `runtime` or a budget is out of range, kAlreadyExists if another object hosts it.
   static Result<std::unique_ptr<StrandConsumer>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                         const StrandConsumerOptions& options);
   ~StrandConsumer();  // Stop(); strands still registered then stay valid until unregistered

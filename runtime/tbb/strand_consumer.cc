@@ -98,6 +98,9 @@ struct StrandCore {
   std::atomic<uint64_t> orphans{0};
   std::atomic<uint64_t> dropped_events{0};
   std::atomic<uint64_t> enqueue_failures{0};
+  // Strands whose StrandRegistration went away on a poller or the event thread, where the
+  // runtime cannot unregister: the next StrandConsumer call that may unregisters them. Under mu.
+  std::vector<std::shared_ptr<Strand>> handed_over;
 };
 
 namespace {
@@ -407,21 +410,70 @@ using internal::Strand;
 using internal::StrandCore;
 using internal::TaskScope;
 
+namespace {
+
+// Unregisters the strands handed over by StrandRegistration::HandOver, where this thread may.
+void UnregisterHandedOver(StrandCore& core) noexcept {
+  std::vector<std::shared_ptr<Strand>> strands;
+  {
+    std::lock_guard<std::mutex> lock(core.mu);
+    if (core.handed_over.empty()) return;
+    strands.swap(core.handed_over);
+  }
+  for (std::shared_ptr<Strand>& strand : strands) {
+    strand->registration.Unregister();
+    if (!strand->registration.registered()) {
+      strand->Kill();
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(core.mu);  // a poller or the event thread again: later
+    try {
+      core.handed_over.push_back(std::move(strand));
+    } catch (const std::bad_alloc&) {
+      (void)new (std::nothrow) std::shared_ptr<Strand>(std::move(strand));  // kept, never freed
+    }
+  }
+}
+
+}  // namespace
+
 StrandRegistration& StrandRegistration::operator=(StrandRegistration&& other) noexcept {
   if (this != &other) {
     Unregister();
+    HandOver();
     strand_ = std::move(other.strand_);
     qp_num_ = other.qp_num_;
   }
   return *this;
 }
 
+StrandRegistration::~StrandRegistration() {
+  Unregister();
+  HandOver();
+}
+
 void StrandRegistration::Unregister() noexcept {
   if (strand_ == nullptr) return;
+  strand_->registration.Unregister();              // the wrapper is never called after this...
+  if (strand_->registration.registered()) return;  // ...unless it was refused: see HandOver
   std::shared_ptr<Strand> strand = std::move(strand_);
   strand_ = nullptr;
-  strand->registration.Unregister();  // the wrapper is never called after this
   strand->Kill();
+}
+
+void StrandRegistration::HandOver() noexcept {
+  if (strand_ == nullptr) return;
+  // Still registered (a poller or the event thread): the runtime may call the strand, so it
+  // must not be freed here.
+  std::shared_ptr<Strand> strand = std::move(strand_);
+  strand_ = nullptr;
+  StrandCore& core = *strand->core;
+  std::lock_guard<std::mutex> lock(core.mu);
+  try {
+    core.handed_over.push_back(std::move(strand));
+  } catch (const std::bad_alloc&) {
+    (void)new (std::nothrow) std::shared_ptr<Strand>(std::move(strand));  // kept, never freed
+  }
 }
 
 bool StrandTeardown::done() const {
@@ -500,12 +552,14 @@ Result<std::unique_ptr<StrandConsumer>> StrandConsumer::Create(
 }
 
 StrandConsumer::~StrandConsumer() {
+  UnregisterHandedOver(*core_);
   if (!TaskScope::InTaskOf(core_.get())) (void)StopAndDeliver(runtime_, *core_, *drainer_);
 }
 
 template <typename Register>
 Result<StrandRegistration> StrandConsumer::RegisterWith(QpHandler& handler,
                                                         const Register& register_qp) {
+  UnregisterHandedOver(*core_);
   try {
     auto strand = std::make_shared<Strand>(core_, &handler);
     {
@@ -550,6 +604,7 @@ Result<StrandRegistration> StrandConsumer::RegisterQp(rdma_cm_id* id, QpHandler&
 
 Result<StrandTeardown> StrandConsumer::TeardownQp(StrandRegistration& registration,
                                                   const TeardownOptions& options) {
+  UnregisterHandedOver(*core_);
   try {
     if (registration.strand_ == nullptr) {
       return InvalidArgument("StrandConsumer::TeardownQp: the registration is not registered");
@@ -581,6 +636,7 @@ Status StrandConsumer::Stop() {
   if (Status refused = internal::RefuseWaitInCallback("StrandConsumer::Stop"); !refused.ok()) {
     return refused;
   }
+  UnregisterHandedOver(*core_);
   return StopAndDeliver(runtime_, *core_, *drainer_);
 }
 
