@@ -131,5 +131,56 @@ TEST_F(SlowConsumer, AsyncEventsRespectTheBound) {
   EXPECT_LE(Slow(rt_->GetStats()).high_water, kCapacity);
 }
 
+// A run split by a hand-over (the queue took only its first entry), whose rest was purged when
+// its QP was unregistered, and another QP's completions polled into the freed entries: the two
+// ranges, handed over back to back (here by Shutdown's forced hand-over), must not be joined
+// into one piece, where the first entry's run length, counted at poll time, would still cover
+// the new entries and hand them to the dead QP's orphans. (Found by the fuzzer: the other QP
+// lost its completions.)
+TEST(SplitRun, APurgedRunDoesNotSwallowTheEntriesThatFollowIt) {
+  CountingOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  options.consumers[0].queue_capacity = 1;
+  options.consumers[0].spill_capacity = 8;
+  auto rt = Runtime::Create(options).value();
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();
+  CqHandle cq = rt->CreateCq(dev, 0, {}).value();
+  SimQp* first_qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SimQp* second_qp = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SequenceHandler first, second;
+  first.qp_num = first_qp->qp_num();
+  second.qp_num = second_qp->qp_num();
+  Registration first_reg = rt->RegisterQp(*first_qp, first, 0).value();
+  Registration second_reg = rt->RegisterQp(*second_qp, second, 0).value();
+  // One poll of three: the queue takes one entry, the spill keeps the run's other two.
+  ibv_wc wcs[3] = {};
+  for (uint64_t k = 0; k < 3; ++k) {
+    wcs[k].wr_id = k;
+    wcs[k].qp_num = first_qp->qp_num();
+    wcs[k].opcode = IBV_WC_RECV;
+  }
+  ASSERT_EQ(cq.sim()->Inject(wcs), 3);
+  auto depths = [&](uint64_t queue, uint64_t spill) {
+    return WaitFor([&] {
+      const ConsumerStats c = rt->GetStats().consumers[0];
+      return c.queue_depth == queue && c.spill_depth == spill;
+    });
+  };
+  ASSERT_TRUE(depths(1, 2));
+  first_reg.Unregister();  // purges the spill: the run's last two entries are orphaned
+  ASSERT_TRUE(WaitFor([&] { return orphans.count.load() == 2; }));
+  ASSERT_TRUE(InjectRecvs(second_qp, 0, 2));  // polled into the entries the purge freed
+  ASSERT_TRUE(depths(1, 2));
+  CQD_ASSERT_OK(rt->Shutdown());  // hands the spill over behind the first range
+  ASSERT_TRUE(DrainUntil(*rt, 0, [&] { return second.received() == 2; }));
+  EXPECT_EQ(orphans.count.load(), 3u);  // the first QP's three, and nothing else
+  EXPECT_EQ(first.received(), 0u);
+  EXPECT_EQ(second.out_of_order(), 0u);
+  EXPECT_EQ(second.wrong_qp(), 0u);
+}
+
 }  // namespace
 }  // namespace cqd

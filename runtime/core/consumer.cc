@@ -208,7 +208,9 @@ int Consumer::Dispatch(int max) noexcept {
     const uint32_t n = std::min(
         {item->run.count - run_done_, want - entries, static_cast<uint32_t>(lane.size() - at)});
     Piece* last = pieces > 0 ? &pieces_[pieces - 1] : nullptr;
-    if (last != nullptr && last->lane == &lane && last->end == pos && last->at + last->n == at) {
+    const bool joinable = run_done_ > 0 || !item->run.after_filter;  // (lane.h, LaneRun)
+    if (last != nullptr && joinable && last->lane == &lane && last->end == pos &&
+        last->at + last->n == at) {
       last->n += n;  // the range goes on where the last one ended, short of the ring's edge
       last->end += n;
     } else {

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 namespace cqd::internal {
 
@@ -77,6 +78,11 @@ struct LaneRun {
   uint64_t begin;  // position of the first entry
   uint32_t count;
   uint32_t lane;  // the lane's index in its consumer (the poller's index)
+  // The spill lost entries (Lane::Filter) since the range before this one was handed over. A
+  // run in that range may have been counted past its end, into entries that have changed since
+  // (its last entries were purged and others took their place), so the consumer must not join
+  // the two ranges into one piece: each range's runs hold up to its own end only.
+  bool after_filter;
 };
 
 // One item of a consumer's queue: a lane range, or one entry that travels by itself (an event
@@ -152,6 +158,8 @@ class Lane {
   }
   uint64_t published() const noexcept { return published_; }
   uint64_t tail() const noexcept { return tail_; }
+  // Returns whether Filter removed entries since the last call (LaneRun::after_filter).
+  bool TakeFiltered() noexcept { return std::exchange(filtered_, false); }
   // Moves the first `n` spill entries out of the spill (handed over, or taken for dispatch).
   void PopFront(uint32_t n) noexcept { published_ += n; }
 
@@ -174,6 +182,7 @@ class Lane {
     tail_ = write;
     tail_at_ = IndexOf(tail_);
     if (removed > 0) {  // a run may have lost entries: count them again, back to front
+      filtered_ = true;
       uint16_t next = 0;
       for (uint64_t pos = tail_; pos-- != published_;) {
         EntryMeta& meta = metas_[IndexOf(pos)];
@@ -244,6 +253,7 @@ class Lane {
   static constexpr uint32_t kRewindFrom = 1024;
   static constexpr uint32_t kRewindEvery = 256;
   uint64_t rewind_check_at_ = kRewindFrom;  // tail_at_ at which TryRewind looks next
+  bool filtered_ = false;                   // Filter removed entries since TakeFiltered
   // Written by the dispatching thread, read by the poller now and then.
   alignas(64) std::atomic<uint64_t> released_{0};
   char pad_[64 - sizeof(std::atomic<uint64_t>)];

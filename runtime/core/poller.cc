@@ -892,7 +892,8 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
   }
   Item item;
   item.kind = ItemKind::kLaneRun;
-  item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_)};
+  item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_),
+              lane.TakeFiltered()};
   c.Push(tokens_[consumer], &item, 1);
   lane.PopFront(static_cast<uint32_t>(take));
   return true;
