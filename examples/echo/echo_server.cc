@@ -4,10 +4,16 @@
 //   echo_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--pollers=2] [--exit-after=N]
 //               [--exit-when-told]
 //               [--keepalive-ms=500] [--stats-json=FILE|-] [--stats-socket=PATH] [--latency]
+//               [--owned]
 //
 // The runtime's pollers drain the CQs; the server's one consumer is engine-driven: this thread
 // waits in epoll on the consumer's NotifyFd and calls Drain, so every handler (connection
 // events included: the CM channel's CmHandler runs on the same consumer) runs here, with no lock.
+// With --owned the consumer is a runtime-owned thread instead (kOwnedThread): the handlers run
+// there, and this thread only ticks (keepalives, reaping, stopping). Both then hold the server's
+// mutex while they touch its state, and this thread lets go of it around the control calls that
+// may wait for the consumer's batch (TeardownQp, Unregister: runtime.h), since that batch may be
+// waiting for the mutex.
 // Each request (one SEND of up to 64 bytes) is echoed back with one SEND from the same slot, and
 // the slot's receive is posted again once the echo completed. A connection ends on DISCONNECTED
 // or on its first error (a dead peer: keepalives to idle connections fail with retries
@@ -27,6 +33,7 @@
 #include <cstring>
 #include <list>
 #include <memory>
+#include <mutex>
 
 #include "cqd/runtime.h"
 #include "examples/common/cm_util.h"
@@ -62,9 +69,11 @@ class Conn : public QpHandler {
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
   void OnCmEvent(const CmEvent& event) noexcept override;
   // Starts the drained teardown once; a `failure` (nullptr for a clean end) is counted and shown.
-  void End(const char* failure) noexcept;
-  // Called by the main loop every few milliseconds.
-  void Tick(Clock::time_point now) noexcept;
+  // `held`: the server's lock, when the caller is the main thread of an --owned server (it is
+  // released around the control calls); nullptr on the consumer's thread or without --owned.
+  void End(const char* failure, std::unique_lock<std::mutex>* held = nullptr) noexcept;
+  // Called by the main loop every few milliseconds (holding `held` as End).
+  void Tick(Clock::time_point now, std::unique_lock<std::mutex>* held) noexcept;
   bool reapable() const { return ending_ && (unregistered_ || teardown_.done()); }
   void Reap(Totals& totals);
 
@@ -90,14 +99,22 @@ class Server : public CmHandler {
   int Run();
   void OnCmEvent(const CmEvent& event) noexcept override;
 
+  // Taken by handlers and the main loop only with --owned (then they run on different threads).
+  std::unique_lock<std::mutex> LockIfOwned() {
+    return owned_ ? std::unique_lock<std::mutex>(mu_) : std::unique_lock<std::mutex>();
+  }
+
   Engine engine;
   Totals totals;
   std::chrono::milliseconds keepalive{500};
-  bool stopping = false;  // SIGINT/SIGTERM came; this thread only (the consumer is drained here)
+  bool stopping = false;  // SIGINT/SIGTERM came (under the lock with --owned)
 
  private:
   const Flags& flags_;
-  std::list<std::unique_ptr<Conn>> conns_;
+  bool owned_ = false;
+  std::mutex mu_;  // --owned: accepted_, totals, stopping and each Conn's state
+  std::list<std::unique_ptr<Conn>> accepted_;  // by the CmHandler; moved to conns_ at each tick
+  std::list<std::unique_ptr<Conn>> conns_;     // the main loop's only: walked while End unlocks
 };
 
 bool Conn::Setup(ConsumerId consumer) {
@@ -125,6 +142,7 @@ bool Conn::PostRecv(int slot) {
 }
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
+  const auto lock = server_.LockIfOwned();
   last_ = Clock::now();
   for (const ibv_wc& wc : wcs) {
     if (ending_) continue;  // flushed by the teardown
@@ -158,6 +176,7 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
 }
 
 void Conn::OnCmEvent(const CmEvent& event) noexcept {
+  const auto lock = server_.LockIfOwned();
   switch (event.type) {
     case RDMA_CM_EVENT_ESTABLISHED:
       established_ = true;
@@ -172,29 +191,33 @@ void Conn::OnCmEvent(const CmEvent& event) noexcept {
   }
 }
 
-void Conn::End(const char* failure) noexcept {
+void Conn::End(const char* failure, std::unique_lock<std::mutex>* held) noexcept {
   if (ending_) return;
-  ending_ = true;
+  ending_ = true;  // from here the handler touches nothing else of this Conn
   if (failure != nullptr) {
     ++server_.totals.failed;
     printf("echo_server: connection qp %u failed: %s\n", id_->qp ? id_->qp->qp_num : 0, failure);
     fflush(stdout);
   }
   rdma_disconnect(id_);  // answers a peer's disconnect, or starts ours; fails if never connected
+  if (held != nullptr) held->unlock();
   auto teardown = server_.engine.runtime->TeardownQp(registration_);
+  if (!teardown.ok()) {
+    fprintf(stderr, "echo_server: TeardownQp: %s\n", teardown.status().ToString().c_str());
+    registration_.Unregister();  // the plain way: the handler is never called again
+  }
+  if (held != nullptr) held->lock();
   if (teardown.ok()) {
     teardown_ = *teardown;
   } else {
-    fprintf(stderr, "echo_server: TeardownQp: %s\n", teardown.status().ToString().c_str());
-    registration_.Unregister();  // the plain way: the handler is never called again
     unregistered_ = true;
   }
 }
 
-void Conn::Tick(Clock::time_point now) noexcept {
+void Conn::Tick(Clock::time_point now, std::unique_lock<std::mutex>* held) noexcept {
   if (ending_) return;
   if (!established_) {
-    if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s");
+    if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s", held);
     return;
   }
   if (!keepalive_out_ && now - last_ > server_.keepalive) {
@@ -216,6 +239,7 @@ void Conn::Reap(Totals& totals) {
 }
 
 void Server::OnCmEvent(const CmEvent& event) noexcept {
+  const auto lock = LockIfOwned();
   if (event.type != RDMA_CM_EVENT_CONNECT_REQUEST) {
     ++totals.cm_other;  // TIMEWAIT_EXIT of ended connections, and the like
     return;
@@ -242,13 +266,14 @@ void Server::OnCmEvent(const CmEvent& event) noexcept {
     perror("rdma_accept");
     conn->End("rdma_accept failed");
   }
-  conns_.push_back(std::move(conn));
+  accepted_.push_back(std::move(conn));
 }
 
 int Server::Run() {
   RuntimeOptions options;
   options.pollers = static_cast<int>(flags_.Int("pollers", 2));
-  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  owned_ = flags_.Has("owned");
+  options.consumers[0].kind = owned_ ? ConsumerKind::kOwnedThread : ConsumerKind::kEngineDriven;
   options.consumers[0].name = "echo";
   options.consumers[0].record_latency = flags_.Has("latency");
   options.stats_socket = flags_.Str("stats-socket", "");
@@ -264,11 +289,12 @@ int Server::Run() {
   printf("cqd-ready echo_server listening on %s\n", AddressText(addr).c_str());
   fflush(stdout);
 
-  const int notify_fd = rt.NotifyFd(0).value();
   const int epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  epoll_ctl(epoll_fd, EPOLL_CTL_ADD, notify_fd, &ev);
+  if (!owned_) {  // --owned: nothing to wait for but the next tick
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    epoll_ctl(epoll_fd, EPOLL_CTL_ADD, rt.NotifyFd(0).value(), &ev);
+  }
   const uint64_t exit_after = static_cast<uint64_t>(flags_.Int("exit-after", 0));
   const bool wait_to_be_told = flags_.Has("exit-when-told");
   if (wait_to_be_told) signal(SIGUSR1, [](int) { told_no_more_clients = 1; });
@@ -278,13 +304,16 @@ int Server::Run() {
   for (;;) {
     epoll_event ready;
     epoll_wait(epoll_fd, &ready, 1, 10);
-    while (rt.Drain(0, 256) == 256) {
+    while (!owned_ && rt.Drain(0, 256) == 256) {
     }
     const Clock::time_point now = Clock::now();
     if (now < next_tick) continue;
     next_tick = now + std::chrono::milliseconds(10);
+    auto lock = LockIfOwned();  // End may let go of it: conns_ is this thread's alone
+    std::unique_lock<std::mutex>* held = owned_ ? &lock : nullptr;
+    conns_.splice(conns_.end(), accepted_);
     for (auto it = conns_.begin(); it != conns_.end();) {
-      (*it)->Tick(now);
+      (*it)->Tick(now, held);
       if ((*it)->reapable()) {
         (*it)->Reap(totals);
         it = conns_.erase(it);
@@ -292,23 +321,26 @@ int Server::Run() {
         ++it;
       }
     }
-    if (exit_after > 0 && totals.established >= exit_after && conns_.empty() &&
+    if (exit_after > 0 && totals.established >= exit_after && conns_.empty() && accepted_.empty() &&
         (!wait_to_be_told || told_no_more_clients != 0)) {
       break;
     }
     if (StopRequested() && !stopping) {
-      stopping = true;
+      stopping = true;                         // from here the CmHandler accepts none
+      conns_.splice(conns_.end(), accepted_);  // one accepted while a Tick's End let go of the lock
       stop_deadline = now + std::chrono::seconds(10);  // past every teardown's deadline
       printf("echo_server: stopping (signal): ending %zu connections\n", conns_.size());
       fflush(stdout);
-      for (auto& conn : conns_) conn->End(nullptr);
+      for (auto& conn : conns_) conn->End(nullptr, held);
     }
-    if (stopping && (conns_.empty() || now > stop_deadline)) break;
+    if (stopping && ((conns_.empty() && accepted_.empty()) || now > stop_deadline)) break;
   }
+  auto lock = LockIfOwned();  // the owned consumer runs until Shutdown
   printf("echo_server: connections=%" PRIu64 " established=%" PRIu64 " echoed=%" PRIu64
          " failed=%" PRIu64 " teardowns_ok=%" PRIu64 " teardowns_late=%" PRIu64 "\n",
          totals.connections, totals.established, totals.echoed, totals.failed, totals.teardowns_ok,
          totals.teardowns_late);
+  lock.unlock();
   WriteStats(rt, flags_.Str("stats-json", ""));
   rdma_destroy_id(listener);
   (void)rt.Shutdown();
@@ -338,6 +370,8 @@ int main(int argc, char** argv) {
           {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
           {"stats-socket", "PATH", "serve live stats on this Unix socket (tools/cqd_top)"},
           {"latency", nullptr, "record poll-to-dispatch latency"},
+          {"owned", nullptr,
+           "run the handlers on a runtime-owned consumer thread instead of this thread's loop"},
       });
   cqd::examples::Server server(flags);
   return server.Run();

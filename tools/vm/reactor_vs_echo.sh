@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
 # CPU per echo and latency of reactor_server (examples/reactor: one reactor thread per core, each
-# driving its own engine-driven shard) against echo_server (its defaults: two runtime-owned
-# pollers, one engine-driven consumer) under the same load of unmodified echo_clients, in one
-# boot of two rxe VMs (run_two_vms.sh --relay; the servers take turns on the same port).
+# driving its own engine-driven shard) against echo_server (two runtime-owned pollers; its
+# consumer engine-driven by default, a runtime-owned thread with --owned) under the same load of
+# unmodified echo_clients, in one boot of two rxe VMs (run_two_vms.sh --relay; the servers take
+# turns on the same port).
 #
 #   tools/vm/reactor_vs_echo.sh [--reps N] [--out FILE] [--from-log LOG]
 #
 # Builds the three programs with -c opt (no bazel-* symlinks are touched), then runs, N times
-# (default 2), echo_server, reactor_server --threads=2 ("reactor") and the same with
+# (default 2), echo_server, echo_server --owned ("echo_owned"), reactor_server --threads=2
+# ("reactor") and the same with
 # --idle-spin-us=0 ("reactor_nospin": it tries to sleep as soon as a pass finds nothing), one
 # after the other, each through three phases:
 #   idle  5 s with no connection (what the server burns doing nothing);
@@ -43,7 +45,7 @@ run() {
   bazel build -c opt --symlink_prefix=/ "${targets[@]}" >&2
   bin=$(bazel info -c opt bazel-bin 2>/dev/null)
   for ((r = 0; r < reps; r++)); do
-    servers+=("echo_server" "reactor=reactor_server --threads=2"
+    servers+=("echo_server" "echo_owned=echo_server --owned" "reactor=reactor_server --threads=2"
       "reactor_nospin=reactor_server --threads=2 --idle-spin-us=0")
   done
   client="echo_client --server=@SERVER"
@@ -85,8 +87,10 @@ report() {
 # the CPU counted is rxe's and part of it may be charged to whichever process was interrupted.
 #
 # echo_server: 2 runtime-owned poller threads + 1 engine-driven consumer (its main thread's epoll
-# loop), its defaults. reactor_server --threads=2: 2 reactor threads, each the poller of its own
-# engine-driven shard, handlers run to completion inside PollShard.
+# loop), its defaults. echo_owned: echo_server --owned, the same pollers + 1 runtime-owned
+# consumer thread running the handlers (the main thread only ticks). reactor_server --threads=2:
+# 2 reactor threads, each the poller of its own engine-driven shard, handlers run to completion
+# inside PollShard.
 # cpu_ms: the server process's utime+stime (/proc/PID/stat, 10 ms ticks) over the phase.
 # cpu_us/echo: cpu_ms / echoes. idle: cpu_ms per second instead (ms/s; the seconds between the
 # server's two samples, the client's 5 s plus the relay's turns). wall_s: the client's.
