@@ -340,7 +340,7 @@ int Server::Run() {
          " failed=%" PRIu64 " teardowns_ok=%" PRIu64 " teardowns_late=%" PRIu64 "\n",
          totals.connections, totals.established, totals.echoed, totals.failed, totals.teardowns_ok,
          totals.teardowns_late);
-  lock.unlock();
+  if (lock.owns_lock()) lock.unlock();
   WriteStats(rt, flags_.Str("stats-json", ""));
   rdma_destroy_id(listener);
   (void)rt.Shutdown();
