@@ -74,9 +74,11 @@ else
   set -e
 fi
 
+# Taken before FILE is written: FILE itself is tracked, and would count as a change.
+stamp="$(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+changes')"
 report() {
   echo "# $command_line"
-  echo "# $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+changes'), run_two_vms.sh exit $rc"
+  echo "# $stamp, run_two_vms.sh exit $rc"
   cat <<'NOTE'
 #
 # Soft-RoCE (rxe) inside two emulated VMs (qemu TCG, no KVM: every instruction is emulated), 2
