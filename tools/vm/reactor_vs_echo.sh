@@ -39,6 +39,10 @@ while (( $# > 0 )); do
   esac
 done
 
+# The tree the programs are built from, taken before anything runs (and before FILE, which is
+# tracked, is written).
+stamp="$(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+changes')"
+
 run() {
   local targets=(//examples:echo_server //examples:reactor_server //examples:echo_client) bin
   local servers=() client load phases
@@ -74,8 +78,6 @@ else
   set -e
 fi
 
-# Taken before FILE is written: FILE itself is tracked, and would count as a change.
-stamp="$(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+changes')"
 report() {
   echo "# $command_line"
   echo "# $stamp, run_two_vms.sh exit $rc"
