@@ -53,6 +53,7 @@
 
 #include "cqd/runtime.h"
 #include "examples/common/cm_util.h"
+#include "examples/common/echo_slots.h"
 #include "examples/common/stats_out.h"
 
 namespace cqd::examples {
@@ -61,10 +62,6 @@ namespace {
 volatile sig_atomic_t told_no_more_clients = 0;  // SIGUSR1, with --exit-when-told
 
 using Clock = std::chrono::steady_clock;
-constexpr int kSlots = 32;  // receives posted per connection
-constexpr uint32_t kSlotBytes = 64;
-constexpr uint64_t kSendBit = 1ull << 32;
-constexpr uint64_t kKeepalive = 1ull << 33;
 constexpr auto kTick = std::chrono::milliseconds(10);
 // epoll_event.data.u32 of each fd in a reactor's set.
 constexpr uint32_t kShardTag = 1;
@@ -174,11 +171,10 @@ class Conn : public QpHandler {
 
  private:
   void CheckThread() const noexcept;
-  bool PostRecv(int slot);
 
   Reactor& reactor_;
   rdma_cm_id* id_;
-  Region buffers_;  // kSlots receive slots, then kSlots send slots
+  EchoSlots slots_;
   Registration registration_;
   Teardown teardown_;
   bool established_ = false;
@@ -257,14 +253,8 @@ class Server : public CmHandler {
 
 bool Conn::Setup() {
   Engine& e = reactor_.server().engine;
-  QpShape shape;
-  shape.send_wrs = kSlots + 2;
-  shape.recv_wrs = kSlots;
-  if (!CreateQp(id_, e.pd, e.cqs[reactor_.index()], shape)) return false;
-  if (!buffers_.Register(e.pd, 2 * kSlots * kSlotBytes, IBV_ACCESS_LOCAL_WRITE)) return false;
-  for (int i = 0; i < kSlots; ++i) {
-    if (!PostRecv(i)) return false;
-  }
+  if (!CreateQp(id_, e.pd, e.cqs[reactor_.index()], EchoSlots::Shape())) return false;
+  if (!slots_.Setup(e.pd, id_->qp)) return false;
   auto registration = e.runtime->RegisterQp(id_, *this, /*consumer=*/reactor_.index());
   if (!registration.ok()) {
     fprintf(stderr, "reactor_server: %s\n", registration.status().ToString().c_str());
@@ -272,11 +262,6 @@ bool Conn::Setup() {
   }
   registration_ = std::move(registration).value();
   return true;
-}
-
-bool Conn::PostRecv(int slot) {
-  return examples::PostRecv(id_->qp, buffers_, buffers_.data + slot * kSlotBytes, kSlotBytes,
-                            static_cast<uint64_t>(slot));
 }
 
 void Conn::CheckThread() const noexcept {
@@ -296,26 +281,12 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
       End(ibv_wc_status_str(wc.status));  // the first error; flushes follow it
       continue;
     }
-    if (wc.wr_id & kKeepalive) {
+    EchoSlots::Outcome outcome;
+    if (const char* failed = slots_.OnSuccess(id_->qp, wc, &outcome)) {
+      End(failed);
+    } else if (outcome == EchoSlots::Outcome::kKeepaliveDone) {
       keepalive_out_ = false;
-    } else if (wc.wr_id & kSendBit) {
-      if (!PostRecv(static_cast<int>(wc.wr_id & 0xffff))) End("ibv_post_recv failed");
-    } else if (wc.opcode == IBV_WC_RECV) {
-      const int slot = static_cast<int>(wc.wr_id);
-      char* reply = buffers_.data + (kSlots + slot) * kSlotBytes;
-      memcpy(reply, buffers_.data + slot * kSlotBytes, wc.byte_len);
-      ibv_sge sge{reinterpret_cast<uintptr_t>(reply), wc.byte_len, buffers_.mr->lkey};
-      ibv_send_wr wr{};
-      wr.wr_id = kSendBit | static_cast<uint64_t>(slot);
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_SEND;
-      wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-      ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(id_->qp, &wr, &bad) != 0) {
-        End("ibv_post_send failed");
-        continue;
-      }
+    } else if (outcome == EchoSlots::Outcome::kEchoed) {
       ++reactor_.totals.echoed;
     }
   }
@@ -365,7 +336,7 @@ void Conn::Tick(Clock::time_point now) noexcept {
     return;
   }
   if (!keepalive_out_ && now - last_ > reactor_.server().keepalive) {
-    keepalive_out_ = PostKeepalive(id_->qp, kKeepalive);
+    keepalive_out_ = EchoSlots::PostKeepalive(id_->qp);
     last_ = now;
   }
 }
