@@ -74,7 +74,9 @@ class SimCq {
   virtual bool failed() const noexcept = 0;
 };
 
-// How a simulated QP is shaped (what ibv_create_qp's init_attr says on verbs).
+// How a simulated QP is shaped (what ibv_create_qp's init_attr says on verbs). Each queue holds
+// max_*_wr + 1 posted work requests (devices round up; the spare slot is the one a teardown
+// marker needs, as the README asks engines to keep).
 struct SimQpOptions {
   int max_send_wr = 0;  // what Runtime::RegisterQp's CQ capacity guard reads
   int max_recv_wr = 0;
@@ -91,9 +93,21 @@ class SimQp {
   // True once the QP was moved to the error state (a teardown started).
   virtual bool in_error() const = 0;
   // Builds a completion of this QP and injects it into recv_cq (receive opcodes) or send_cq.
-  // Returns the SimCq::Inject result.
+  // Returns the SimCq::Inject result. (Completions made this way need no posted work request.)
   int Complete(uint64_t wr_id, ibv_wc_opcode opcode = IBV_WC_RECV,
                ibv_wc_status status = IBV_WC_SUCCESS, bool solicited = false) noexcept;
+
+  // Posted work requests, as ibv_post_send / ibv_post_recv: they stay outstanding (taking a
+  // slot of their queue) until the QP is moved to the error state, when they flush as
+  // IBV_WC_WR_FLUSH_ERR completions (SimDeviceOptions says in which order). kResourceExhausted
+  // when the queue is full, kInvalidArgument for PostRecv on an SRQ QP. In the error state a
+  // send flushes at once (kResourceExhausted if its CQ is full) and a receive only at the next
+  // move to the error state, as on rxe. A flush that does not fit its CQ stays outstanding until
+  // the next move to the error state.
+  virtual Status PostSend(uint64_t wr_id) = 0;
+  virtual Status PostRecv(uint64_t wr_id) = 0;
+  // Returns the work requests outstanding on the send (false) or receive (true) queue.
+  virtual int outstanding(bool recv) const = 0;
 };
 
 struct SimDeviceOptions {
@@ -102,6 +116,13 @@ struct SimDeviceOptions {
   // An SRQ-attached QP moved to the error state raises IBV_EVENT_QP_LAST_WQE_REACHED, as the
   // man pages say; false behaves as rxe, which never raises it.
   bool last_wqe_reached = true;
+  // When a QP moves to the error state its outstanding receives flush before its outstanding
+  // sends (rxe: 50 of 50 trials); false: sends first.
+  bool flush_receives_first = true;
+  // A send posted in the error state flushes inside the post (rxe); false: at the next move to
+  // the error state, like a receive (with flush_receives_first, a teardown's receive marker then
+  // reaches a shared CQ before its send marker).
+  bool flush_sends_at_post = true;
 };
 
 class SimDevice {

@@ -306,19 +306,15 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       Count(completions_, n);
       for (int i = 0; i < n; ++i) {
         const ibv_wc& wc = wcs_[i];
-        if (!leftovers_.empty() && TakeLeftover(cq, wc)) continue;
+        if (cq->awaited_markers != 0 && fences_.Take(cq, wc) == FenceList::Taken::kMarker) {
+          continue;
+        }
         orphans_.Take({&wc, 1});
       }
       taken += n;
     }
   });
-  RunSync([&] {  // a marker the CQ no longer has will not come: forget it, and its commitment
-    std::erase_if(leftovers_, [&](const Leftover& l) {
-      if (l.cq != cq) return false;
-      cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
-      return true;
-    });
-  });
+  RunSync([&] { fences_.DropCq(cq); });  // nothing more comes out of it
   return taken;
 }
 
@@ -387,36 +383,61 @@ void Poller::PurgeDead(uint32_t consumer) {
       return true;
     });
     NoteSpill(consumer);
+    // A plain Unregister's fences catch up now that nothing is routed to the QP any more.
+    for (const std::vector<CqRecord*>* list : {&cqs_, &parked_}) {
+      for (CqRecord* cq : *list) {
+        if (cq->catch_ups != 0) CatchUpFences(cq);
+      }
+    }
   });
 }
 
-void Poller::KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides,
-                           int n) {
+void Poller::FenceRetired(const TeardownState* ending, uint32_t qp_num, const RetiredSide* sides,
+                          int n) {
   RunSync([&] {
     // On this thread, between passes: `polled` holds every marker a pass has taken so far.
-    const uint32_t polled = state.polled.load(std::memory_order_relaxed);
+    const uint32_t posted = ending != nullptr ? ending->markers : 0;
+    const uint32_t polled = ending != nullptr ? ending->polled.load(std::memory_order_relaxed) : 0;
     for (int k = 0; k < n; ++k) {
-      if (polled & sides[k].bit) continue;
-      leftovers_.push_back({sides[k].cq, sides[k].marker, qp_num, sides[k].commit});
-      sides[k].cq->leftover_commit.fetch_add(sides[k].commit, std::memory_order_relaxed);
+      const RetiredSide& side = sides[k];
+      Fence fence;
+      fence.cq = side.cq;
+      fence.qp_num = qp_num;
+      fence.unfenced = side.unfenced;
+      fence.commit = side.commit;
+      if ((posted & side.marker_bit) != 0 && (polled & side.marker_bit) == 0) {
+        fence.marker = side.marker;
+      }
+      fences_.Add(fence, /*catch_up=*/ending == nullptr);
     }
   });
 }
 
-bool Poller::TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept {
-  for (size_t i = 0; i < leftovers_.size(); ++i) {
-    const Leftover& l = leftovers_[i];
-    if (l.cq != cq || l.qp_num != wc.qp_num) continue;
-    if (wc.wr_id != l.marker) {
-      orphans_.Take({&wc, 1});  // the retired QP's, still ahead of its marker
-      return true;
-    }
-    // The marker: nothing of that QP is left behind it in this CQ.
-    cq->leftover_commit.fetch_sub(l.commit, std::memory_order_release);
-    leftovers_.erase(leftovers_.begin() + i);
-    return true;
+bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, bool markers_suffice) {
+  bool clear = true;
+  RunSync([&] {
+    if (!fences_.Holds(cq, qp_num)) return;
+    fences_.StartCatchUps(cq, qp_num);
+    CatchUpFences(cq);
+    clear = !fences_.Holds(cq, qp_num) || (markers_suffice && fences_.OnlyMarkersHold(cq, qp_num));
+  });
+  return clear;
+}
+
+void Poller::SettleFences(CqRecord* cq) {
+  RunSync([&] { CatchUpFences(cq); });
+}
+
+void Poller::CatchUpFences(CqRecord* cq) noexcept {
+  // After Stop the lanes have been handed over for good: nothing is polled into them any more.
+  if (stop_.load(std::memory_order_relaxed) || stopped_.load(std::memory_order_relaxed)) return;
+  // A parked CQ is polled too (it stays parked: its next completion raises an event). PollOne
+  // advances the catch-ups and ends them once it finds the CQ empty or a depth has come out.
+  while (cq->catch_ups != 0 && !cq->poll_failed) {
+    const int room = RoomFor(*cq);
+    if (room == 0) return;  // a consumer the CQ shares is full: later passes go on
+    if (PollOne(cq, room) < 0) return;
   }
-  return false;
 }
 
 bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
@@ -681,6 +702,8 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
     taken += n;
     if (n < want || taken == room) break;
   }
+  // Fewer than `room` taken: the CQ was found empty (fences.h's catch-ups end there).
+  if (cq->catch_ups != 0 && !cq->poll_failed) fences_.Polled(cq, taken, taken < room);
   if (taken > 0) Flush(false);
   return taken;
 }
@@ -703,9 +726,11 @@ void Poller::LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {
 
 inline uint32_t Poller::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slot,
                                  RouteCache& cache, EntryMeta& meta) noexcept {
-  // A retired QP's completions still in this CQ, up to its teardown marker: nobody's.
-  if (!leftovers_.empty()) [[unlikely]] {
-    if (TakeLeftover(cq, wc)) return kTaken;
+  // A retired QP's teardown marker still in this CQ: the runtime's own (fences.h).
+  if (cq->awaited_markers != 0) [[unlikely]] {
+    const FenceList::Taken taken = fences_.Take(cq, wc);
+    if (taken == FenceList::Taken::kMarker) return kTaken;
+    if (taken == FenceList::Taken::kBehindMarker) return kOrphan;
   } else if (wc.qp_num == cache.qp_num) {
     meta = cache.meta;
     return cache.consumer;
@@ -723,8 +748,8 @@ inline uint32_t Poller::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
     return cache.consumer;
   }
   // Non-null while the state says draining: a teardown nulls it only after the state died, and
-  // makes its leftovers (KeepLeftovers, on this thread between two passes) before that, so a
-  // marker is either marked `polled` here or found a leftover above.
+  // makes its fences (FenceRetired, on this thread between two passes) before that, so a
+  // marker is either marked `polled` here or taken by its fence above.
   TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
   const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
   if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
@@ -748,7 +773,7 @@ void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
   uint32_t kept = 0;  // entries [0, kept) stay: routed to `consumer`
   uint32_t i = 0;
   const uint32_t count = static_cast<uint32_t>(n);
-  while (i < count && leftovers_.empty()) {
+  while (i < count && cq->awaited_markers == 0) {
     const uint32_t qp_num = wcs[i].qp_num;
     uint32_t j = i + 1;
     while (j < count && wcs[j].qp_num == qp_num) ++j;

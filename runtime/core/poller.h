@@ -15,12 +15,13 @@
 // since the event arrived, so the event follows every completion that was in those CQs when the
 // event was read.
 //
-// Leftovers: a teardown that ended before its markers were polled (deadline, device failure,
-// Shutdown) leaves them in the CQs with whatever the QP flushed ahead of them. Until a marker
-// is polled, this poller sends every completion of that (CQ, qp_num) to the orphan sink (a later
-// QP that got the number starts behind the marker in a CQ's FIFO order) and the CQ keeps the
-// QP's commitment (CqRecord::leftover_commit). The list is the poller thread's own;
-// RouteCompletions looks at it only while it is not empty.
+// Fences (fences.h): what a retired QP may still have in this shard's CQs (a plain Unregister, or
+// a teardown that ended before its markers were polled: deadline, device failure, Shutdown).
+// Each fence holds its side's commitment on the CQ until its marker is polled or a catch-up of
+// the CQ is over; routing takes the awaited markers (only while the CQ awaits one: one branch)
+// and sends the rest of the retired QP's completions to the orphan sink, since nothing is
+// registered for them. A new QP with the number is registered on a CQ only after
+// FenceForReuse ended every fence of that number there.
 //
 // Slow consumers: a consumer whose queue is full leaves its items in this poller's spill. Each
 // CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
@@ -92,6 +93,7 @@
 #include "runtime/base/parker.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
+#include "runtime/core/fences.h"
 #include "runtime/core/lane.h"
 #include "runtime/core/orphans.h"
 #include "runtime/core/records.h"
@@ -144,16 +146,28 @@ class Poller {
   // Moves the items of dead registrations out of `consumer`'s spill: completions to the orphan
   // sink, event parts released.
   void PurgeDead(uint32_t consumer);
-  // The teardown `state` of `qp_num` ended (its registration is already dead). Each of its
-  // markers (TeardownState::k*Marker `bit`) on a CQ of this shard that no pass has polled yet
-  // becomes a leftover (see above) holding `commit` of that CQ.
-  struct MarkerSide {
+  // A registration of `qp_num` is being retired (before its state dies): each of `sides`, a side
+  // of it on a CQ of this shard, gets a fence (fences.h) holding `commit` of that CQ. It awaits
+  // the side's marker if `ending` (the teardown that ended; null for a plain Unregister) posted it
+  // (`marker_bit` in ending->markers) and no pass has polled it yet. A plain Unregister's fences
+  // catch up (the next PurgeDead polls their CQs).
+  struct RetiredSide {
     CqRecord* cq;
-    uint64_t marker;  // the wr_id
-    uint32_t bit;
+    uint32_t marker_bit;  // TeardownState::k*Marker of this side
+    uint64_t marker;      // its wr_id
+    bool unfenced;        // no marker can stand behind this side (fences.h)
     uint64_t commit;
   };
-  void KeepLeftovers(const TeardownState& state, uint32_t qp_num, const MarkerSide* sides, int n);
+  void FenceRetired(const TeardownState* ending, uint32_t qp_num, const RetiredSide* sides, int n);
+  // RegisterQp of a QP with `qp_num` on `cq`: starts a catch-up for every fence of that number
+  // there and polls the CQ as far as its consumers' room allows. Returns true if the registration
+  // may go on: no fence stands, or (`markers_suffice`: the device keeps a destroyed QP's
+  // completions in its CQs) only fences that await a marker; false otherwise (a consumer the CQ
+  // shares is full).
+  bool FenceForReuse(CqRecord* cq, uint32_t qp_num, bool markers_suffice);
+  // Polls `cq` as far as room allows while a catch-up runs there, so that fences over by now give
+  // their commitment back (the capacity guard asks before it grows or refuses).
+  void SettleFences(CqRecord* cq);
 
   // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
   // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
@@ -248,6 +262,8 @@ class Poller {
                     EntryMeta& meta) noexcept;
   // Polls the event's CQs until it may be placed; false while a full spill holds it back.
   bool CatchUp(PostedEvent& posted) noexcept;
+  // Polls `cq` while a fence's catch-up runs there and its consumers have room (not after Stop).
+  void CatchUpFences(CqRecord* cq) noexcept;
   // Returns how many completions `cq` may be polled for now (0: skip it).
   int RoomFor(const CqRecord& cq) noexcept;
   // Routes the `n` completions just polled into `consumer`'s lane at its tail, in place.
@@ -258,9 +274,6 @@ class Poller {
   // Requires room in the lane.
   void AppendEvent(uint32_t consumer, const Item& item) noexcept;
   void ListLane(uint32_t consumer) noexcept;
-  // Returns true if `wc` (polled from `cq`) is a leftover: a marker (dropped, its commitment
-  // released) or a completion behind one (to the orphan sink).
-  bool TakeLeftover(CqRecord* cq, const ibv_wc& wc) noexcept;
   // Hands the lanes' spills to their consumers' queues; returns true if anything moved. With
   // `force`, everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
@@ -292,17 +305,11 @@ class Poller {
   std::vector<Consumer*> hosted_;  // kRunToCompletion consumers this thread dispatches
   const SlotPool& slots_;
   OrphanSink& orphans_;
-  struct Leftover {
-    CqRecord* cq;
-    uint64_t marker;
-    uint32_t qp_num;
-    uint64_t commit;
-  };
-  std::vector<Leftover> leftovers_;  // poller thread only; few
-  std::vector<CqRecord*> cqs_;       // in the passes, round robin
-  std::vector<CqRecord*> parked_;    // armed, out of the passes until their event
-  const bool may_park_;              // parking is on (cq_park_after > 0, not busy_poll)
-  uint32_t seen_cq_events_ = 0;      // cq_events_ when parked_ was last checked
+  FenceList fences_;               // poller thread only; few
+  std::vector<CqRecord*> cqs_;     // in the passes, round robin
+  std::vector<CqRecord*> parked_;  // armed, out of the passes until their event
+  const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)
+  uint32_t seen_cq_events_ = 0;    // cq_events_ when parked_ was last checked
   std::vector<moodycamel::ProducerToken> tokens_;  // one per consumer
   std::vector<Lane*> lanes_;                       // one per consumer: this poller's lane
   std::vector<uint32_t> listed_;                   // consumers whose spill is not empty

@@ -57,13 +57,18 @@ struct CqRecord {
   int comp_vector = -1;    // the vector CreateCq used; -1 for an adopted CQ
   int registered_qps = 0;  // control path
   uint64_t committed = 0;  // control path: work requests its registered QPs may have outstanding
-  // Work requests of retired QPs whose completions may still be in the CQ: their teardown ended
-  // before its marker here was polled (poller.h, leftovers). Raised on the poller thread inside a
-  // control call; lowered by the poller when it polls the marker (release).
+  // Work requests of retired QPs whose completions may still be in the CQ, held by their fences
+  // (fences.h). Raised on the poller thread inside a control call; lowered by the poller when a
+  // fence ends (release).
   std::atomic<uint64_t> leftover_commit{0};
+  // The fences on this CQ (fences.h): written by its poller, read (relaxed) by the control path,
+  // which skips the reuse check while it is 0.
+  std::atomic<uint32_t> fences{0};
 
   // Poller-owned (changed by the control path only through Poller's calls).
   bool poll_failed = false;
+  uint32_t awaited_markers = 0;  // fences here waiting for a marker (FenceList)
+  uint32_t catch_ups = 0;        // fences here with a catch-up running (FenceList)
   // Consumers of the QPs registered on this CQ, with how many QPs each: the spills whose room
   // bounds a poll of this CQ (see poller.h).
   struct Use {

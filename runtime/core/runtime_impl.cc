@@ -348,9 +348,14 @@ Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
 }
 
 Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
-  // Leftovers of retired QPs (poller.h) still count: they may be in the CQ.
-  const uint64_t need = cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
+  // Retired QPs' fences (fences.h) still count: what they stand for may be in the CQ.
+  uint64_t need = cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
   const int depth = cq->cq->depth();
+  if (need > static_cast<uint64_t>(depth) && cq->fences.load(std::memory_order_relaxed) != 0) {
+    // Before growing or refusing: fences whose catch-up can end now give their share back.
+    pollers_[cq->shard]->SettleFences(cq);
+    need = cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
+  }
   if (need <= static_cast<uint64_t>(depth)) return Status::Ok();
   const std::string what = "RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
                            " (depth " + Str(depth) + ") cannot hold the " + Str(need) +
@@ -410,11 +415,28 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
       caps->srq
           ? 0
           : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
+  // A retired QP that had this number may still have completions in these CQs: the number is
+  // registered there only once they have been polled, or stand behind a marker (fences.h), so
+  // none reaches this QP.
+  CqRecord* fenced = nullptr;
+  for (CqRecord* cq : {send, recv}) {
+    if (fenced == nullptr && cq->fences.load(std::memory_order_relaxed) != 0 &&
+        !pollers_[cq->shard]->FenceForReuse(
+            cq, qp_num, device->backend->keeps_completions_of_destroyed_qps())) {
+      fenced = cq;
+    }
+  }
   if (send == recv) {
     if (Status s = Commit(send, send_wrs + recv_wrs, qp_num); !s.ok()) return s;
   } else {
     if (Status s = Commit(send, send_wrs, qp_num); !s.ok()) return s;
     if (Status s = Commit(recv, recv_wrs, qp_num); !s.ok()) return s;
+  }
+  if (fenced != nullptr) {
+    return Unavailable("RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(fenced->id) +
+                       " still holds completions of a retired QP that had this number, and a "
+                       "consumer it serves is too full for the runtime to poll them out now "
+                       "(ConsumerStats::spill_depth); register again once it drains");
   }
   int64_t index = slots_.Allocate();
   if (index == -1) {
@@ -461,11 +483,11 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   for (int k = 0; k < 2; ++k) {
     cqs[k] = cqs_.Find(ids[k]);
   }
-  // Leftovers before the registration dies: a pass before this saw it live and draining and
-  // marked what it polled; a pass after finds the leftover first. (The other way round, a pass in
-  // between would take a marker for nobody's and orphan it, and its leftover would never go.)
+  // Fences before the registration dies: a pass before this saw it live and draining and marked
+  // what it polled; a pass after finds the fence first. (The other way round, a pass in between
+  // would take a marker for nobody's and orphan it, and its fence would wait for it in vain.)
   const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  if (ending != nullptr) KeepLeftovers(*ending, qp_num, cqs, commits);
+  FenceRetired(ending, qp_num, cqs, commits);
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
   live_registrations_.fetch_sub(1, std::memory_order_relaxed);
@@ -492,21 +514,32 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
 }
 
-void RuntimeImpl::KeepLeftovers(const TeardownState& ending, uint32_t qp_num,
-                                CqRecord* const cqs[2], const uint32_t commits[2]) {
-  // Markers not polled yet are still in their CQ, behind what the QP flushed: the CQ keeps the
-  // commitment, and the poller keeps that (CQ, qp_num) from any later QP, until it polls them.
-  // An SRQ QP has no receive marker: on a CQ of its own its receive side is not covered.
-  const bool shared = cqs[0] == cqs[1];
-  Poller::MarkerSide send{cqs[0], ending.send_marker(), TeardownState::kSendMarker, commits[0]};
-  Poller::MarkerSide recv{cqs[1], ending.recv_marker(), TeardownState::kRecvMarker, commits[1]};
-  if (!(ending.markers & TeardownState::kRecvMarker) && shared) send.commit += recv.commit;
-  if ((ending.markers & TeardownState::kSendMarker) && send.cq != nullptr) {
-    pollers_[send.cq->shard]->KeepLeftovers(ending, qp_num, &send, 1);
+void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, CqRecord* const cqs[2],
+                               const uint32_t commits[2]) {
+  // What the QP may still have in each CQ is fenced until it has been polled (fences.h). A drained
+  // teardown left nothing: its markers were polled, and an SRQ QP's LAST_WQE_REACHED (or the
+  // fence standing in for it) came behind its receives. A teardown that started nothing (a QP in
+  // RESET, a failed device) has nothing to wait for either.
+  const bool plain = ending == nullptr;
+  if (!plain && (ending->markers == 0 || ending->Drained())) return;
+  const uint32_t seen = plain ? 0 : ending->seen.load(std::memory_order_acquire);
+  Poller::RetiredSide send{cqs[0], TeardownState::kSendMarker, 0, plain, commits[0]};
+  Poller::RetiredSide recv{cqs[1], TeardownState::kRecvMarker, 0, plain, commits[1]};
+  if (!plain) {
+    send.marker = ending->send_marker();
+    recv.marker = ending->recv_marker();
+    // A receive side no marker stands behind: the marker never found room in the queue, or an
+    // SRQ QP's, unless LAST_WQE_REACHED (or its stand-in) came behind its receives.
+    recv.unfenced = ending->srq ? (seen & TeardownState::kLastWqe) == 0
+                                : (ending->markers & TeardownState::kRecvMarker) == 0;
   }
-  if ((ending.markers & TeardownState::kRecvMarker) && recv.cq != nullptr) {
-    pollers_[recv.cq->shard]->KeepLeftovers(ending, qp_num, &recv, 1);
+  if (send.cq != nullptr && send.cq == recv.cq) {
+    const Poller::RetiredSide both[2] = {send, recv};
+    pollers_[send.cq->shard]->FenceRetired(ending, qp_num, both, 2);
+    return;
   }
+  if (send.cq != nullptr) pollers_[send.cq->shard]->FenceRetired(ending, qp_num, &send, 1);
+  if (recv.cq != nullptr) pollers_[recv.cq->shard]->FenceRetired(ending, qp_num, &recv, 1);
 }
 
 bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
@@ -539,6 +572,16 @@ bool RuntimeImpl::BatchOver(const BatchTicket& ticket) const noexcept {
 void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
   std::lock_guard<ControlMutex> lock(mu_);
   slots_.Free(index);
+}
+
+bool RuntimeImpl::PostRecvMarker(const TeardownState& state) noexcept {
+  std::lock_guard<ControlMutex> lock(mu_);
+  const Slot& slot = slots_.slot(state.slot);
+  if (!StateLiveAs(slot.state.load(std::memory_order_relaxed), state.generation)) return false;
+  DeviceRecord* device = devices_[state.device - 1].get();
+  return device->backend
+      ->PostRecvMarker(slot.qp.load(std::memory_order_relaxed), state.recv_marker())
+      .ok();
 }
 
 void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
@@ -617,16 +660,18 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
     return Status(posted.status().code(), "TeardownQp: " + posted.status().message());
   }
   Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
-  // Without a receive marker (SRQ, or it could not be posted) the receive side is known to be
-  // flushed by LAST_WQE_REACHED or the grace period.
-  teardown->srq = *posted == backend::DrainStart::kSendMarkerOnly || (caps.ok() && caps->srq);
+  // An SRQ QP has no receive marker: its receive side is known to be flushed by LAST_WQE_REACHED
+  // or the fence that stands in for it. A receive marker that found the queue full is posted again
+  // by the teardown thread once the flushes have made room (TeardownHost::PostRecvMarker).
+  teardown->srq = caps.ok() && caps->srq;
   if (*posted == backend::DrainStart::kNothingOutstanding) {
     teardown->end_with = Status::Ok();
   } else {
-    teardown->markers =
-        TeardownState::kSendMarker |
-        (*posted == backend::DrainStart::kAllMarkers && !teardown->srq ? TeardownState::kRecvMarker
-                                                                       : 0);
+    teardown->markers = TeardownState::kSendMarker;
+    if (!teardown->srq && *posted == backend::DrainStart::kAllMarkers) {
+      teardown->markers |= TeardownState::kRecvMarker;
+    }
+    teardown->recv_marker_owed = !teardown->srq && *posted == backend::DrainStart::kSendMarkerOnly;
   }
   teardowns_->Add(teardown);
   return teardown;

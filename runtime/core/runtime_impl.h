@@ -112,15 +112,17 @@ class RuntimeImpl final : private TeardownHost {
   bool BatchOver(const BatchTicket& ticket) const noexcept override;
   void FreeSlot(uint32_t slot) noexcept override;
   void PostFence(const TeardownState& state) noexcept override;
+  bool PostRecvMarker(const TeardownState& state) noexcept override;
 
   // All require mu_.
   // Ends the registration (slot, generation) without waiting for its consumer: it is dead and
-  // unroutable, its CQ uses and commitments dropped, what the pollers hold for it orphaned. With
-  // `ending` (a teardown that ended), its markers not polled yet become the pollers' leftovers.
-  // Returns the batch to wait out before the slot is freed; `retired` false if it was gone.
+  // unroutable, its CQ uses dropped, what the pollers hold for it orphaned, and what it may still
+  // have in its CQs fenced (fences.h: `ending` is the teardown that ended, null for a plain
+  // Unregister). Returns the batch to wait out before the slot is freed; `retired` false if it was
+  // gone.
   BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending);
-  void KeepLeftovers(const TeardownState& ending, uint32_t qp_num, CqRecord* const cqs[2],
-                     const uint32_t commits[2]);
+  void FenceRetired(const TeardownState* ending, uint32_t qp_num, CqRecord* const cqs[2],
+                    const uint32_t commits[2]);
   // The device `id`, if the runtime runs and `shard` is one of its shards.
   Result<DeviceRecord*> FindShard(const char* op, DeviceId id, int shard);
   Result<PolledCq> AddCq(std::unique_ptr<CqRecord> record);

@@ -14,6 +14,11 @@ thread_local bool tls_teardown_worker = false;
 
 // How often the worker looks again at a consumer batch it waits out (it never blocks on one).
 constexpr std::chrono::microseconds kBatchRecheck{200};
+// An owed receive marker (TeardownState::recv_marker_owed) is tried again after this, then at
+// twice the last interval, up to kRecvMarkerRetryMax: the queue's room comes back with its
+// flushes (at the modify to error on rxe, as completions are polled on others).
+constexpr std::chrono::microseconds kRecvMarkerRetry{500};
+constexpr std::chrono::microseconds kRecvMarkerRetryMax{64000};
 
 }  // namespace
 
@@ -78,6 +83,7 @@ void TeardownWorker::Run() {
     Clock::time_point wake = Clock::time_point::max();
     std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
     std::vector<std::shared_ptr<TeardownState>> fencing;
+    std::vector<std::shared_ptr<TeardownState>> reposting;
     for (auto& state : active_) {
       const bool send_seen =
           (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
@@ -102,6 +108,17 @@ void TeardownWorker::Run() {
                             DeadlineExceeded("TeardownQp: the QP's work did not flush back before "
                                              "the deadline; unregistered anyway"));
       } else {
+        if (state->recv_marker_owed) {
+          if (state->retry_every.count() == 0) {  // first look: from now on
+            state->retry_every = kRecvMarkerRetry;
+            state->retry_at = now + kRecvMarkerRetry;
+          }
+          if (now >= state->retry_at) {
+            reposting.push_back(state);
+          } else {
+            wake = std::min(wake, state->retry_at);
+          }
+        }
         if (state->srq && send_seen && !state->fence_posted) {
           if (now >= state->grace_ends) {
             // The device sends no LAST_WQE_REACHED: stand in for it with a fence that follows
@@ -122,6 +139,16 @@ void TeardownWorker::Run() {
     // consumers' Note takes mu_; on_done may call the runtime.
     lock.unlock();
     for (auto& state : fencing) host_.PostFence(*state);
+    for (auto& state : reposting) {
+      // Worker-owned fields: the retire that reads `markers` runs on this thread too.
+      if (host_.PostRecvMarker(*state)) {
+        state->recv_marker_owed = false;
+        state->markers |= TeardownState::kRecvMarker;
+        continue;
+      }
+      state->retry_every = std::min(2 * state->retry_every, kRecvMarkerRetryMax);
+      state->retry_at = Clock::now() + state->retry_every;
+    }
     for (auto& [state, result] : ending) {
       if (result.code() == StatusCode::kDeadlineExceeded && log_ != nullptr && log_->enabled()) {
         char qp[16];
@@ -135,7 +162,9 @@ void TeardownWorker::Run() {
     const bool waiting_on_batches = FinishRetired();
     lock.lock();
     if (stopping && active_.empty() && !waiting_on_batches) return;
-    if (noted_ || !ending.empty() || !fencing.empty()) continue;  // look again at once
+    if (noted_ || !ending.empty() || !fencing.empty() || !reposting.empty()) {
+      continue;  // look again at once
+    }
     if (waiting_on_batches) {
       wake = std::min(wake, Clock::now() + kBatchRecheck);
     } else if (stopping) {

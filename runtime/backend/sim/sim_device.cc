@@ -468,7 +468,7 @@ Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq,
       if (next_qp_num_ == 0) next_qp_num_ = 1;
     } while (qps_.contains(qp_num));
   }
-  auto qp = std::make_unique<SimQpImpl>(qp_num, send, recv, options);
+  auto qp = std::make_unique<SimQpImpl>(qp_num, send, recv, options, options_);
   SimQpImpl* raw = qp.get();
   qps_.emplace(qp_num, std::move(qp));
   ++send->qp_refs;
@@ -499,33 +499,98 @@ SimQpImpl* SimDeviceImpl::FindQp(void* native) {
   return it != qps_.end() && it->second.get() == qp ? qp : nullptr;
 }
 
-Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
-                                                        uint64_t recv_marker) {
-  // As a device: the error state flushes what is outstanding (the test injected it already),
-  // then each marker completes with IBV_WC_WR_FLUSH_ERR.
-  auto marker = [&](uint64_t wr_id, ibv_wc_opcode opcode, SimCqImpl* cq) {
+Status SimQpImpl::PostSend(uint64_t wr_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sends_.size() > static_cast<size_t>(options_.max_send_wr)) {
+    return ResourceExhausted("PostSend: the send queue of qp_num " + std::to_string(qp_num_) +
+                             " is full");
+  }
+  if (in_error() && sends_at_post_) {  // flushed inside the post, as on rxe
     ibv_wc wc{};
     wc.wr_id = wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_SEND;
+    wc.qp_num = qp_num_;
+    if (send_->failed()) return Status::Ok();  // lost with the failed CQ, as on verbs
+    if (send_->Inject({&wc, 1}, false, false) != 1) {
+      return ResourceExhausted("PostSend: the send CQ has no room for the flush");
+    }
+    return Status::Ok();
+  }
+  sends_.push_back(wr_id);
+  return Status::Ok();
+}
+
+Status SimQpImpl::PostRecv(uint64_t wr_id) {
+  if (options_.srq) {
+    return InvalidArgument("PostRecv: qp_num " + std::to_string(qp_num_) + " receives from an SRQ");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (recvs_.size() > static_cast<size_t>(options_.max_recv_wr)) {
+    return ResourceExhausted("PostRecv: the receive queue of qp_num " + std::to_string(qp_num_) +
+                             " is full");
+  }
+  recvs_.push_back(wr_id);  // in the error state too: it flushes at the next move to it
+  return Status::Ok();
+}
+
+int SimQpImpl::outstanding(bool recv) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(recv ? recvs_.size() : sends_.size());
+}
+
+void SimQpImpl::ModifyToError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  error_.store(true, std::memory_order_release);
+  if (receives_first_) {
+    FlushLocked(recvs_, recv_, IBV_WC_RECV);
+    FlushLocked(sends_, send_, IBV_WC_SEND);
+  } else {
+    FlushLocked(sends_, send_, IBV_WC_SEND);
+    FlushLocked(recvs_, recv_, IBV_WC_RECV);
+  }
+}
+
+void SimQpImpl::FlushLocked(std::deque<uint64_t>& queue, SimCqImpl* cq, ibv_wc_opcode opcode) {
+  while (!queue.empty()) {
+    if (cq->failed()) {  // lost with the failed CQ, as on verbs
+      queue.clear();
+      return;
+    }
+    ibv_wc wc{};
+    wc.wr_id = queue.front();
+    wc.status = IBV_WC_WR_FLUSH_ERR;
     wc.opcode = opcode;
-    wc.qp_num = qp->qp_num();
-    // On a failed (overflowed) CQ the post succeeds and its completion is lost, as on verbs.
-    if (cq->failed()) return true;
-    return cq->Inject({&wc, 1}, false, false) == 1;
-  };
-  qp->SetError();  // already in error (an earlier teardown): ERR -> ERR, as on verbs
-  if (!marker(send_marker, IBV_WC_SEND, qp->send())) {
-    return ResourceExhausted("StartQpDrain: the send CQ has no room for the marker");
+    wc.qp_num = qp_num_;
+    if (cq->Inject({&wc, 1}, false, false) != 1) return;  // no room: at the next move to error
+    queue.pop_front();
   }
-  if (!qp->options().srq) {
-    return marker(recv_marker, IBV_WC_RECV, qp->recv()) ? backend::DrainStart::kAllMarkers
-                                                        : backend::DrainStart::kSendMarkerOnly;
+}
+
+Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+                                                        uint64_t recv_marker) {
+  // As the verbs backend does: error state (what is outstanding flushes), the send marker, the
+  // receive marker, and the error state once more (a receive posted in error flushes only then).
+  qp->ModifyToError();  // already in error (an earlier teardown): ERR -> ERR, as on verbs
+  if (Status s = qp->PostSend(send_marker); !s.ok()) {
+    return ResourceExhausted("StartQpDrain: no room for the send marker (" + s.message() + ")");
   }
-  if (options_.last_wqe_reached) {
+  backend::DrainStart posted = backend::DrainStart::kAllMarkers;
+  if (!qp->options().srq && !qp->PostRecv(recv_marker).ok()) {
+    posted = backend::DrainStart::kSendMarkerOnly;
+  }
+  qp->ModifyToError();
+  if (qp->options().srq && options_.last_wqe_reached) {
     std::lock_guard<std::mutex> lock(mu_);
     PushAsyncLocked({IBV_EVENT_QP_LAST_WQE_REACHED, qp, nullptr, 0});
   }
-  return backend::DrainStart::kAllMarkers;
+  return posted;
+}
+
+Status SimDeviceImpl::PostRecvMarker(SimQpImpl* qp, uint64_t recv_marker) {
+  if (Status s = qp->PostRecv(recv_marker); !s.ok()) return s;
+  qp->ModifyToError();
+  return Status::Ok();
 }
 
 Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
@@ -696,6 +761,12 @@ Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t s
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
   if (qp == nullptr) return NotFound("StartQpDrain: not a QP of sim device " + name());
   return device_->StartQpDrain(qp, send_marker, recv_marker);
+}
+
+Status SimBackend::PostRecvMarker(void* native_qp, uint64_t recv_marker) {
+  SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
+  if (qp == nullptr) return NotFound("PostRecvMarker: not a QP of sim device " + name());
+  return device_->PostRecvMarker(qp, recv_marker);
 }
 
 void SimBackend::AckCqEvents(backend::Cq* cq, unsigned n) noexcept {

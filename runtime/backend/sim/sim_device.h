@@ -181,26 +181,47 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   uint64_t acked_ = 0;  // guarded by ack_mu_
 };
 
+// A QP: its CQs, and the work requests posted on it (SimQp::PostSend/PostRecv), which flush
+// when it moves to the error state. Threading: the queues are guarded by mu_.
 class SimQpImpl final : public SimQp {
  public:
-  SimQpImpl(uint32_t qp_num, SimCqImpl* send, SimCqImpl* recv, const SimQpOptions& options)
-      : qp_num_(qp_num), send_(send), recv_(recv), options_(options) {}
+  SimQpImpl(uint32_t qp_num, SimCqImpl* send, SimCqImpl* recv, const SimQpOptions& options,
+            const SimDeviceOptions& device)
+      : qp_num_(qp_num),
+        send_(send),
+        recv_(recv),
+        options_(options),
+        receives_first_(device.flush_receives_first),
+        sends_at_post_(device.flush_sends_at_post) {}
   uint32_t qp_num() const override { return qp_num_; }
   SimCq* send_cq() const override { return send_; }
   SimCq* recv_cq() const override { return recv_; }
   const SimQpOptions& options() const override { return options_; }
   bool in_error() const override { return error_.load(std::memory_order_acquire); }
-  void SetError() { error_.store(true, std::memory_order_release); }
+  Status PostSend(uint64_t wr_id) override;
+  Status PostRecv(uint64_t wr_id) override;
+  int outstanding(bool recv) const override;
+  // Moves the QP to the error state (again): what is outstanding flushes, in the device's order,
+  // as far as its CQs have room.
+  void ModifyToError();
   SimCqImpl* send() const { return send_; }
   SimCqImpl* recv() const { return recv_; }
   int async_unacked = 0;  // guarded by the device mutex
 
  private:
+  // Flushes `queue` into `cq` from its oldest entry while the CQ has room. Requires mu_.
+  void FlushLocked(std::deque<uint64_t>& queue, SimCqImpl* cq, ibv_wc_opcode opcode);
+
   const uint32_t qp_num_;
   SimCqImpl* const send_;
   SimCqImpl* const recv_;
   const SimQpOptions options_;
+  const bool receives_first_;
+  const bool sends_at_post_;
   std::atomic<bool> error_{false};
+  mutable std::mutex mu_;
+  std::deque<uint64_t> sends_;  // guarded by mu_: posted, not flushed
+  std::deque<uint64_t> recvs_;  // guarded by mu_
 };
 
 class SimDeviceImpl final : public SimDevice {
@@ -232,6 +253,8 @@ class SimDeviceImpl final : public SimDevice {
   // The seam's StartQpDrain (see runtime/backend/device.h).
   Result<backend::DrainStart> StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
                                            uint64_t recv_marker);
+  // The seam's PostRecvMarker.
+  Status PostRecvMarker(SimQpImpl* qp, uint64_t recv_marker);
   int async_fd() const { return async_pending_.fd(); }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept;
@@ -288,6 +311,8 @@ class SimBackend final : public backend::Device {
   Result<backend::QpCaps> QueryQp(void* native_qp) override;
   Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
+  Status PostRecvMarker(void* native_qp, uint64_t recv_marker) override;
+  bool keeps_completions_of_destroyed_qps() const noexcept override { return true; }
   void AckNativeCqEvent(void* native_cq) noexcept override {
     static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);
   }

@@ -2,6 +2,7 @@
 #include "runtime/backend/verbs/verbs_device.h"
 
 #include <cerrno>
+#include <cstring>
 
 namespace cqd::verbs_internal {
 
@@ -147,6 +148,23 @@ Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t
   // posted after the first transition only when the kernel is told again (ERR -> ERR is valid).
   (void)ibv_modify_qp(qp, &error, IBV_QP_STATE);
   return posted;
+}
+
+Status VerbsBackend::PostRecvMarker(void* native_qp, uint64_t recv_marker) {
+  auto* qp = static_cast<ibv_qp*>(native_qp);
+  ibv_recv_wr recv{};
+  recv.wr_id = recv_marker;
+  ibv_recv_wr* bad_recv = nullptr;
+  if (int rc = ibv_post_recv(qp, &recv, &bad_recv); rc != 0) {
+    return Status(StatusCode::kResourceExhausted, "ibv_post_recv(teardown marker of qp_num " +
+                                                      std::to_string(qp->qp_num) +
+                                                      "): " + std::strerror(rc));
+  }
+  // A receive posted in the error state flushes on rxe only when the kernel is told again.
+  ibv_qp_attr error{};
+  error.qp_state = IBV_QPS_ERR;
+  (void)ibv_modify_qp(qp, &error, IBV_QP_STATE);
+  return Status::Ok();
 }
 
 // What to do on a machine with no RDMA device, appended to the error.

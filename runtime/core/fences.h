@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: BSD-2-Clause
+// runtime/core/fences.h: what a retired QP may still have in a CQ, and when that is over.
+//
+// A fence stands for one side (send or receive) of a retired QP on one CQ: a plain Unregister,
+// or a teardown that ended before everything it flushed there was polled. It holds that side's
+// commitment on the CQ (CqRecord::leftover_commit, which the capacity guard counts) and ends in
+// one of two ways, whichever comes first:
+//   - its marker: the teardown marker the QP posted on that queue, when a poll takes it off the
+//     CQ (in any order with the other side's marker). Everything the QP flushed on that queue
+//     was ahead of it (S10). The marker is the runtime's: neither a handler nor the
+//     OrphanHandler sees it.
+//   - a catch-up: once started, it is over when a poll finds the CQ empty or the CQ has yielded
+//     its depth's worth of completions since: everything that was in it at the start has been
+//     polled. It starts at once for a plain Unregister (whose work the engine knows is complete),
+//     and for every fence of a qp_num on a CQ when a new QP with that number registers there: a
+//     device gives a number out again only after the QP that had it was destroyed, so every
+//     completion the old QP will ever have is in the CQ by then (or was cleaned out of it).
+// A side with no marker to wait for (its receive marker found no room in the queue; an SRQ QP's
+// receive side without LAST_WQE_REACHED) is "unfenced": only a catch-up, or the CQ's removal,
+// ends it.
+//
+// While a fence awaits its marker, every completion of its (CQ, qp_num) is the retired QP's (it
+// flushed ahead of the marker): it goes to the orphan sink, whatever is registered by then. A new
+// QP with the number is registered on a CQ only once every fence of that number there is over
+// (Poller::FenceForReuse), or, on a device that keeps a destroyed QP's completions in its CQs,
+// while only fences awaiting a marker remain (the new QP's completions queue behind it). So no
+// completion of a retired QP reaches a later registration, whatever ended it.
+//
+// Threading: a FenceList belongs to one poller's thread (the driver, on an engine-driven shard);
+// the control path changes it only through the poller's control calls. It writes the CQ's
+// counters: `awaited_markers` and `catch_ups` (poller-owned, for the hot path's one-branch
+// check), and `fences` (atomic, relaxed: the control path reads it to skip the reuse check; a
+// fence added in a control call is counted before that call returns). A fence's commitment is
+// given back with a release subtraction, which Commit's acquire load pairs with.
+#ifndef CQD_RUNTIME_CORE_FENCES_H_
+#define CQD_RUNTIME_CORE_FENCES_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/core/records.h"
+
+namespace cqd::internal {
+
+struct Fence {
+  CqRecord* cq = nullptr;
+  uint32_t qp_num = 0;
+  uint64_t marker = 0;         // the awaited marker's wr_id; 0: none
+  bool unfenced = false;       // no marker stands behind this side: only a catch-up ends it
+  uint64_t commit = 0;         // work requests of the CQ's capacity held until the fence ends
+  int64_t catch_up_left = -1;  // completions the CQ may still yield before the catch-up is
+                               // over; < 0: no catch-up running
+};
+
+class FenceList {
+ public:
+  // Adds `fence` (its CQ's counters and leftover_commit raised), with a catch-up running if
+  // `catch_up`. A fence with nothing to wait for is not added.
+  void Add(const Fence& fence, bool catch_up) noexcept;
+
+  // What a completion polled from a CQ with awaited markers is.
+  enum class Taken {
+    kNotFenced,     // nothing awaits a marker for its qp_num: route it as usual
+    kMarker,        // an awaited marker: the runtime's own, dropped (its fence may end)
+    kBehindMarker,  // a retired QP's, ahead of its awaited marker: for the orphan sink
+  };
+  // Call only while cq->awaited_markers != 0.
+  Taken Take(CqRecord* cq, const ibv_wc& wc) noexcept;
+
+  // A poll of `cq` took `n` completions; `empty`: it found the CQ empty. Advances and ends the
+  // catch-ups running there. Call only while cq->catch_ups != 0.
+  void Polled(CqRecord* cq, int n, bool empty) noexcept;
+
+  // Starts a catch-up for every fence of `qp_num` on `cq` that has none running.
+  void StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept;
+
+  // Returns true while a fence of `qp_num` on `cq` stands.
+  bool Holds(const CqRecord* cq, uint32_t qp_num) const noexcept;
+  // Returns true if every fence of `qp_num` on `cq` awaits a marker (none is unfenced).
+  bool OnlyMarkersHold(const CqRecord* cq, uint32_t qp_num) const noexcept;
+
+  // Ends every fence on `cq` (it is being removed: nothing more comes out of it).
+  void DropCq(CqRecord* cq) noexcept;
+
+  size_t size() const noexcept { return fences_.size(); }
+
+ private:
+  // Ends fences_[i] (gives its commitment back), keeping the order of the rest.
+  void End(size_t i) noexcept;
+
+  std::vector<Fence> fences_;  // few: one per side of each recently retired QP
+};
+
+}  // namespace cqd::internal
+
+#endif  // CQD_RUNTIME_CORE_FENCES_H_
