@@ -211,5 +211,114 @@ TEST(SimDevice, StampPollTimeWritesTheClockIntoSrcQp) {
   CQD_ASSERT_OK(sim->DestroyCq(cq));
 }
 
+// Posted work requests flush on the move to the error state, as on rxe: receives before sends
+// (or sends first), the send marker inside its post, the receive marker at the next move.
+std::vector<uint64_t> PollAll(sim_internal::SimCqImpl* cq) {
+  std::vector<uint64_t> ids;
+  ibv_wc wc[16];
+  for (int n; (n = cq->Poll(16, wc)) > 0;) {
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(wc[i].status, IBV_WC_WR_FLUSH_ERR);
+      ids.push_back(wc[i].wr_id);
+    }
+  }
+  return ids;
+}
+
+constexpr uint64_t kSendMarker = 1000;
+constexpr uint64_t kRecvMarker = 1001;
+
+// Posts three receives and two sends, starts a drain, and polls the CQ into `ids`.
+void FlushOrder(const SimDeviceOptions& options, std::vector<uint64_t>* ids) {
+  auto sim = SimDevice::Create(options);
+  sim_internal::SimBackend dev(sim);
+  CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(16, nullptr));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq, cq, {.max_send_wr = 4, .max_recv_wr = 4}));
+  for (uint64_t id : {0, 1, 2}) CQD_ASSERT_OK(qp->PostRecv(id));
+  for (uint64_t id : {10, 11}) CQD_ASSERT_OK(qp->PostSend(id));
+  EXPECT_EQ(qp->outstanding(true), 3);
+  EXPECT_EQ(cq->size(), 0) << "posted work completes only when flushed";
+  CQD_ASSERT_OK_AND_ASSIGN(posted, dev.StartQpDrain(qp, kSendMarker, kRecvMarker));
+  EXPECT_EQ(posted, backend::DrainStart::kAllMarkers);
+  EXPECT_EQ(qp->outstanding(true), 0);
+  *ids = PollAll(static_cast<sim_internal::SimCqImpl*>(cq));
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(sim->DestroyCq(cq));
+}
+
+TEST(SimDevice, ReceivesFlushBeforeSendsAsOnRxe) {
+  std::vector<uint64_t> ids;
+  FlushOrder({}, &ids);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{0, 1, 2, 10, 11, kSendMarker, kRecvMarker}));
+}
+
+TEST(SimDevice, FlushOrderCanPutSendsFirst) {
+  SimDeviceOptions options;
+  options.flush_receives_first = false;
+  std::vector<uint64_t> ids;
+  FlushOrder(options, &ids);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{10, 11, 0, 1, 2, kSendMarker, kRecvMarker}));
+}
+
+TEST(SimDevice, TheReceiveMarkerCanArriveFirst) {
+  SimDeviceOptions options;
+  options.flush_sends_at_post = false;  // a send posted in error waits for the next move too
+  std::vector<uint64_t> ids;
+  FlushOrder(options, &ids);
+  EXPECT_EQ(ids, (std::vector<uint64_t>{0, 1, 2, 10, 11, kRecvMarker, kSendMarker}));
+}
+
+TEST(SimDevice, InErrorASendFlushesAtOnceAndAReceiveAtTheNextMove) {
+  auto sim = SimDevice::Create();
+  sim_internal::SimBackend dev(sim);
+  CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(16, nullptr));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq, cq, {.max_send_wr = 4, .max_recv_wr = 4}));
+  CQD_ASSERT_OK(dev.StartQpDrain(qp, kSendMarker, kRecvMarker).status());
+  auto* polled = static_cast<sim_internal::SimCqImpl*>(cq);
+  EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{kSendMarker, kRecvMarker}));
+  CQD_ASSERT_OK(qp->PostRecv(50));
+  CQD_ASSERT_OK(qp->PostSend(60));
+  EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{60}));
+  EXPECT_EQ(qp->outstanding(true), 1);
+  CQD_ASSERT_OK(dev.PostRecvMarker(qp, 70));  // moves it to error again
+  EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{50, 70}));
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(sim->DestroyCq(cq));
+}
+
+TEST(SimDevice, AFullReceiveQueueRefusesTheMarkerUntilItsFlushesFit) {
+  auto sim = SimDevice::Create();
+  sim_internal::SimBackend dev(sim);
+  CQD_ASSERT_OK_AND_ASSIGN(send_cq, sim->CreateCq(8, nullptr));
+  CQD_ASSERT_OK_AND_ASSIGN(recv_cq, sim->CreateCq(4, nullptr));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(send_cq, recv_cq, {.max_recv_wr = 2}));
+  for (uint64_t id : {0, 1, 2}) CQD_ASSERT_OK(qp->PostRecv(id));  // max_recv_wr + 1: full
+  EXPECT_EQ(qp->PostRecv(3).code(), StatusCode::kResourceExhausted);
+  std::vector<ibv_wc> other(4);
+  ASSERT_EQ(recv_cq->Inject(other), 4);  // the receive CQ is full: nothing can flush into it
+  CQD_ASSERT_OK_AND_ASSIGN(posted, dev.StartQpDrain(qp, kSendMarker, kRecvMarker));
+  EXPECT_EQ(posted, backend::DrainStart::kSendMarkerOnly);
+  EXPECT_EQ(dev.PostRecvMarker(qp, kRecvMarker).code(), StatusCode::kResourceExhausted);
+  auto* polled = static_cast<sim_internal::SimCqImpl*>(recv_cq);
+  ibv_wc wc[4];
+  ASSERT_EQ(polled->Poll(4, wc), 4);  // room: the flushes fit at the next move to error
+  CQD_ASSERT_OK(dev.PostRecvMarker(qp, kRecvMarker));
+  EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{0, 1, 2, kRecvMarker}));
+  EXPECT_EQ(PollAll(static_cast<sim_internal::SimCqImpl*>(send_cq)),
+            (std::vector<uint64_t>{kSendMarker}));
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(sim->DestroyCq(send_cq));
+  CQD_ASSERT_OK(sim->DestroyCq(recv_cq));
+}
+
+TEST(SimDevice, PostRecvOnAnSrqQpIsRefused) {
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(cq, sim->CreateCq(8, nullptr));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq, cq, {.srq = true}));
+  EXPECT_EQ(qp->PostRecv(1).code(), StatusCode::kInvalidArgument);
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(sim->DestroyCq(cq));
+}
+
 }  // namespace
 }  // namespace cqd

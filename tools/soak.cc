@@ -452,6 +452,12 @@ struct QpSlot {
   std::unique_ptr<Track> track;
   int recv_cq = 0, send_cq = 0;
   bool draining = false;  // under mu: a teardown runs, the QP takes no new work
+  // Under mu: a QP whose RegisterQp was refused (UNAVAILABLE: a retired QP with its number still
+  // has completions in its CQs, held back by a paused consumer); the churn thread registers it
+  // again until it is admitted.
+  cqd::SimQp* waiting_qp = nullptr;
+  cqd::ConsumerId waiting_consumer = 0;
+  Clock::time_point waiting_since{};
 };
 
 struct Soak {
@@ -485,6 +491,8 @@ struct Soak {
   std::atomic<uint64_t> teardowns_undrained{0};   // ended at the deadline (DEADLINE_EXCEEDED)
   std::atomic<uint64_t> teardown_failures{0};     // refused, or Wait() neither OK nor the deadline
   std::atomic<uint64_t> teardown_retries{0};      // refused for want of room for a marker: retried
+  std::atomic<uint64_t> register_refusals{0};     // RegisterQp said UNAVAILABLE: retried
+  std::atomic<uint64_t> register_wait_max_ns{0};  // the longest a refused QP waited
   std::atomic<uint64_t> teardown_undelivered{0};  // completions an OK teardown did not deliver
   std::atomic<uint64_t> teardown_wait_ns{0};
   std::atomic<uint64_t> teardown_wait_max_ns{0};
@@ -511,22 +519,57 @@ struct Soak {
       ControlError("CreateQp", qp.status());
       return false;
     }
+    slot.waiting_since = Clock::now();
+    return Register(slot, *qp, consumer);
+  }
+
+  // Registers `qp` on `consumer` as slot's QP, or, if the runtime refuses it for now
+  // (UNAVAILABLE), keeps it waiting in the slot. Returns false on any other error. Caller holds
+  // the slot's mutex.
+  bool Register(QpSlot& slot, cqd::SimQp* qp, cqd::ConsumerId consumer) {
     auto t = std::make_unique<Track>();
-    t->qp_num = (*qp)->qp_num();
+    t->qp_num = qp->qp_num();
     t->tag = next_tag.fetch_add(1, std::memory_order_relaxed) & kTagMask;
     t->streams_used = slot.send_cq == slot.recv_cq ? 1 : 2;
     {
       std::lock_guard<std::mutex> lock(g_orphans.mu);
       g_orphans.open[BooksKey(t->qp_num, t->tag)] = t.get();
     }
-    auto reg = rt->RegisterQp(**qp, t->handler, consumer);
+    auto reg = rt->RegisterQp(*qp, t->handler, consumer);
     if (!reg.ok()) {
-      ControlError("RegisterQp", reg.status());
-      return false;
+      {
+        std::lock_guard<std::mutex> lock(g_orphans.mu);
+        g_orphans.open.erase(BooksKey(t->qp_num, t->tag));
+      }
+      if (reg.status().code() != cqd::StatusCode::kUnavailable) {
+        ControlError("RegisterQp", reg.status());
+        return false;
+      }
+      register_refusals.fetch_add(1, std::memory_order_relaxed);
+      slot.waiting_qp = qp;
+      slot.waiting_consumer = consumer;
+      return true;
     }
+    const uint64_t waited = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - slot.waiting_since)
+            .count());
+    if (slot.waiting_qp != nullptr && waited > register_wait_max_ns.load()) {
+      register_wait_max_ns.store(waited);  // the churn thread's alone
+    }
+    slot.waiting_qp = nullptr;
     t->registration = std::move(reg).value();
-    slot.qp = *qp;
+    slot.qp = qp;
     slot.track = std::move(t);
+    return true;
+  }
+
+  // Churn thread: registers the QPs that were refused, where the runtime admits them now.
+  bool RegisterWaiting() {
+    for (auto& slot : slots) {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      if (slot->waiting_qp == nullptr) continue;
+      if (!Register(*slot, slot->waiting_qp, slot->waiting_consumer)) return false;
+    }
     return true;
   }
 
@@ -841,8 +884,16 @@ struct Soak {
       next = std::max(next + std::chrono::duration_cast<Clock::duration>(period),
                       Clock::now());  // a teardown may have waited for a paused consumer
       std::this_thread::sleep_until(next);
+      if (!RegisterWaiting()) {
+        stop_injecting.store(true);
+        return;
+      }
       QpSlot& slot = *slots[rng() % slots.size()];
       const bool drained = rng() % 1000 < static_cast<uint64_t>(flags.teardown_permille);
+      {
+        std::lock_guard<std::mutex> lock(slot.mu);
+        if (slot.waiting_qp != nullptr) continue;  // not registered yet: nothing to churn
+      }
       bool retry = false;
       if (drained && !DrainQp(slot, &retry)) {
         if (retry) continue;  // that QP keeps running; another churn comes
@@ -1202,6 +1253,12 @@ int main(int argc, char** argv) {
   for (auto& slot : soak.slots) {
     std::lock_guard<std::mutex> lock(slot->mu);
     soak.RetireQp(*slot);
+    if (slot->waiting_qp != nullptr) {  // never registered: nothing of it to account for
+      if (cqd::Status s = soak.sim->DestroyQp(slot->waiting_qp); !s.ok()) {
+        soak.ControlError("DestroyQp", s);
+      }
+      slot->waiting_qp = nullptr;
+    }
   }
   // Anything still arriving now is an orphan; give the pollers a moment to finish.
   for (int i = 0; i < 200; ++i) {
@@ -1272,6 +1329,9 @@ int main(int argc, char** argv) {
          soak.teardown_retries.load(), soak.teardown_undelivered.load(),
          ended ? soak.teardown_wait_ns.load() / 1e6 / ended : 0.0,
          soak.teardown_wait_max_ns.load() / 1e6);
+  printf("  registrations refused   %14" PRIu64
+         "  (UNAVAILABLE while a retired QP's number was fenced; longest wait %.2f ms)\n",
+         soak.register_refusals.load(), soak.register_wait_max_ns.load() / 1e6);
   printf(
       "  waits from handlers     %14" PRIu64 "  (refused %" PRIu64 ", of one over %" PRIu64
       ", wrong %" PRIu64 ")\n",

@@ -588,6 +588,7 @@ Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t 
 }
 
 Status SimDeviceImpl::PostRecvMarker(SimQpImpl* qp, uint64_t recv_marker) {
+  qp->ModifyToError();  // flushes that found no room in the CQ before go out now if they fit
   if (Status s = qp->PostRecv(recv_marker); !s.ok()) return s;
   qp->ModifyToError();
   return Status::Ok();

@@ -155,14 +155,21 @@ Status VerbsBackend::PostRecvMarker(void* native_qp, uint64_t recv_marker) {
   ibv_recv_wr recv{};
   recv.wr_id = recv_marker;
   ibv_recv_wr* bad_recv = nullptr;
-  if (int rc = ibv_post_recv(qp, &recv, &bad_recv); rc != 0) {
+  ibv_qp_attr error{};
+  error.qp_state = IBV_QPS_ERR;
+  int rc = ibv_post_recv(qp, &recv, &bad_recv);
+  if (rc != 0) {
+    // Room comes back as the queue's receives are flushed: on rxe when the kernel is told of the
+    // error state (ERR -> ERR), elsewhere as their completions are polled.
+    (void)ibv_modify_qp(qp, &error, IBV_QP_STATE);
+    rc = ibv_post_recv(qp, &recv, &bad_recv);
+  }
+  if (rc != 0) {
     return Status(StatusCode::kResourceExhausted, "ibv_post_recv(teardown marker of qp_num " +
                                                       std::to_string(qp->qp_num) +
                                                       "): " + std::strerror(rc));
   }
   // A receive posted in the error state flushes on rxe only when the kernel is told again.
-  ibv_qp_attr error{};
-  error.qp_state = IBV_QPS_ERR;
   (void)ibv_modify_qp(qp, &error, IBV_QP_STATE);
   return Status::Ok();
 }
