@@ -46,6 +46,14 @@
 // and on the same consumer, so a handler never runs on two threads at once. Everything a poller
 // observed before handing a completion over happens-before the handler's call.
 //
+// Retired QPs. A registration ends by Unregister or by a teardown, whatever its result. What the
+// QP may still have in its CQs then goes to the OrphanHandler when polled (its teardown markers,
+// which are the runtime's, to nobody), keeps counting against its CQ's capacity until polled,
+// and never reaches a later registration: a new QP that got the number is registered on a CQ
+// only once the runtime has polled out of it whatever the old QP left there (RegisterQp does so
+// itself), or, on the simulated device, which keeps a destroyed QP's completions in its CQs, once
+// all that is left is ahead of a teardown marker. See RegisterQp's UNAVAILABLE.
+//
 // Bounds. A consumer's queue never holds more than ConsumerOptions::queue_capacity items; each
 // poller holds at most spill_capacity more for it, and then stops polling only the CQs that
 // consumer's QPs use (see README "Failure behaviour").
@@ -116,7 +124,9 @@ class Registration {
   ~Registration() { Unregister(); }
 
   // After this returns, the handler is never called again and may be destroyed. Completions still
-  // queued for the QP go to the orphan handler. Idempotent. It waits while the QP's consumer is in
+  // queued for the QP go to the orphan handler, and so do those still in its CQs, which count
+  // against their CQ's capacity until polled and never reach a later QP with the number
+  // (Runtime's "Retired QPs"). Idempotent. It waits while the QP's consumer is in
   // a dispatch batch that includes this QP, unless called from one of that consumer's handlers.
   // On a poller or the event thread (OrphanHandler, DeviceEventHandler) it does nothing and
   // registered() stays true. For an rdma_cm id's QP, its events not yet delivered go to the
@@ -210,7 +220,10 @@ class Runtime {
   // (QpOptions, read from the QP by default) plus one marker per queue are added to its CQs'
   // commitments; a CQ that cannot hold them grows (CqOptions::grow) or the call fails with
   // kResourceExhausted, so the engine's own posting can never overflow a CQ (S11). The QP must
-  // stay alive while registered.
+  // stay alive while registered. kUnavailable when a retired QP that had this qp_num (see
+  // "Retired QPs" above) may still have completions in one of these CQs and the runtime cannot
+  // poll them out now, because a consumer that CQ serves is full: nothing changed, register
+  // again once that consumer drains (Stats: its spill_depth).
   Result<Registration> RegisterQp(ibv_qp* qp, QpHandler& handler, ConsumerId consumer,
                                   const QpOptions& options = {});
   Result<Registration> RegisterQp(const SimQp& qp, QpHandler& handler, ConsumerId consumer,
@@ -250,11 +263,14 @@ class Runtime {
   // began; an earlier one is delivered as usual but does not count; after
   // TeardownOptions::last_wqe_grace, a fence the runtime sends behind the QP's completions stands
   // in for it), then unregisters. The markers are the runtime's: the handler never sees them.
+  // When the receive queue has no room for its marker, the runtime posts it again as the queue's
+  // flushes make room (moving the QP to the error state again, which rxe needs to flush a receive
+  // posted in error); until that marker is back the teardown cannot end OK.
   // On success `registration` is handed over (registered() becomes false) and the Teardown says
   // when it is over; once it is, the engine may destroy the QP, and a new QP that gets the same
   // qp_num receives nothing of the old one: after OK nothing of the QP is left in its CQs; after
-  // any other result, what is left there (up to each marker) goes to the orphan handler when
-  // polled, and keeps counting against its CQ's capacity until then.
+  // any other result, what is left there goes to the orphan handler when polled, and keeps
+  // counting against its CQ's capacity until then ("Retired QPs" above).
   // Errors: kInvalidArgument (not registered, another runtime's, a UD QP), kFailedPrecondition
   // (shut down, already tearing down), or the device's error when it refused the error
   // transition or the send marker (kInternal with errno on verbs; kResourceExhausted when the

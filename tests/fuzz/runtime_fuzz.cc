@@ -226,14 +226,15 @@ struct QpEnt {
   cqd::Teardown td;
   std::shared_ptr<TdRecord> td_rec;
   FuzzHandler* td_handler = nullptr;
-  uint32_t td_injected[2] = {0, 0};     // injected before TeardownQp was called
-  bool td_strict[2] = {false, false};   // OK must mean all of them reached the handler
-  bool td_covered[2] = {false, false};  // a marker stands behind the stream in its CQ
-  bool td_engine_idle = false;          // Wait() without draining the engine consumer
+  uint32_t td_injected[2] = {0, 0};    // injected before TeardownQp was called
+  bool td_strict[2] = {false, false};  // OK must mean all of them reached the handler
+  bool td_engine_idle = false;         // Wait() without draining the engine consumer
   std::vector<std::shared_ptr<TdRecord>> all_td_recs;
-  // Set once a teardown ended (OK, or past its deadline or Shutdown with a marker behind the
-  // stream): completions of the stream may not reach a successor.
-  std::atomic<bool> clean[2] = {false, false};
+  // What each stream had injected when its last registration was retired (plain Unregister, or
+  // TeardownQp started): none of those may reach a successor, whatever ended the registration
+  // (README "QP lifecycle"). -1: never retired. (Completions injected after a plain Unregister
+  // break its contract, that the engine knows the QP's work is complete: not judged.)
+  std::atomic<int64_t> retired_at[2] = {-1, -1};
 
   std::mutex ev_mu;
   std::vector<EventExpect> expected_events;
@@ -253,9 +254,10 @@ struct CqEnt {
   cqd::SimCq* sim = nullptr;
   int64_t stranded = -1;  // what it held when it was destroyed on the device
   int markers = 0;        // teardown markers that may have gone into it
-  // Teardowns of QPs on it that ended without draining: their leftovers keep a commitment on it
-  // (poller.h) until polled, so RegisterQp's guard may refuse what our books would admit.
-  int undrained_ends = 0;
+  // Registrations on it retired by a plain Unregister or a teardown that did not drain: their
+  // fences keep a commitment on it (fences.h) until polled, so RegisterQp's guard may refuse what
+  // our books would admit. Raised by the fuzzer thread and by self-unregistering handlers.
+  std::atomic<int> undrained_ends{0};
   std::atomic<int64_t> committed{0};  // work requests of registrations on it (RegisterQp's guard)
 };
 
@@ -370,10 +372,9 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
             "qp 0x%x (incarnation %d) got wr_id 0x%llx of incarnation %d", wc.qp_num, q_->idx,
             static_cast<unsigned long long>(wc.wr_id), tag);
       QpEnt& old = st_->qps[tag];
-      CHECK(!old.clean[s].load(),
-            "qp 0x%x (incarnation %d) got wr_id %lld (stream %d) of incarnation %d, whose "
-            "teardown had ended (drained, or with its leftovers fenced) before the qp_num was "
-            "reused",
+      CHECK(seq >= old.retired_at[s].load(),
+            "qp 0x%x (incarnation %d) got wr_id %lld (stream %d) of incarnation %d, injected "
+            "before that incarnation's registration was retired",
             wc.qp_num, q_->idx, static_cast<long long>(seq), s, tag);
       Stream& ost = old.streams[s];
       CHECK(seq < ost.injected.load(), "qp 0x%x: old wr_id %lld was never injected", wc.qp_num,
@@ -466,6 +467,9 @@ void FuzzHandler::SelfUnregister() noexcept {
   if (!q_->handlers.empty() && q_->handlers.back().get() == this && q_->reg.registered()) {
     q_->reg.Unregister();
     CHECK(!q_->reg.registered(), "Unregister from a handler left it registered");
+    for (int s = 0; s < 2; ++s) q_->retired_at[s].store(q_->streams[s].injected.load());
+    ++st_->cqs[q_->send_cq].undrained_ends;
+    ++st_->cqs[q_->recv_cq].undrained_ends;
     unregistered.store(true);
     ReleaseCommit();
     st_->registered.fetch_sub(1);
@@ -476,16 +480,11 @@ void FuzzHandler::SelfUnregister() noexcept {
 void FuzzOrphans::OnOrphans(std::span<const ibv_wc> wcs) noexcept {
   for (const ibv_wc& wc : wcs) {
     count.fetch_add(1);
-    if ((wc.wr_id & kMagicMask) != kMagic) {
-      // A teardown's marker, left behind by a teardown that did not drain (deadline, shutdown,
-      // or the QP was unregistered meanwhile) or by one whose receive marker found no room.
-      CHECK(wc.status == IBV_WC_WR_FLUSH_ERR,
-            "orphan 0x%llx of qp_num 0x%x is neither ours nor "
-            "a marker (status %d)",
-            static_cast<unsigned long long>(wc.wr_id), wc.qp_num, wc.status);
-      markers.fetch_add(1);
-      continue;
-    }
+    // A teardown's markers are the runtime's: its fences take those a retired QP left behind.
+    CHECK((wc.wr_id & kMagicMask) == kMagic,
+          "orphan 0x%llx of qp_num 0x%x (status %d) is not ours: a teardown marker reached the "
+          "OrphanHandler",
+          static_cast<unsigned long long>(wc.wr_id), wc.qp_num, wc.status);
     QpEnt* q = g_state->FindQp(wc);
     CHECK(q != nullptr && q->qp_num.load() == wc.qp_num,
           "orphan of qp_num 0x%x (wr_id 0x%llx) that was never made", wc.qp_num,
@@ -764,14 +763,10 @@ void SettleTeardown(State& st, QpEnt& q) {
               : m == 2 ? "orphaned"
                        : "delivered to another QP");
       }
-      q.clean[s].store(true);
     }
   }
   if (!r.ok() && r.code() != C::kUnavailable) {
-    // Ended without draining: what the QP left in its CQs, up to each marker, is nobody's.
-    for (int s = 0; s < 2; ++s) {
-      if (q.td_covered[s]) q.clean[s].store(true);
-    }
+    // Ended without draining: its fences count against the CQs until polled.
     ++st.cqs[q.send_cq].undrained_ends;
     ++st.cqs[q.recv_cq].undrained_ends;
   }
@@ -1089,7 +1084,11 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (st.fatal && !reg.ok() && reg.status().code() == C::kResourceExhausted) return;  // no resize
   if (!reg.ok() && reg.status().code() == C::kResourceExhausted &&
       (scq.undrained_ends > 0 || rcq.undrained_ends > 0)) {
-    return;  // leftovers of an undrained teardown still count against the CQ
+    return;  // fences of retired registrations still count against the CQ
+  }
+  if (!reg.ok() && reg.status().code() == C::kUnavailable &&
+      (scq.undrained_ends > 0 || rcq.undrained_ends > 0)) {
+    return;  // a retired QP with this number left completions the runtime cannot poll out yet
   }
   CHECK(reg.ok(), "RegisterQp: %s", reg.status().ToString().c_str());
   CHECK(reg->qp_num() == q->qp_num.load(), "Registration::qp_num");
@@ -1133,6 +1132,10 @@ void Unregister(State& st, QpEnt& q) {
     return 0;
   });
   CHECK(!q.reg.registered(), "Unregister from the fuzzer thread left it registered");
+  for (int s = 0; s < 2; ++s) q.retired_at[s].store(q.streams[s].injected.load());
+  // Its fences hold its commitment until what it left in the CQs is polled.
+  ++st.cqs[q.send_cq].undrained_ends;
+  ++st.cqs[q.recv_cq].undrained_ends;
   q.handlers.back()->unregistered.store(true);
   q.handlers.back()->ReleaseCommit();
   st.registered.fetch_sub(1);
@@ -1327,8 +1330,9 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   const bool same = q->send_cq == q->recv_cq;
   const int send_room = scq.sim->depth() - scq.sim->size();
   const int recv_room = rcq.sim->depth() - rcq.sim->size();
-  const bool send_fits = !scq.sim->failed() && send_room >= ((same && !srq) ? 2 : 1);
-  const bool recv_fits = srq || (same ? send_fits : !rcq.sim->failed() && recv_room >= 1);
+  // The send marker flushes inside its post; the receive marker, at the move to error after it,
+  // waits in the receive queue if the CQ has no room for it then.
+  const bool send_fits = !scq.sim->failed() && send_room >= 1;
   const uint32_t injected[2] = {q->streams[0].injected.load(), q->streams[1].injected.load()};
   if (srq && st.last_wqe_device) ExpectEvent(*q, IBV_EVENT_QP_LAST_WQE_REACHED);
   auto td = Timed(st, "TeardownQp", [&] { return st.rt->TeardownQp(q->reg, options); });
@@ -1339,7 +1343,7 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
     return;
   }
   if (!td.ok()) {
-    CHECK(!send_fits || !recv_fits || st.fatal,
+    CHECK(!send_fits || st.fatal,
           "TeardownQp of qp 0x%x (not in error, room for its markers) failed: %s", q->qp_num.load(),
           td.status().ToString().c_str());
     CHECK(q->reg.registered(), "a failed TeardownQp unregistered the QP: %s",
@@ -1363,9 +1367,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   // neither (an SRQ QP on a device that never raises it, or no room for the receive marker) the
   // runtime ends after last_wqe_grace, which only bounds how late a receive may come.
   q->td_strict[1] = true;
-  q->td_strict[0] = same || (!srq && recv_fits) || (srq && st.last_wqe_device);
-  q->td_covered[1] = true;
-  q->td_covered[0] = same || (!srq && recv_fits);
+  q->td_strict[0] = true;
+  for (int s = 0; s < 2; ++s) q->retired_at[s].store(injected[s]);
   {
     std::lock_guard<std::mutex> latest(st.latest_mu);
     st.latest_td = *td;  // for waits from handlers and on_done
