@@ -673,9 +673,10 @@ TEST(EngineShard, AskingAgainAfterAWakeSaysPollAgain) {
   CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
 }
 
-// A consumer the shard feeds is full: nothing would make the fd readable when it drains, so
-// TrySleepShard bounds the sleep (2); once it drains, the shard sleeps without bound again.
-TEST(EngineShard, AFullConsumerBoundsTheSleep) {
+// A consumer the shard feeds is full: the shard may still sleep without bound (1), since the
+// consumer's next batch makes the fd readable (it was 2, a 1 ms nap, on 13847e6: an engine-driven
+// shard behind a stuck consumer crawled at one completion per nap).
+TEST(EngineShard, AConsumerThatFreesRoomWakesTheShard) {
   RuntimeOptions options = EngineOptions(1);
   options.consumers[0].kind = ConsumerKind::kEngineDriven;
   options.consumers[0].queue_capacity = 1;
@@ -688,7 +689,15 @@ TEST(EngineShard, AFullConsumerBoundsTheSleep) {
   ASSERT_TRUE(InjectRecvs(one.qp, 0, 5));
   while (one.rt->PollShard(0, 64) > 0) {
   }
-  EXPECT_EQ(one.rt->TrySleepShard(0), 2);  // the queue and the spill are full
+  const int fd = one.rt->ShardFd(0).value();
+  auto readable = [&] {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+  };
+  EXPECT_EQ(one.rt->TrySleepShard(0), 1);  // the queue and the spill are full: sleep
+  EXPECT_FALSE(readable());
+  EXPECT_GT(one.rt->Drain(0, 1), 0);  // frees room
+  EXPECT_TRUE(readable()) << "the consumer freed room and the shard was not woken";
   ASSERT_TRUE(WaitFor([&] {
     one.rt->Drain(0, 64);
     one.rt->PollShard(0, 64);

@@ -280,7 +280,7 @@ TEST(SimDevice, InErrorASendFlushesAtOnceAndAReceiveAtTheNextMove) {
   CQD_ASSERT_OK(qp->PostSend(60));
   EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{60}));
   EXPECT_EQ(qp->outstanding(true), 1);
-  CQD_ASSERT_OK(dev.PostRecvMarker(qp, 70));  // moves it to error again
+  CQD_ASSERT_OK(dev.RedriveDrain(qp, 70));  // moves it to error again
   EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{50, 70}));
   CQD_ASSERT_OK(sim->DestroyQp(qp));
   CQD_ASSERT_OK(sim->DestroyCq(cq));
@@ -298,11 +298,11 @@ TEST(SimDevice, AFullReceiveQueueRefusesTheMarkerUntilItsFlushesFit) {
   ASSERT_EQ(recv_cq->Inject(other), 4);  // the receive CQ is full: nothing can flush into it
   CQD_ASSERT_OK_AND_ASSIGN(posted, dev.StartQpDrain(qp, kSendMarker, kRecvMarker));
   EXPECT_EQ(posted, backend::DrainStart::kSendMarkerOnly);
-  EXPECT_EQ(dev.PostRecvMarker(qp, kRecvMarker).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(dev.RedriveDrain(qp, kRecvMarker).code(), StatusCode::kResourceExhausted);
   auto* polled = static_cast<sim_internal::SimCqImpl*>(recv_cq);
   ibv_wc wc[4];
   ASSERT_EQ(polled->Poll(4, wc), 4);  // room: the flushes fit at the next move to error
-  CQD_ASSERT_OK(dev.PostRecvMarker(qp, kRecvMarker));
+  CQD_ASSERT_OK(dev.RedriveDrain(qp, kRecvMarker));
   EXPECT_EQ(PollAll(polled), (std::vector<uint64_t>{0, 1, 2, kRecvMarker}));
   EXPECT_EQ(PollAll(static_cast<sim_internal::SimCqImpl*>(send_cq)),
             (std::vector<uint64_t>{kSendMarker}));

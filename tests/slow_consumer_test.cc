@@ -131,6 +131,41 @@ TEST_F(SlowConsumer, AsyncEventsRespectTheBound) {
   EXPECT_LE(Slow(rt_->GetStats()).high_water, kCapacity);
 }
 
+// A stuck consumer costs its poller nothing: once the spill is full and the poller has gone to
+// sleep it stays asleep (no retries of the hand-over) until the consumer frees room, which wakes
+// it; meanwhile the stall in progress shows in the stats. (On 13847e6 the poller retried every
+// 200 us and stalled_ns counted only stalls that had ended.)
+TEST_F(SlowConsumer, AStuckConsumerCostsItsPollerNothingAndFreeingRoomWakesIt) {
+  CqHandle cq;
+  SequenceHandler handler;
+  Registration reg;
+  SimQp* qp = AddQp(&cq, handler, 0, &reg);
+  constexpr int kTotal = 200;
+  ASSERT_TRUE(InjectRecvs(qp, 0, kTotal));
+  ASSERT_TRUE(WaitFor([&] { return rt_->GetStats().consumers[0].spill_depth == kSpill; }));
+  // Once it has gone to sleep (its counters stand still for a moment), they stay still.
+  auto polls = [&] {
+    const Stats s = rt_->GetStats();
+    return std::make_pair(s.pollers[0].polls, s.pollers[0].backpressure_stalls);
+  };
+  ASSERT_TRUE(WaitFor([&] {
+    const auto first = polls();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return polls() == first;
+  })) << "the poller kept retrying a consumer that frees no room";
+  const auto asleep = polls();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(polls(), asleep) << "the poller woke with nothing to do";
+  const Stats after = rt_->GetStats();
+  EXPECT_GT(after.consumers[0].stall_ns, 0u) << "the stall in progress is not shown";
+  EXPECT_GE(after.consumers[0].stalled_ns, after.consumers[0].stall_ns);
+  EXPECT_EQ(after.consumers[0].stalls, 1u);
+  // Drained a batch at a time: every batch wakes the poller, which hands more over.
+  ASSERT_TRUE(DrainUntil(*rt_, 0, [&] { return handler.received() == kTotal; }));
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  EXPECT_EQ(rt_->GetStats().consumers[0].stall_ns, 0u);
+}
+
 // A run split by a hand-over (the queue took only its first entry), whose rest was purged when
 // its QP was unregistered, and another QP's completions polled into the freed entries: the two
 // ranges, handed over back to back (here by Shutdown's forced hand-over), must not be joined

@@ -316,10 +316,11 @@ class Runtime {
   // armed, polls them once more (what that finds is routed, not dropped) and checks for posted
   // work. Returns 1 when the engine may sleep until ShardFd(shard) is readable: from the arm on,
   // a completion on any of the shard's CQs, an async event posted to it, an item queued for one
-  // of its run-to-completion consumers, a control call run on it, and Shutdown each make the fd
-  // readable, so no wakeup is lost. Returns 2 when it may sleep that way but for at most a
-  // millisecond (an epoll timeout), because something the fd cannot report needs a retry: a
-  // consumer the shard feeds is full, an arm failed, or the shard's completion channel failed.
+  // of its run-to-completion consumers, a control call run on it, room freed by a full consumer
+  // the shard holds entries for, and Shutdown each make the fd readable, so no wakeup is lost.
+  // Returns 2 when it may sleep that way but for at most a millisecond (an epoll timeout),
+  // because something the fd cannot report needs a retry: an arm failed, or the shard's
+  // completion channel failed.
   // Returns 0 when the engine must poll again: it found work, or another thread was driving (or
   // sleeping on) the shard. Errors as PollShard. The engine may skip it and keep polling; asking
   // twice in a row is harmless (0 if the fd was made readable in between).

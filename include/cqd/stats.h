@@ -78,7 +78,8 @@ struct ConsumerStats {
   uint64_t spill_depth = 0;       // items held in pollers' spills now
   uint64_t spill_high_water = 0;  // most items one poller held at once
   uint64_t stalls = 0;            // stalls begun
-  uint64_t stalled_ns = 0;        // time spent stalled, over stalls that have ended
+  uint64_t stalled_ns = 0;        // time spent stalled, the stalls in progress included
+  uint64_t stall_ns = 0;          // how long the stall in progress has lasted (0: none)
   LatencyStats latency;           // ConsumerOptions::record_latency
 };
 

@@ -75,7 +75,7 @@ class Cq {
 // What StartQpDrain posted.
 enum class DrainStart {
   kAllMarkers,          // the send marker, and the receive marker unless the QP uses an SRQ
-  kSendMarkerOnly,      // the receive queue had no room for its marker: PostRecvMarker later
+  kSendMarkerOnly,      // the receive queue had no room for its marker: RedriveDrain posts it
   kNothingOutstanding,  // the QP was in RESET: no work can be outstanding, nothing was posted
 };
 
@@ -171,10 +171,12 @@ class Device {
   // rxe does too, but providers are not told apart: mlx5 cleans them out, and then a teardown
   // marker is gone with them). A marker still awaited then fences a new QP with the number.
   virtual bool keeps_completions_of_destroyed_qps() const noexcept = 0;
-  // After kSendMarkerOnly: posts the receive marker on the QP (in the error state) and moves it
-  // to the error state again (a receive posted in error flushes only then on rxe). OK once
-  // posted; kResourceExhausted while the receive queue is still full (its flushes free it).
-  virtual Status PostRecvMarker(void* native_qp, uint64_t recv_marker) = 0;
+  // A drain whose markers have not come back: moves the QP (in the error state) to the error
+  // state again, which flushes what was posted in it since (rxe flushes a receive posted in error
+  // only then), after posting the receive marker first if `recv_marker` is not 0 (it found no
+  // room at StartQpDrain). OK once done; kResourceExhausted while the receive queue is still
+  // full (its flushes free it), with nothing posted.
+  virtual Status RedriveDrain(void* native_qp, uint64_t recv_marker) = 0;
 
   virtual int async_fd() const noexcept = 0;
   // S12: returns 0 and fills *out, or -1 with errno set (EAGAIN when O_NONBLOCK, EINTR).

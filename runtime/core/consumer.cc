@@ -55,6 +55,7 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
                                             static_cast<uint32_t>(options.spill_capacity),
                                             options.queue_capacity));
   }
+  producer_parkers_.assign(static_cast<size_t>(pollers), nullptr);
   if (options_.kind == ConsumerKind::kEngineDriven) {
     notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(notify_fd_);
@@ -229,14 +230,29 @@ int Consumer::Dispatch(int max) noexcept {
   for (size_t k = 0; k < pieces; ++k) {
     if (pieces_[k].lane != nullptr) pieces_[k].lane->Release(pieces_[k].end);
   }
-  depth_.fetch_sub(entries, std::memory_order_release);
+  // seq_cst: the room is freed before wants_room is read (lane.h), so a poller going to sleep for
+  // want of room either sees it or is woken.
+  depth_.fetch_sub(entries, std::memory_order_seq_cst);
+  WakeWaitingProducers();
   return static_cast<int>(entries);
+}
+
+void Consumer::WakeWaitingProducers() noexcept {
+  for (size_t p = 0; p < lanes_.size(); ++p) {
+    std::atomic<bool>& wants = lanes_[p]->wants_room;
+    if (!wants.load(std::memory_order_seq_cst)) continue;  // one load of a line we write anyway
+    if (wants.exchange(false, std::memory_order_acq_rel) && producer_parkers_[p] != nullptr) {
+      producer_parkers_[p]->Wake();
+    }
+  }
 }
 
 void Consumer::DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) noexcept {
   pieces_[0] = {&lane, nullptr, at, n, end};
   RunBatch(1);
   lane.Release(end);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the room freed, then wants_room read
+  WakeWaitingProducers();
 }
 
 void Consumer::RunBatch(size_t pieces) noexcept {

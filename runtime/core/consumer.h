@@ -68,6 +68,11 @@ class Consumer {
   // kRunToCompletion, before any Push: producers wake `poller` (the parker of the poller whose
   // thread dispatches this consumer) instead of this consumer's own.
   void RunOnPoller(Parker* poller) { waker_ = poller; }
+  // Before any Push: the parker of poller `index`, which waits for room in its lane (back-pressure:
+  // a batch that frees room wakes the pollers whose lanes ask for it, Lane::wants_room).
+  void SetProducerParker(int index, Parker* parker) { producer_parkers_[index] = parker; }
+  // After a batch freed room: wakes the pollers whose lanes asked for room.
+  void WakeWaitingProducers() noexcept;
   // The dispatching thread, when it stops for good: closes the consumer (PushIfOpen refuses from
   // then on) and returns true if nothing is queued; else returns false (dispatch, then retry).
   bool CloseIfEmpty();
@@ -167,6 +172,7 @@ class Consumer {
   const SlotPool& slots_;
   OrphanSink& orphans_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // one per poller
+  std::vector<Parker*> producer_parkers_;     // one per poller (SetProducerParker)
   ItemQueue queue_;
   moodycamel::ConsumerToken consumer_token_;
   // Items dequeued and not yet fully dispatched: items_[item_next_, item_count_), of which the

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/core/fences.h"
 
+#include <algorithm>
+
 namespace cqd::internal {
 
 void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
@@ -39,7 +41,7 @@ void FenceList::Polled(CqRecord* cq, int n, bool empty) noexcept {
   for (size_t i = 0; i < fences_.size();) {
     Fence& f = fences_[i];
     if (f.cq == cq && f.catch_up_left >= 0) {
-      f.catch_up_left -= n;
+      f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);  // >= 0: still running
       if (empty || f.catch_up_left <= 0) {
         End(i);
         continue;

@@ -231,6 +231,8 @@ class Lane {
   std::atomic<uint64_t> high_water{0};              // most entries the spill held at once
   std::atomic<uint64_t> stalls{0};      // times the spill filled up (its CQs were skipped)
   std::atomic<uint64_t> stalled_ns{0};  // time spent full, summed over stalls that ended
+  // Steady-clock ns when the stall in progress began; 0: none (poller-written, read by GetStats).
+  std::atomic<int64_t> stalled_since_ns{0};
   std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
   bool stalled = false;                                // poller-owned
   bool listed = false;  // poller-owned: in the poller's list of lanes with a spill
@@ -256,7 +258,16 @@ class Lane {
   bool filtered_ = false;                   // Filter removed entries since TakeFiltered
   // Written by the dispatching thread, read by the poller now and then.
   alignas(64) std::atomic<uint64_t> released_{0};
-  char pad_[64 - sizeof(std::atomic<uint64_t>)];
+
+ public:
+  // Back-pressure's wake-up (consumer.h): the poller sets it (seq_cst) before it sleeps with
+  // entries in this lane's spill or an event held back for it, then re-checks for room; the
+  // dispatching thread, after it freed room (seq_cst), takes it (exchange) and wakes the poller.
+  // On released_'s line, which the dispatching thread writes per batch anyway.
+  std::atomic<bool> wants_room{false};
+
+ private:
+  char pad_[64 - sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<bool>)];
 };
 
 }  // namespace cqd::internal

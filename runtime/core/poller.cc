@@ -37,6 +37,7 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
   for (size_t c = 0; c < consumers_.size(); ++c) {
     tokens_.push_back(consumers_[c]->MakeProducerToken());
     lanes_.push_back(&consumers_[c]->lane(index_));
+    consumers_[c]->SetProducerParker(index_, &parker_);
     const ConsumerOptions& co = options.consumers[c];
     if (co.kind == ConsumerKind::kRunToCompletion && co.poller == index_) {
       consumers_[c]->RunOnPoller(&parker_);
@@ -207,8 +208,9 @@ int Poller::PrepareSleep() noexcept {
       busy = HostedPending() || mailbox_.pending();
     } else {
       ArmAll();
-      // S6: completions that arrived before arming raise no event: poll once more.
-      busy = PollAll() > 0 || mailbox_.pending() ||
+      // S6: completions that arrived before arming raise no event: poll once more. A full
+      // consumer writes the fd when it frees room (AskForRoom).
+      busy = AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
              inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
     }
     tls_runtime_thread = was_runtime;
@@ -216,10 +218,9 @@ int Poller::PrepareSleep() noexcept {
       if (!parker_.TryCancel()) wake_owed_ = true;
       verdict = 0;
     } else {
-      // As the thread's bounded sleeps: a full spill or a held event (retry the consumer), a
-      // failed arm or channel (no event may come). The fd still wakes it earlier.
-      bounded_sleep_ = !listed_.empty() || !deferred_.empty() || arm_failed_ ||
-                       notifications_broken_.load(std::memory_order_relaxed);
+      // As the thread's bounded sleeps: a failed arm or channel (no event may come). The fd
+      // still wakes it earlier.
+      bounded_sleep_ = arm_failed_ || notifications_broken_.load(std::memory_order_relaxed);
       sleep_prepared_ = true;
       sleeper_ = ThreadToken();
       verdict = bounded_sleep_ ? 2 : 1;
@@ -936,28 +937,47 @@ void Poller::NoteSpill(uint32_t consumer) noexcept {
     spill.stalled = spill.spill_full();
     if (spill.stalled) {
       spill.full_since = now;
+      spill.stalled_since_ns.store(
+          std::max<int64_t>(
+              1,
+              std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()),
+          std::memory_order_relaxed);
       Count(spill.stalls, 1);
     } else {
       Count(spill.stalled_ns,
             std::chrono::duration_cast<std::chrono::nanoseconds>(now - spill.full_since).count());
+      spill.stalled_since_ns.store(0, std::memory_order_relaxed);
     }
   }
+}
+
+bool Poller::AskForRoom() noexcept {
+  for (uint32_t consumer : listed_)
+    lanes_[consumer]->wants_room.store(true, std::memory_order_seq_cst);
+  for (const PostedEvent& posted : deferred_) {
+    lanes_[posted.consumer]->wants_room.store(true, std::memory_order_seq_cst);
+  }
+  // Room freed before the stores above was not woken for: look for it now. The fence orders the
+  // stores before the loads of the consumers' depth and released positions (Dekker, with the
+  // consumer's seq_cst release of room and its load of wants_room).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return Flush(false) || (!deferred_.empty() && PlaceEvents());
 }
 
 void Poller::TrySleep() noexcept {
   uint32_t ticket = parker_.Prepare();
   ArmAll();
-  // S6: completions that arrived before arming raise no event: poll once more.
-  if (PollAll() > 0 || mailbox_.pending() || inbox_pending_.load(std::memory_order_seq_cst) ||
-      HostedPending() || UnparkPending() || stop_.load(std::memory_order_seq_cst)) {
+  // S6: completions that arrived before arming raise no event: poll once more. A full consumer
+  // wakes this thread when it frees room (AskForRoom), so the sleep need not be bounded for it.
+  if (AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
+      inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending() ||
+      stop_.load(std::memory_order_seq_cst)) {
     parker_.Cancel();
     return;
   }
   Count(sleeps_, 1);
   if (arm_failed_ || notifications_broken_.load(std::memory_order_relaxed)) {
     parker_.ParkFor(ticket, kRecheckUnarmed);
-  } else if (!listed_.empty() || !deferred_.empty()) {
-    parker_.ParkFor(ticket, kRecheckStalled);
   } else {
     parker_.Park(ticket);
   }
@@ -1003,6 +1023,15 @@ void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
       std::max(out.spill_high_water, spill.high_water.load(std::memory_order_relaxed));
   out.stalls += spill.stalls.load(std::memory_order_relaxed);
   out.stalled_ns += spill.stalled_ns.load(std::memory_order_relaxed);
+  // The stall in progress counts too, so that an alert on stalled time sees a stuck consumer.
+  if (const int64_t since = spill.stalled_since_ns.load(std::memory_order_relaxed); since != 0) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    const uint64_t stall = now > since ? static_cast<uint64_t>(now - since) : 0;
+    out.stalled_ns += stall;
+    out.stall_ns = std::max(out.stall_ns, stall);
+  }
 }
 
 }  // namespace cqd::internal

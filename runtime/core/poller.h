@@ -40,10 +40,12 @@
 //
 // Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
 // more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
-// CqEvents() for each event; Parker orders the sleep against the wake. The sleep is bounded while
-// a spill holds entries (kRecheckStalled: to retry the full consumer), or while an arm failed or
-// the shard's channel failed (kRecheckUnarmed: no event may come), so a missing notification costs
-// latency, never a hang.
+// CqEvents() for each event; Parker orders the sleep against the wake. A spill that holds entries
+// (or an event held back) for a full consumer does not keep it awake: before it sleeps it sets
+// the lane's wants_room and looks once more for room (AskForRoom), and the consumer's next batch
+// that frees room wakes it (consumer.h), so a stuck consumer costs its poller nothing. The sleep
+// is bounded only while an arm failed or the shard's channel failed (kRecheckUnarmed: no event may
+// come), so a missing notification costs latency, never a hang.
 //
 // Run-to-completion consumers of this shard (ConsumerKind::kRunToCompletion) are dispatched by
 // this thread once per pass, after polling, with the wait duty of thread_role.h set: their
@@ -65,8 +67,8 @@
 // of the shard waiting for the runtime serves the mailbox as on a thread (the wait duty). So no
 // control call waits for the engine to come back, only for a Step in progress. Every control
 // part run this way, and Stop, writes the fd if the engine prepared to sleep: a CQ added
-// meanwhile is armed by the next PrepareSleep. Where the thread would sleep only briefly (a full
-// spill, a failed arm, broken notifications) PrepareSleep says so (2). One thread sleeps at a
+// meanwhile is armed by the next PrepareSleep. Where the thread would sleep only briefly (a
+// failed arm, broken notifications) PrepareSleep says so (2). One thread sleeps at a
 // time: a Step or PrepareSleep of another thread meanwhile wakes it and returns 0, so that it
 // never cancels or reads what the sleeper relies on.
 // After Stop the engine's Steps dispatch what the hosted consumers still hold and close them.
@@ -124,7 +126,7 @@ class Poller {
   // does (a handler or OrphanHandler inside this shard's Step).
   int Step(int budget) noexcept;
   // Returns 1 if the engine may sleep until fd() is readable, 2 if for at most kRecheckUnarmed
-  // (nothing may make fd() readable: a full spill, a failed arm or channel), 0 if it must poll
+  // (nothing may make fd() readable: a failed arm or channel), 0 if it must poll
   // again (or another thread sleeps on the shard: it was woken), -EBUSY as Step.
   int PrepareSleep() noexcept;
   int fd() const { return wake_fd_; }
@@ -289,12 +291,14 @@ class Poller {
   bool HostedPending() const noexcept;
   static void ServeMailbox(void* self);  // the wait duty of RunHosted's handlers
   void TrySleep() noexcept;
+  // Before a sleep: asks the consumers this poller holds entries or events for to wake it when
+  // they free room (Lane::wants_room); returns true if room came meanwhile and something moved.
+  bool AskForRoom() noexcept;
   void Count(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
 
   // How long a bounded sleep lasts (see the header comment).
-  static constexpr std::chrono::microseconds kRecheckStalled{200};
   static constexpr std::chrono::microseconds kRecheckUnarmed{1000};
   // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
   static constexpr uint32_t kParkProbe = 16;

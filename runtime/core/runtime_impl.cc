@@ -574,13 +574,14 @@ void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
   slots_.Free(index);
 }
 
-bool RuntimeImpl::PostRecvMarker(const TeardownState& state) noexcept {
+bool RuntimeImpl::RedriveDrain(const TeardownState& state) noexcept {
   std::lock_guard<ControlMutex> lock(mu_);
   const Slot& slot = slots_.slot(state.slot);
   if (!StateLiveAs(slot.state.load(std::memory_order_relaxed), state.generation)) return false;
   DeviceRecord* device = devices_[state.device - 1].get();
   return device->backend
-      ->PostRecvMarker(slot.qp.load(std::memory_order_relaxed), state.recv_marker())
+      ->RedriveDrain(slot.qp.load(std::memory_order_relaxed),
+                     state.recv_marker_owed ? state.recv_marker() : 0)
       .ok();
 }
 
@@ -662,7 +663,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
   // An SRQ QP has no receive marker: its receive side is known to be flushed by LAST_WQE_REACHED
   // or the fence that stands in for it. A receive marker that found the queue full is posted again
-  // by the teardown thread once the flushes have made room (TeardownHost::PostRecvMarker).
+  // by the teardown thread once the flushes have made room (TeardownHost::RedriveDrain).
   teardown->srq = caps.ok() && caps->srq;
   if (*posted == backend::DrainStart::kNothingOutstanding) {
     teardown->end_with = Status::Ok();

@@ -112,7 +112,7 @@ class RuntimeImpl final : private TeardownHost {
   bool BatchOver(const BatchTicket& ticket) const noexcept override;
   void FreeSlot(uint32_t slot) noexcept override;
   void PostFence(const TeardownState& state) noexcept override;
-  bool PostRecvMarker(const TeardownState& state) noexcept override;
+  bool RedriveDrain(const TeardownState& state) noexcept override;
 
   // All require mu_.
   // Ends the registration (slot, generation) without waiting for its consumer: it is dead and

@@ -14,11 +14,12 @@ thread_local bool tls_teardown_worker = false;
 
 // How often the worker looks again at a consumer batch it waits out (it never blocks on one).
 constexpr std::chrono::microseconds kBatchRecheck{200};
-// An owed receive marker (TeardownState::recv_marker_owed) is tried again after this, then at
-// twice the last interval, up to kRecvMarkerRetryMax: the queue's room comes back with its
-// flushes (at the modify to error on rxe, as completions are polled on others).
-constexpr std::chrono::microseconds kRecvMarkerRetry{500};
-constexpr std::chrono::microseconds kRecvMarkerRetryMax{64000};
+// A teardown whose markers are not all back (or whose receive marker is owed) is redriven after
+// this, then at twice the last interval, up to kRedriveMax: a marker posted in the error state
+// may flush only at the next move to it (rxe's receives; a flush a full CQ could not take), and
+// an owed marker's room comes back with the queue's flushes.
+constexpr std::chrono::microseconds kRedriveFirst{500};
+constexpr std::chrono::microseconds kRedriveMax{64000};
 
 }  // namespace
 
@@ -83,7 +84,7 @@ void TeardownWorker::Run() {
     Clock::time_point wake = Clock::time_point::max();
     std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
     std::vector<std::shared_ptr<TeardownState>> fencing;
-    std::vector<std::shared_ptr<TeardownState>> reposting;
+    std::vector<std::shared_ptr<TeardownState>> redriving;
     for (auto& state : active_) {
       const bool send_seen =
           (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
@@ -108,13 +109,14 @@ void TeardownWorker::Run() {
                             DeadlineExceeded("TeardownQp: the QP's work did not flush back before "
                                              "the deadline; unregistered anyway"));
       } else {
-        if (state->recv_marker_owed) {
+        const uint32_t polled = state->polled.load(std::memory_order_relaxed);
+        if (state->recv_marker_owed || (state->markers & ~polled) != 0) {
           if (state->retry_every.count() == 0) {  // first look: from now on
-            state->retry_every = kRecvMarkerRetry;
-            state->retry_at = now + kRecvMarkerRetry;
+            state->retry_every = kRedriveFirst;
+            state->retry_at = now + kRedriveFirst;
           }
           if (now >= state->retry_at) {
-            reposting.push_back(state);
+            redriving.push_back(state);
           } else {
             wake = std::min(wake, state->retry_at);
           }
@@ -139,14 +141,13 @@ void TeardownWorker::Run() {
     // consumers' Note takes mu_; on_done may call the runtime.
     lock.unlock();
     for (auto& state : fencing) host_.PostFence(*state);
-    for (auto& state : reposting) {
+    for (auto& state : redriving) {
       // Worker-owned fields: the retire that reads `markers` runs on this thread too.
-      if (host_.PostRecvMarker(*state)) {
+      if (host_.RedriveDrain(*state) && state->recv_marker_owed) {
         state->recv_marker_owed = false;
         state->markers |= TeardownState::kRecvMarker;
-        continue;
       }
-      state->retry_every = std::min(2 * state->retry_every, kRecvMarkerRetryMax);
+      state->retry_every = std::min(2 * state->retry_every, kRedriveMax);
       state->retry_at = Clock::now() + state->retry_every;
     }
     for (auto& [state, result] : ending) {
@@ -162,7 +163,7 @@ void TeardownWorker::Run() {
     const bool waiting_on_batches = FinishRetired();
     lock.lock();
     if (stopping && active_.empty() && !waiting_on_batches) return;
-    if (noted_ || !ending.empty() || !fencing.empty() || !reposting.empty()) {
+    if (noted_ || !ending.empty() || !fencing.empty() || !redriving.empty()) {
       continue;  // look again at once
     }
     if (waiting_on_batches) {

@@ -62,8 +62,8 @@ struct alignas(8) TeardownState {
   uint32_t device = 0;   // DeviceId: a DEVICE_FATAL of it ends the teardown
   uint32_t markers = 0;  // k*Marker bits of the markers posted (the worker's once shared)
   bool srq = false;      // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
-  // The receive queue had no room for the marker: the worker posts it again, at growing
-  // intervals from kRecvMarkerRetry, until it is posted (then kRecvMarker joins `markers`).
+  // The receive queue had no room for the marker: the worker posts it (TeardownHost::RedriveDrain)
+  // once the flushes have made room (then kRecvMarker joins `markers`).
   bool recv_marker_owed = false;
   Clock::time_point deadline;
   std::chrono::milliseconds last_wqe_grace{0};  // TeardownOptions::last_wqe_grace
@@ -88,8 +88,10 @@ struct alignas(8) TeardownState {
   std::atomic<uint32_t> polled{0};  // k*Marker bits, set by the poller that took the marker
   Clock::time_point grace_ends;     // worker-owned: set when the send marker is seen (SRQ)
   bool fence_posted = false;        // worker-owned: the grace ran out and a fence stands in
-  Clock::time_point retry_at;       // worker-owned: when to try the owed receive marker again
-  std::chrono::microseconds retry_every{0};  // worker-owned: the interval, doubled each time
+  // Worker-owned: while a posted marker has not been polled (or one is owed), the worker redrives
+  // the drain at `retry_at`, then at twice the last interval (teardown.cc, kRedriveFirst..Max).
+  Clock::time_point retry_at;
+  std::chrono::microseconds retry_every{0};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -128,8 +130,9 @@ class TeardownHost {
   // Sends the registration's consumer a fence through the pollers of its CQs, which the consumer
   // notes as kLastWqe.
   virtual void PostFence(const TeardownState& state) noexcept = 0;
-  // Posts the receive marker StartQpDrain found no room for; returns true once it is posted.
-  virtual bool PostRecvMarker(const TeardownState& state) noexcept = 0;
+  // Moves the QP to the error state again (what was posted in it flushes), posting the receive
+  // marker first if it is owed; returns false if it is owed and still found no room.
+  virtual bool RedriveDrain(const TeardownState& state) noexcept = 0;
 };
 
 class TeardownWorker {

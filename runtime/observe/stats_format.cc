@@ -369,8 +369,11 @@ constexpr Field<ConsumerStats> kConsumerFields[] = {
     U<ConsumerStats>("stalls", "cqd_consumer_stalls_total", "counter",
                      "Times a poller's spill for this consumer filled up.", &ConsumerStats::stalls),
     Ns<ConsumerStats>("stalled_ns", "cqd_consumer_stalled_seconds_total", "counter",
-                      "Time spent stalled, over stalls that have ended.",
+                      "Time spent stalled, the stalls in progress included.",
                       &ConsumerStats::stalled_ns),
+    Ns<ConsumerStats>("stall_ns", "cqd_consumer_stall_seconds", "gauge",
+                      "How long the stall in progress has lasted (0: not stalled).",
+                      &ConsumerStats::stall_ns),
 };
 
 template <typename Row, size_t N>

@@ -133,6 +133,11 @@ TEST_F(FenceListTest, ACatchUpEndsAfterADepthsWorthOrAnEmptyPoll) {
   EXPECT_TRUE(fences.Holds(&cq, kQp));  // 63 of 64
   fences.Polled(&cq, 1, false);
   EXPECT_FALSE(fences.Holds(&cq, kQp));
+  EXPECT_EQ(cq.catch_ups, 0u);
+  fences.Add(Side(cq, 0, 4, true), true);
+  fences.Polled(&cq, 100, false);  // past the depth in one poll
+  EXPECT_FALSE(fences.Holds(&cq, kQp));
+  EXPECT_EQ(cq.catch_ups, 0u);
   fences.Add(Side(cq, 0, 4, true), true);
   fences.Polled(&other, 0, true);  // another CQ's empty poll says nothing of this one
   EXPECT_TRUE(fences.Holds(&cq, kQp));

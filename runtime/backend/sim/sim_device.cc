@@ -587,8 +587,9 @@ Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t 
   return posted;
 }
 
-Status SimDeviceImpl::PostRecvMarker(SimQpImpl* qp, uint64_t recv_marker) {
+Status SimDeviceImpl::RedriveDrain(SimQpImpl* qp, uint64_t recv_marker) {
   qp->ModifyToError();  // flushes that found no room in the CQ before go out now if they fit
+  if (recv_marker == 0) return Status::Ok();
   if (Status s = qp->PostRecv(recv_marker); !s.ok()) return s;
   qp->ModifyToError();
   return Status::Ok();
@@ -764,10 +765,10 @@ Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t s
   return device_->StartQpDrain(qp, send_marker, recv_marker);
 }
 
-Status SimBackend::PostRecvMarker(void* native_qp, uint64_t recv_marker) {
+Status SimBackend::RedriveDrain(void* native_qp, uint64_t recv_marker) {
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
-  if (qp == nullptr) return NotFound("PostRecvMarker: not a QP of sim device " + name());
-  return device_->PostRecvMarker(qp, recv_marker);
+  if (qp == nullptr) return NotFound("RedriveDrain: not a QP of sim device " + name());
+  return device_->RedriveDrain(qp, recv_marker);
 }
 
 void SimBackend::AckCqEvents(backend::Cq* cq, unsigned n) noexcept {

@@ -253,8 +253,8 @@ class SimDeviceImpl final : public SimDevice {
   // The seam's StartQpDrain (see runtime/backend/device.h).
   Result<backend::DrainStart> StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
                                            uint64_t recv_marker);
-  // The seam's PostRecvMarker.
-  Status PostRecvMarker(SimQpImpl* qp, uint64_t recv_marker);
+  // The seam's RedriveDrain.
+  Status RedriveDrain(SimQpImpl* qp, uint64_t recv_marker);
   int async_fd() const { return async_pending_.fd(); }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept;
@@ -311,7 +311,7 @@ class SimBackend final : public backend::Device {
   Result<backend::QpCaps> QueryQp(void* native_qp) override;
   Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
-  Status PostRecvMarker(void* native_qp, uint64_t recv_marker) override;
+  Status RedriveDrain(void* native_qp, uint64_t recv_marker) override;
   bool keeps_completions_of_destroyed_qps() const noexcept override { return true; }
   void AckNativeCqEvent(void* native_cq) noexcept override {
     static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);

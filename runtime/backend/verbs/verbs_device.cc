@@ -150,13 +150,17 @@ Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t
   return posted;
 }
 
-Status VerbsBackend::PostRecvMarker(void* native_qp, uint64_t recv_marker) {
+Status VerbsBackend::RedriveDrain(void* native_qp, uint64_t recv_marker) {
   auto* qp = static_cast<ibv_qp*>(native_qp);
+  ibv_qp_attr error{};
+  error.qp_state = IBV_QPS_ERR;
+  if (recv_marker == 0) {
+    (void)ibv_modify_qp(qp, &error, IBV_QP_STATE);
+    return Status::Ok();
+  }
   ibv_recv_wr recv{};
   recv.wr_id = recv_marker;
   ibv_recv_wr* bad_recv = nullptr;
-  ibv_qp_attr error{};
-  error.qp_state = IBV_QPS_ERR;
   int rc = ibv_post_recv(qp, &recv, &bad_recv);
   if (rc != 0) {
     // Room comes back as the queue's receives are flushed: on rxe when the kernel is told of the

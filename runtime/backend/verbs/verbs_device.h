@@ -74,7 +74,7 @@ class VerbsBackend final : public backend::Device {
   Result<backend::QpCaps> QueryQp(void* native_qp) override;
   Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
-  Status PostRecvMarker(void* native_qp, uint64_t recv_marker) override;
+  Status RedriveDrain(void* native_qp, uint64_t recv_marker) override;
   bool keeps_completions_of_destroyed_qps() const noexcept override { return false; }
   int async_fd() const noexcept override { return context_->async_fd; }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override;
