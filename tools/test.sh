@@ -3,11 +3,14 @@
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
 # formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh) and the layering
 # (tools/check_layers.sh), runs every test,
-# then every test but the rxe ones again under ThreadSanitizer and under AddressSanitizer (with
-# UBSan), then fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule
-# for half that, and prints one summary line counting GoogleTest cases: "cqd tests: N passed, M
-# failed, K skipped" (a case is skipped only where a sanitizer cannot run it, e.g. under an
-# address-space limit). The exit status is non-zero if anything failed.
+# then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer (with
+# UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
+# fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that,
+# both with the chaos points on, and prints one summary line counting GoogleTest cases: "cqd
+# tests: N passed, M failed, K skipped" (a case is skipped only where a sanitizer cannot run it,
+# e.g. under an address-space limit). A check, fuzz run or test target that fails without a
+# failed case of its own (a shell test, a sanitizer report after the last case, a timeout)
+# counts as one failure. The exit status is non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,34 +21,46 @@ failed=0
 skipped=0
 status=0
 
-# Adds up the GoogleTest cases in the test.xml files under $1.
+# Adds up the GoogleTest cases in the test.xml files under $1; sets failed_xmls to how many of
+# those files counted a failure.
 count_cases() {
   local xml tests failures errors skips
+  failed_xmls=0
   while IFS= read -r xml; do
     skips=$(grep -c 'result="skipped"' "$xml")
     tests=$(grep -o -m1 '<testsuites[^>]*tests="[0-9]*"' "$xml" | grep -o 'tests="[0-9]*"' | tr -dc 0-9)
     failures=$(grep -o -m1 '<testsuites[^>]*failures="[0-9]*"' "$xml" | grep -o 'failures="[0-9]*"' | tr -dc 0-9)
     errors=$(grep -o -m1 '<testsuites[^>]*errors="[0-9]*"' "$xml" | grep -o 'errors="[0-9]*"' | tr -dc 0-9)
     passed=$((passed + ${tests:-0} - ${failures:-0} - ${errors:-0} - ${skips:-0}))
+    (( ${failures:-0} + ${errors:-0} > 0 )) && failed_xmls=$((failed_xmls + 1))
     skipped=$((skipped + ${skips:-0}))
     failed=$((failed + ${failures:-0} + ${errors:-0}))
   done < <(find -L "$1" -name test.xml 2>/dev/null)
 }
 
 run() {  # run <label> <options...> -- <targets...>
-  local label=$1 options=() logs rc
+  local label=$1 options=() logs rc out failed_targets
   shift
   while [[ $1 != -- ]]; do options+=("$1"); shift; done
   shift
   echo "== $label: bazel test ${options[*]} $*"
   logs=$(bazel info "${options[@]}" bazel-testlogs 2>/dev/null | tail -1)
   rm -rf "$logs"  # count this run's results only
-  bazel test "${options[@]}" "$@"
-  rc=$?
+  out=$(mktemp)
+  bazel test "${options[@]}" "$@" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
   count_cases "$logs"
+  # A target can fail with no failed case in its test.xml (a shell test, a sanitizer report after
+  # the last case, a crash, a timeout): each such target counts as one failure.
+  failed_targets=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|INCOMPLETE|FAILED TO BUILD)' "$out")
+  rm -f "$out"
+  if (( failed_targets > failed_xmls )); then
+    failed=$((failed + failed_targets - failed_xmls))
+  fi
   if (( rc != 0 )); then
-    echo "== $label: FAILED (bazel exit $rc)"
+    echo "== $label: FAILED (bazel exit $rc, $failed_targets targets failed)"
     status=1
+    (( failed_targets == 0 )) && failed=$((failed + 1))  # a build failure: nothing ran
   fi
 }
 
@@ -54,6 +69,7 @@ echo "== format: tools/check_format.sh"
 if ! tools/check_format.sh; then
   echo "== format: FAILED"
   status=1
+  failed=$((failed + 1))
 fi
 
 # The licence: LICENSE at the root and an SPDX tag on every source file.
@@ -61,6 +77,7 @@ echo "== licence: tools/check_spdx.sh"
 if ! tools/check_spdx.sh; then
   echo "== licence: FAILED"
   status=1
+  failed=$((failed + 1))
 fi
 
 # The layers: an include that runs back up a layer must fail to build (a few small builds).
@@ -68,18 +85,27 @@ echo "== layers: tools/check_layers.sh"
 if ! tools/check_layers.sh; then
   echo "== layers: FAILED"
   status=1
+  failed=$((failed + 1))
 fi
 
 run "all tests" -- //...
 run "tests under TSan" --config=tsan --build_tests_only --test_tag_filters=-rxe -- //...
 run "tests under ASan" --config=asan --build_tests_only --test_tag_filters=-rxe -- //...
+# The chaos build (runtime/base/chaos.h): every synchronization point takes seeded pauses, so that
+# races a busy machine shows come out on a quiet one; the soak, the fuzz corpus and every
+# concurrency test run under it. The seed is printed in each test's log.
+run "tests under the chaos build" --config=chaos --build_tests_only --test_tag_filters=-rxe,-packaging \
+  --test_env=CQD_CHAOS_SEED="${CQD_CHAOS_SEED:-$RANDOM}" -- //...
 
 # A bounded libFuzzer run of the runtime (tests/fuzz: clang-14, ASan, UBSan; about 60 s plus the
-# build). A finding fails the suite; the input is kept under /tmp (the script says where).
-echo "== fuzz: tests/fuzz/run_fuzz.sh ${CQD_FUZZ_SECONDS:-60}"
+# build), with the chaos points on. A finding fails the suite; the input is kept under /tmp (the
+# script says where).
+export CQD_FUZZ_CHAOS=1
+echo "== fuzz: CQD_FUZZ_CHAOS=1 tests/fuzz/run_fuzz.sh ${CQD_FUZZ_SECONDS:-60}"
 if ! tests/fuzz/run_fuzz.sh "${CQD_FUZZ_SECONDS:-60}"; then
   echo "== fuzz: FAILED"
   status=1
+  failed=$((failed + 1))
 fi
 # The CM hand-on rule (runtime/core/cm_router.h) on the runtime's pollers and consumers, half as long.
 cm_seconds=$(( (${CQD_FUZZ_SECONDS:-60} + 1) / 2 ))
@@ -87,6 +113,7 @@ echo "== fuzz: tests/fuzz/run_fuzz.sh $cm_seconds cm_handon_fuzz"
 if ! tests/fuzz/run_fuzz.sh "$cm_seconds" cm_handon_fuzz; then
   echo "== fuzz: FAILED"
   status=1
+  failed=$((failed + 1))
 fi
 
 echo "cqd tests: $passed passed, $failed failed, $skipped skipped"

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <ctime>
 
+#include "runtime/base/chaos.h"
+
 namespace cqd::internal {
 
 class Parker {
@@ -58,6 +60,7 @@ class Parker {
   }
   // Waker: returns true if it woke the sleeper (exactly one concurrent waker does).
   bool Wake() noexcept {
+    ChaosPoint();  // the work published, the sleeper not yet looked at
     if (!sleeping_.load(std::memory_order_seq_cst)) return false;
     if (!sleeping_.exchange(false, std::memory_order_acq_rel)) return false;
     seq_.fetch_add(1, std::memory_order_release);

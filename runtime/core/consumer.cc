@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "runtime/base/chaos.h"
 #include "runtime/base/pinning.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/teardown.h"
@@ -226,10 +227,12 @@ int Consumer::Dispatch(int max) noexcept {
   }
   if (entries == 0) return 0;
   RunBatch(pieces);
+  ChaosPoint();  // the handlers returned, nothing released yet
   // The handlers have returned: the lane memory may be reused, and the entries leave the depth.
   for (size_t k = 0; k < pieces; ++k) {
     if (pieces_[k].lane != nullptr) pieces_[k].lane->Release(pieces_[k].end);
   }
+  ChaosPoint();  // the lanes released, the depth not yet
   // seq_cst: the room is freed before wants_room is read (lane.h), so a poller going to sleep for
   // want of room either sees it or is woken.
   depth_.fetch_sub(entries, std::memory_order_seq_cst);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "runtime/base/chaos.h"
 #include "runtime/base/pinning.h"
 #include "runtime/base/thread_role.h"
 
@@ -98,6 +99,7 @@ void Poller::ServeIfFree() noexcept {
 
 void Poller::Release() noexcept {
   driver_.store(0, std::memory_order_seq_cst);
+  ChaosPoint();  // let go, mailbox not yet checked
   // A control call that found the driver taken relies on this check (the header comment).
   if (mailbox_.pending() && TryDrive()) ServeAndRelease();
 }
@@ -203,6 +205,7 @@ int Poller::PrepareSleep() noexcept {
     const bool was_runtime = tls_runtime_thread;
     tls_runtime_thread = true;
     parker_.Prepare();  // from here a Wake writes the fd
+    ChaosPoint();
     bool busy;
     if (stopped_.load(std::memory_order_relaxed)) {
       busy = HostedPending() || mailbox_.pending();
@@ -435,6 +438,7 @@ void Poller::CatchUpFences(CqRecord* cq) noexcept {
   // A parked CQ is polled too (it stays parked: its next completion raises an event). PollOne
   // advances the catch-ups and ends them once it finds the CQ empty or a depth has come out.
   while (cq->catch_ups != 0 && !cq->poll_failed) {
+    ChaosPoint();
     const int room = RoomFor(*cq);
     if (room == 0) return;  // a consumer the CQ shares is full: later passes go on
     if (PollOne(cq, room) < 0) return;
@@ -645,6 +649,7 @@ bool Poller::TryPark(CqRecord* cq) noexcept {
       return false;
     }
   }
+  ChaosPoint();  // armed, not yet polled again
   // S6: a completion that came before the arm raises no event; only an empty CQ may park.
   const int room = RoomFor(*cq);
   return room > 0 && PollOne(cq, room) == 0;
@@ -920,6 +925,7 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
   item.kind = ItemKind::kLaneRun;
   item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_),
               lane.TakeFiltered()};
+  ChaosPoint();  // reserved, not yet pushed
   c.Push(tokens_[consumer], &item, 1);
   lane.PopFront(static_cast<uint32_t>(take));
   return true;
@@ -952,11 +958,13 @@ void Poller::NoteSpill(uint32_t consumer) noexcept {
 }
 
 bool Poller::AskForRoom() noexcept {
-  for (uint32_t consumer : listed_)
+  for (uint32_t consumer : listed_) {
     lanes_[consumer]->wants_room.store(true, std::memory_order_seq_cst);
+  }
   for (const PostedEvent& posted : deferred_) {
     lanes_[posted.consumer]->wants_room.store(true, std::memory_order_seq_cst);
   }
+  ChaosPoint();  // asked, not yet looked again
   // Room freed before the stores above was not woken for: look for it now. The fence orders the
   // stores before the loads of the consumers' depth and released positions (Dekker, with the
   // consumer's seq_cst release of room and its load of wants_room).
@@ -966,6 +974,7 @@ bool Poller::AskForRoom() noexcept {
 
 void Poller::TrySleep() noexcept {
   uint32_t ticket = parker_.Prepare();
+  ChaosPoint();  // announced, not yet re-checked
   ArmAll();
   // S6: completions that arrived before arming raise no event: poll once more. A full consumer
   // wakes this thread when it frees room (AskForRoom), so the sleep need not be bounded for it.

@@ -91,6 +91,7 @@
 
 #include "cqd/options.h"
 #include "cqd/stats.h"
+#include "runtime/base/chaos.h"
 #include "runtime/base/mailbox.h"
 #include "runtime/base/parker.h"
 #include "runtime/base/thread_role.h"
@@ -210,6 +211,7 @@ class Poller {
   void HandOverAll();
   // Engine-driven: takes or gives back the driver (see the header comment).
   bool TryDrive() noexcept {
+    ChaosPoint();
     uintptr_t none = 0;
     return driver_.compare_exchange_strong(none, ThreadToken(), std::memory_order_seq_cst);
   }

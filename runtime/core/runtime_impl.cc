@@ -5,6 +5,7 @@
 #include <atomic>
 #include <string>
 
+#include "runtime/base/chaos.h"
 #include "runtime/base/thread_role.h"
 
 namespace cqd::internal {
@@ -488,8 +489,10 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   // would take a marker for nobody's and orphan it, and its fence would wait for it in vain.)
   const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
   FenceRetired(ending, qp_num, cqs, commits);
+  ChaosPoint();  // fenced, still live: passes route to it meanwhile
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
+  ChaosPoint();
   live_registrations_.fetch_sub(1, std::memory_order_relaxed);
   DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
@@ -547,6 +550,7 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   std::unique_lock<ControlMutex> lock(mu_);
   const BatchTicket batch = Retire(index, generation, nullptr);
   if (!batch.retired) return true;  // already gone
+  ChaosPoint();
   if (batch.seq != 0) {
     lock.unlock();  // a handler in that batch may want mu_
     while (!consumers_[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h

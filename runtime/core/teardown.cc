@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "runtime/base/chaos.h"
 #include "runtime/base/pinning.h"
 
 namespace cqd::internal {
@@ -55,6 +56,7 @@ void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
 }
 
 void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
+  ChaosPoint();
   state->seen.fetch_or(what, std::memory_order_acq_rel);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -157,6 +159,7 @@ void TeardownWorker::Run() {
         log_->Warning(std::string("TeardownQp of qp_num ") + qp +
                       ": its work did not flush back before the deadline; unregistered anyway");
       }
+      ChaosPoint();  // decided, not yet retired: markers may come meanwhile
       const BatchTicket batch = host_.RetireTeardown(*state);
       retired_.push_back({state, std::move(result), batch});
     }

@@ -12,7 +12,8 @@
 # (or the gcc replay driver: bazel run //tests/fuzz:runtime_fuzz -- $PWD/CRASH_FILE), and read
 # it with tests/fuzz/decode_input.py CRASH_FILE.
 # Environment: CQD_FUZZ_ARGS adds libFuzzer flags (e.g. -seed=N); CQD_FUZZ_DIR names the scratch
-# directory instead of a fresh one under /tmp.
+# directory instead of a fresh one under /tmp; CQD_FUZZ_CHAOS=1 builds the runtime with its chaos
+# points (a finding's log then names the CQD_CHAOS_SEED that replays its pauses).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -28,9 +29,13 @@ if ! [[ $seconds =~ ^[0-9]+$ ]] || (( seconds < 1 )); then
   exit 2
 fi
 
-echo "run_fuzz: building //tests/fuzz:$target with --config=fuzz"
-bazel build --config=fuzz "//tests/fuzz:$target" || exit 1
-bin="$(bazel info --config=fuzz bazel-bin 2>/dev/null)/tests/fuzz/$target"
+configs=(--config=fuzz)
+# CQD_FUZZ_CHAOS=1: the runtime built with its chaos points (runtime/base/chaos.h), in an output
+# directory of its own; CQD_CHAOS_SEED then replays a finding's schedule of pauses.
+[[ ${CQD_FUZZ_CHAOS:-0} == 1 ]] && configs+=(--copt=-DCQD_CHAOS --platform_suffix=-fuzz-chaos)
+echo "run_fuzz: building //tests/fuzz:$target with ${configs[*]}"
+bazel build "${configs[@]}" "//tests/fuzz:$target" || exit 1
+bin="$(bazel info "${configs[@]}" bazel-bin 2>/dev/null)/tests/fuzz/$target"
 
 work=${CQD_FUZZ_DIR:-$(mktemp -d /tmp/cqd-fuzz.XXXXXX)}
 mkdir -p "$work/corpus"
