@@ -112,6 +112,7 @@ struct Flags {
   double pause_ms = 1500;
   double teardown_timeout_ms = 0;  // 0: 5000 + pause_ms
   int split_every = 4;             // every Nth QP gets a send CQ on the other shard; 0: none
+  int srq_every = 0;               // every Nth QP incarnation receives from an SRQ; 0: none
   double drain_timeout = 60;       // seconds to wait for the last completions
   uint64_t seed = 1;
   bool progress = true;
@@ -153,6 +154,10 @@ std::vector<FlagSpec> Specs(Flags& f) {
        &f.teardown_timeout_ms},
       {"split_every", "every Nth QP has its send CQ on the other shard (0: none)", FlagSpec::kInt,
        &f.split_every},
+      {"srq_every",
+       "every Nth QP incarnation receives from an SRQ (its teardown waits for LAST_WQE_REACHED; "
+       "0: none)",
+       FlagSpec::kInt, &f.srq_every},
       {"drain_timeout", "seconds to wait for the last completions", FlagSpec::kDouble,
        &f.drain_timeout},
       {"seed", "random seed", FlagSpec::kU64, &f.seed},
@@ -492,6 +497,7 @@ struct Soak {
   std::atomic<uint64_t> teardown_failures{0};     // refused, or Wait() neither OK nor the deadline
   std::atomic<uint64_t> teardown_retries{0};      // refused for want of room for a marker: retried
   std::atomic<uint64_t> register_refusals{0};     // RegisterQp said UNAVAILABLE: retried
+  std::atomic<uint64_t> srq_draw{0};              // incarnations made, for --srq_every
   std::atomic<uint64_t> register_wait_max_ns{0};  // the longest a refused QP waited
   std::atomic<uint64_t> teardown_undelivered{0};  // completions an OK teardown did not deliver
   std::atomic<uint64_t> teardown_wait_ns{0};
@@ -513,8 +519,10 @@ struct Soak {
     if (flags.engine_shard && consumer == 0 && (slot.send_cq % 2 != 1 || slot.recv_cq % 2 != 1)) {
       consumer = 1 + slot.recv_cq % 2;  // run to completion needs both CQs on its shard
     }
+    const bool srq = flags.srq_every > 0 &&
+                     srq_draw.fetch_add(1, std::memory_order_relaxed) % flags.srq_every == 0;
     auto qp = sim->CreateQp(cqs[slot.send_cq].sim(), cqs[slot.recv_cq].sim(),
-                            {.max_send_wr = flags.qp_wrs, .max_recv_wr = flags.qp_wrs});
+                            {.max_send_wr = flags.qp_wrs, .max_recv_wr = flags.qp_wrs, .srq = srq});
     if (!qp.ok()) {
       ControlError("CreateQp", qp.status());
       return false;
@@ -1142,15 +1150,19 @@ int main(int argc, char** argv) {
          " completions%s%s, %d QPs on %d CQs over 2 shards%s, 3 consumers "
          "(%s, %s), %d injectors, CQ depth %d "
          "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
-         ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns), faults every %.1f "
-         "ms\n",
+         ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns, deadline %s), faults "
+         "every %.1f ms, split CQs every %d QPs, SRQ every %d QPs\n",
          f.completions,
          f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
          f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
          f.qps, f.cqs, f.engine_shard ? " (shard 1 engine-driven, by a reactor thread)" : "",
          f.engine_shard ? "run to completion on shard 1" : "owned", engine_text, f.injectors,
          f.depth, f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms,
-         f.teardown_permille, f.fault_ms);
+         f.teardown_permille,
+         f.teardown_timeout_ms > 0
+             ? (std::to_string(f.teardown_timeout_ms).substr(0, 6) + " ms").c_str()
+             : "5 s + pause",
+         f.fault_ms, f.split_every, f.srq_every);
   if (!soak.Setup()) return 1;
 
   soak.start = Clock::now();

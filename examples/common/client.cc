@@ -97,12 +97,12 @@ void ClientConn::Fail(const char* why) noexcept {
   state_.store(ConnState::kFailed, std::memory_order_release);
 }
 
-bool ClientConn::Finish() {
+bool ClientConn::Finish(bool* late) {
   bool ok = state() == ConnState::kDone;
   if (context_ != nullptr) client_.setup.Forget(context_);
   context_ = nullptr;
   if (id_ != nullptr) {
-    ok &= CloseConnection(*client_.engine.runtime, id_, registration_);
+    ok &= CloseConnection(*client_.engine.runtime, id_, registration_, late);
     id_ = nullptr;
   }
   return ok;
@@ -143,7 +143,8 @@ bool RunConnections(ClientEngine& client, int connections, int rounds,
         ++totals->failures;
         return give_up();
       }
-      const bool closed = conn.Finish();
+      bool late = false;
+      const bool closed = conn.Finish(&late);
       if (setup_failed && setup_tries_left[i]-- > 0) {
         ++totals->setup_retries;
         fprintf(stderr, "%s: connection %d: its setup failed; connecting again\n", client.program,
@@ -153,7 +154,7 @@ bool RunConnections(ClientEngine& client, int connections, int rounds,
         continue;
       }
       if (closed) {
-        ++totals->teardowns_ok;
+        ++(late ? totals->teardowns_late : totals->teardowns_ok);
       } else {
         ++totals->failures;
       }

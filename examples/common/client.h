@@ -63,8 +63,9 @@ class ClientConn : public QpHandler {
   // The channel's CmHandler (consumer 0): a setup event of this connection's id.
   void OnSetupEvent(const CmEvent& event) noexcept;
   // Main thread, once state() is kDone or kFailed: disconnects, waits for the drained teardown
-  // and destroys the QP and id. Returns true if the connection was done and its teardown drained.
-  bool Finish();
+  // and destroys the QP and id. Returns true if the connection was done and its teardown drained,
+  // or, with `late` given, ended at its deadline (*late set; nothing was lost).
+  bool Finish(bool* late = nullptr);
 
   ConnState state() const { return state_.load(std::memory_order_acquire); }
   // Returns true once the connection ran (read after state(): set before it).
@@ -112,9 +113,11 @@ class ClientConn : public QpHandler {
 };
 
 struct LoopTotals {
-  uint64_t verified = 0;      // what the connections verified, over all their lives
-  uint64_t teardowns_ok = 0;  // lives that ended done, with a drained teardown
-  uint64_t failures = 0;      // lives that failed (after running), or whose teardown did not drain
+  uint64_t verified = 0;        // what the connections verified, over all their lives
+  uint64_t teardowns_ok = 0;    // lives that ended done, with a drained teardown
+  uint64_t teardowns_late = 0;  // lives that ended done, their teardown at its deadline (loaded
+                                // emulator): every reply was verified, nothing was lost
+  uint64_t failures = 0;        // lives that failed (after running), or whose teardown failed
   uint64_t setup_retries = 0;
 };
 

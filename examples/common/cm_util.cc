@@ -259,13 +259,15 @@ bool Engine::WatchCm(CmHandler& handler, ConsumerId consumer) {
   return true;
 }
 
-bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration) {
+bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration, bool* late) {
   bool drained = true;
   if (registration.registered()) {
     rdma_disconnect(id);
     auto teardown = runtime.TeardownQp(registration);
     Status status = teardown.ok() ? teardown->Wait() : teardown.status();
-    if (!status.ok()) {
+    if (status.code() == StatusCode::kDeadlineExceeded && late != nullptr) {
+      *late = true;
+    } else if (!status.ok()) {
       fprintf(stderr, "teardown of qp %u: %s\n", id->qp->qp_num, status.ToString().c_str());
       registration.Unregister();
       drained = false;

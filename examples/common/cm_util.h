@@ -112,8 +112,11 @@ struct Engine {
 
 // Ends a connection from the engine's side, on a thread that is not its consumer: disconnects,
 // tears the QP down the drained way and waits for that (an unregistered `registration` skips
-// both), then destroys the QP and `id`. Returns true when the teardown drained.
-bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration);
+// both), then destroys the QP and `id`. Returns true when the teardown drained, or, with `late`
+// given, when it ended at its deadline (*late set): what it left is orphaned, never delivered
+// to another connection, so a caller that already verified every reply lost nothing.
+bool CloseConnection(Runtime& runtime, rdma_cm_id* id, Registration& registration,
+                     bool* late = nullptr);
 
 // Posts one receive of `bytes` at `addr` (inside `region`) as `wr_id`; false if refused.
 bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes, uint64_t wr_id);
