@@ -314,6 +314,66 @@ TEST_F(RxeFaults, RegisterGrowsTheCqOrRefuses) {
   EXPECT_EQ(ibv_destroy_qp(*other), 0);
 }
 
+// A teardown that ends at its deadline on a shared CQ leaves both markers in it (rxe flushes the
+// receives, then the send marker inside its post, then the receive marker at the next move to
+// error). Once the CQ is polled again, both markers end their fences, whichever comes first, and
+// the QP's whole commitment is given back: a QP that needs all of the CQ is admitted. Nothing of
+// the torn-down QP reaches its handler after the teardown, and no marker reaches the orphan
+// handler.
+TEST_F(RxeFaults, DeadlineEndedTeardownOnASharedCqGivesItsCommitmentBackOnceBothMarkersArePolled) {
+  testing::CountingOrphans orphans;
+  RuntimeOptions options = testing::OwnedConsumers(1, 2);
+  options.orphan_handler = &orphans;
+  options.consumers[1].kind = ConsumerKind::kEngineDriven;  // held back until drained below
+  options.consumers[1].queue_capacity = 2;
+  options.consumers[1].spill_capacity = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(options));
+  CqOptions fixed;
+  fixed.depth = 1024;
+  fixed.grow = false;
+  CQD_ASSERT_OK_AND_ASSIGN(shared, rt_->CreateCq(dev_, 0, fixed));
+  cqs_.push_back(shared);
+  CqHandle other = MakeCq(0);
+  Pair* p = MakePair(shared, other, 1, 0);
+  ASSERT_NE(p, nullptr);
+  PostRound(p, 8);  // 8 receives complete: 4 fill consumer 1, 4 stay in the CQ
+  ASSERT_TRUE(SendsCompleted(p)) << Progress(p);
+  for (int k = 0; k < 16; ++k) CQD_ASSERT_OK(rxe::PostRecv(p->a, next_id_++, buffers_, k));
+  TeardownOptions deadline;
+  deadline.timeout = std::chrono::milliseconds(100);
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, rt_->TeardownQp(p->a_reg, deadline));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
+  const size_t delivered = p->a_handler.count();
+  ASSERT_EQ(ibv_destroy_qp(p->a), 0);  // what it left stays in the CQ on rxe
+  p->a = nullptr;
+  // Drain consumer 1: the CQ is polled again, the leftovers and both markers come out.
+  ASSERT_TRUE(WaitFor([&] {
+    while (rt_->Drain(1, 64) > 0) {
+    }
+    return rt_->GetStats().consumers[1].spill_depth == 0 && orphans.count.load() >= 4 + 16;
+  })) << "orphans "
+      << orphans.count.load();
+  EXPECT_EQ(p->a_handler.count(), delivered);  // nothing after the teardown ended
+  for (uint64_t id : orphans.wr_ids()) {
+    EXPECT_LT(id, next_id_) << "a teardown marker (wr_id " << id << ") reached the orphan handler";
+  }
+  // Everything of the old QP is back: a QP that declares all of the CQ fits.
+  auto wide = rxe::CreateRcQp(pd_, shared.verbs(), shared.verbs(), 4);
+  ASSERT_TRUE(wide.ok());
+  QpOptions all;
+  all.send_wrs = shared.verbs()->cqe / 2 - 1;
+  all.recv_wrs = shared.verbs()->cqe - shared.verbs()->cqe / 2 - 1;
+  WcRecorder handler;
+  Result<Registration> admitted = Status(StatusCode::kInternal, "not tried");
+  EXPECT_TRUE(WaitFor([&] {
+    admitted = rt_->RegisterQp(*wide, handler, 0, all);
+    return admitted.ok();
+  })) << "the torn-down QP's commitment stayed on the CQ: "
+      << admitted.status().ToString();
+  if (admitted.ok()) admitted->Unregister();
+  EXPECT_EQ(ibv_destroy_qp(*wide), 0);
+}
+
 // A runtime that is shut down refuses to add a device it opened, and closes it exactly once.
 TEST_F(RxeFaults, OpenVerbsDeviceAfterShutdownClosesTheContextOnce) {
   RuntimeOptions options = testing::OwnedConsumers(1, 1);
