@@ -85,6 +85,8 @@ class FenceList {
   void DropCq(CqRecord* cq) noexcept;
 
   size_t size() const noexcept { return fences_.size(); }
+  // Room for `n` fences before Add allocates (the poller reserves some up front).
+  void Reserve(size_t n) { fences_.reserve(n); }
 
  private:
   // Ends fences_[i] (gives its commitment back), keeping the order of the rest.

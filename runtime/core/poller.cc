@@ -47,6 +47,7 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
     }
   }
   listed_.reserve(consumers_.size());
+  fences_.Reserve(kFencesReserved);
 }
 
 Poller::~Poller() {

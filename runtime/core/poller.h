@@ -302,6 +302,9 @@ class Poller {
 
   // How long a bounded sleep lasts (see the header comment).
   static constexpr std::chrono::microseconds kRecheckUnarmed{1000};
+  // Fences (two per retired QP whose leftovers are still being polled) held before FenceList
+  // allocates: a plain Unregister's usually end within the control call that made them.
+  static constexpr size_t kFencesReserved = 64;
   // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
   static constexpr uint32_t kParkProbe = 16;
 
