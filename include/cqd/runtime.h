@@ -51,8 +51,7 @@
 // which are the runtime's, to nobody), keeps counting against its CQ's capacity until polled,
 // and never reaches a later registration: a new QP that got the number is registered on a CQ
 // only once the runtime has polled out of it whatever the old QP left there (RegisterQp does so
-// itself), or, on the simulated device, which keeps a destroyed QP's completions in its CQs, once
-// all that is left is ahead of a teardown marker. See RegisterQp's UNAVAILABLE.
+// itself; see its UNAVAILABLE).
 //
 // Bounds. A consumer's queue never holds more than ConsumerOptions::queue_capacity items; each
 // poller holds at most spill_capacity more for it, and then stops polling only the CQs that

@@ -167,10 +167,6 @@ class Device {
   // queue. Returns what was posted, or an error when nothing was.
   virtual Result<DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
                                           uint64_t recv_marker) = 0;
-  // True if a QP's completions stay in its CQs after the QP is destroyed (the simulated device;
-  // rxe does too, but providers are not told apart: mlx5 cleans them out, and then a teardown
-  // marker is gone with them). A marker still awaited then fences a new QP with the number.
-  virtual bool keeps_completions_of_destroyed_qps() const noexcept = 0;
   // A drain whose markers have not come back: moves the QP (in the error state) to the error
   // state again, which flushes what was posted in it since (rxe flushes a receive posted in error
   // only then), after posting the receive marker first if `recv_marker` is not 0 (it found no

@@ -66,13 +66,6 @@ bool FenceList::Holds(const CqRecord* cq, uint32_t qp_num) const noexcept {
   return false;
 }
 
-bool FenceList::OnlyMarkersHold(const CqRecord* cq, uint32_t qp_num) const noexcept {
-  for (const Fence& f : fences_) {
-    if (f.cq == cq && f.qp_num == qp_num && (f.marker == 0 || f.unfenced)) return false;
-  }
-  return true;
-}
-
 void FenceList::DropCq(CqRecord* cq) noexcept {
   for (size_t i = 0; i < fences_.size();) {
     if (fences_[i].cq == cq) {

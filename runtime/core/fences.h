@@ -20,11 +20,9 @@
 // ends it.
 //
 // While a fence awaits its marker, every completion of its (CQ, qp_num) is the retired QP's (it
-// flushed ahead of the marker): it goes to the orphan sink, whatever is registered by then. A new
-// QP with the number is registered on a CQ only once every fence of that number there is over
-// (Poller::FenceForReuse), or, on a device that keeps a destroyed QP's completions in its CQs,
-// while only fences awaiting a marker remain (the new QP's completions queue behind it). So no
-// completion of a retired QP reaches a later registration, whatever ended it.
+// flushed ahead of the marker): it goes to the orphan sink. A new QP with the number is
+// registered on a CQ only once every fence of that number there is over (Poller::FenceForReuse).
+// So no completion of a retired QP reaches a later registration, whatever ended it.
 //
 // Threading: a FenceList belongs to one poller's thread (the driver, on an engine-driven shard);
 // the control path changes it only through the poller's control calls. It writes the CQ's
@@ -78,8 +76,6 @@ class FenceList {
 
   // Returns true while a fence of `qp_num` on `cq` stands.
   bool Holds(const CqRecord* cq, uint32_t qp_num) const noexcept;
-  // Returns true if every fence of `qp_num` on `cq` awaits a marker (none is unfenced).
-  bool OnlyMarkersHold(const CqRecord* cq, uint32_t qp_num) const noexcept;
 
   // Ends every fence on `cq` (it is being removed: nothing more comes out of it).
   void DropCq(CqRecord* cq) noexcept;

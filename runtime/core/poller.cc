@@ -319,7 +319,6 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       taken += n;
     }
   });
-  RunSync([&] { fences_.DropCq(cq); });  // nothing more comes out of it
   return taken;
 }
 
@@ -418,15 +417,19 @@ void Poller::FenceRetired(const TeardownState* ending, uint32_t qp_num, const Re
   });
 }
 
-bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, bool markers_suffice) {
+bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num) {
   bool clear = true;
   RunSync([&] {
     if (!fences_.Holds(cq, qp_num)) return;
     fences_.StartCatchUps(cq, qp_num);
     CatchUpFences(cq);
-    clear = !fences_.Holds(cq, qp_num) || (markers_suffice && fences_.OnlyMarkersHold(cq, qp_num));
+    clear = !fences_.Holds(cq, qp_num);
   });
   return clear;
+}
+
+void Poller::DropFences(CqRecord* cq) {
+  RunSync([&] { fences_.DropCq(cq); });
 }
 
 void Poller::SettleFences(CqRecord* cq) {

@@ -163,11 +163,13 @@ class Poller {
   };
   void FenceRetired(const TeardownState* ending, uint32_t qp_num, const RetiredSide* sides, int n);
   // RegisterQp of a QP with `qp_num` on `cq`: starts a catch-up for every fence of that number
-  // there and polls the CQ as far as its consumers' room allows. Returns true if the registration
-  // may go on: no fence stands, or (`markers_suffice`: the device keeps a destroyed QP's
-  // completions in its CQs) only fences that await a marker; false otherwise (a consumer the CQ
-  // shares is full).
-  bool FenceForReuse(CqRecord* cq, uint32_t qp_num, bool markers_suffice);
+  // there and polls the CQ as far as its consumers' room allows. Returns true once no fence of
+  // that number stands there (the registration may go on), false while one does (a consumer the
+  // CQ serves is full).
+  bool FenceForReuse(CqRecord* cq, uint32_t qp_num);
+  // DestroyCq, once the CQ is gone for good (destroyed, or released to the engine): ends its
+  // fences. (RemoveCq keeps them: a destroy that fails puts the CQ back with its fences.)
+  void DropFences(CqRecord* cq);
   // Polls `cq` as far as room allows while a catch-up runs there, so that fences over by now give
   // their commitment back (the capacity guard asks before it grows or refuses).
   void SettleFences(CqRecord* cq);

@@ -329,6 +329,7 @@ Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
     // rather than leaving the engine's ibv_destroy_cq waiting forever. Its counters stay live
     // in GetStats (CqTable::Release).
     cq->device->backend->ReleaseCq(cq->cq);
+    pollers_[cq->shard]->DropFences(cq);
     // Let an event the event thread is handling for it finish (and be acked), so that the totals
     // balance when this returns.
     events_->RunSync([] {});
@@ -343,6 +344,7 @@ Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
     pollers_[cq->shard]->ReturnCq(cq);
     return Status(s.code(), "DestroyCq: " + s.message());
   }
+  pollers_[cq->shard]->DropFences(cq);  // gone for good: nothing more comes out of it
   events_->RunSync([&] { events_->UnmapCq(cq); });
   cqs_.Erase(id);
   return Status::Ok();
@@ -417,14 +419,14 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
           ? 0
           : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
   // A retired QP that had this number may still have completions in these CQs: the number is
-  // registered there only once they have been polled, or stand behind a marker (fences.h), so
-  // none reaches this QP.
-  CqRecord* fenced = nullptr;
+  // registered there only once they have been polled out (fences.h), so none reaches this QP.
   for (CqRecord* cq : {send, recv}) {
-    if (fenced == nullptr && cq->fences.load(std::memory_order_relaxed) != 0 &&
-        !pollers_[cq->shard]->FenceForReuse(
-            cq, qp_num, device->backend->keeps_completions_of_destroyed_qps())) {
-      fenced = cq;
+    if (cq->fences.load(std::memory_order_relaxed) != 0 &&
+        !pollers_[cq->shard]->FenceForReuse(cq, qp_num)) {
+      return Unavailable("RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
+                         " still holds completions of a retired QP that had this number, and a "
+                         "consumer it serves is too full for the runtime to poll them out now "
+                         "(ConsumerStats::spill_depth); register again once it drains");
     }
   }
   if (send == recv) {
@@ -432,12 +434,6 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   } else {
     if (Status s = Commit(send, send_wrs, qp_num); !s.ok()) return s;
     if (Status s = Commit(recv, recv_wrs, qp_num); !s.ok()) return s;
-  }
-  if (fenced != nullptr) {
-    return Unavailable("RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(fenced->id) +
-                       " still holds completions of a retired QP that had this number, and a "
-                       "consumer it serves is too full for the runtime to poll them out now "
-                       "(ConsumerStats::spill_depth); register again once it drains");
   }
   int64_t index = slots_.Allocate();
   if (index == -1) {

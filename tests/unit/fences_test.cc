@@ -113,7 +113,6 @@ TEST_F(FenceListTest, AnotherQpNumberOrAnotherCqIsNotFenced) {
 TEST_F(FenceListTest, AnUnfencedSideOutlivesItsMarkerAndEndsOnlyByACatchUp) {
   Fence side = Side(cq, kRecvMarker, 3, /*unfenced=*/true);
   fences.Add(side, false);
-  EXPECT_FALSE(fences.OnlyMarkersHold(&cq, kQp));
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, kRecvMarker)), Taken::kMarker);
   EXPECT_TRUE(fences.Holds(&cq, kQp));  // still: nothing says the rest is out
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, 5)), Taken::kNotFenced);
@@ -150,7 +149,6 @@ TEST_F(FenceListTest, ACatchUpEndsAMarkerFenceToo) {
   // At reuse the old QP is destroyed: what it left is in the CQ, or was cleaned out of it with
   // its marker (mlx5), so a catch-up ends the wait for the marker.
   fences.Add(Side(cq, kSendMarker, 5), false);
-  EXPECT_TRUE(fences.OnlyMarkersHold(&cq, kQp));
   fences.StartCatchUps(&cq, kQp + 1);  // another number: nothing starts
   EXPECT_EQ(cq.catch_ups, 0u);
   fences.StartCatchUps(&cq, kQp);

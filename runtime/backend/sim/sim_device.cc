@@ -505,7 +505,9 @@ Status SimQpImpl::PostSend(uint64_t wr_id) {
     return ResourceExhausted("PostSend: the send queue of qp_num " + std::to_string(qp_num_) +
                              " is full");
   }
-  if (in_error() && sends_at_post_) {  // flushed inside the post, as on rxe
+  // Flushed inside the post, as on rxe, unless earlier sends are still waiting for room in the CQ
+  // (then it waits behind them: a queue flushes in order).
+  if (in_error() && sends_at_post_ && sends_.empty()) {
     ibv_wc wc{};
     wc.wr_id = wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;

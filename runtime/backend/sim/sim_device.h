@@ -312,7 +312,6 @@ class SimBackend final : public backend::Device {
   Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
   Status RedriveDrain(void* native_qp, uint64_t recv_marker) override;
-  bool keeps_completions_of_destroyed_qps() const noexcept override { return true; }
   void AckNativeCqEvent(void* native_cq) noexcept override {
     static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);
   }

@@ -75,7 +75,6 @@ class VerbsBackend final : public backend::Device {
   Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
   Status RedriveDrain(void* native_qp, uint64_t recv_marker) override;
-  bool keeps_completions_of_destroyed_qps() const noexcept override { return false; }
   int async_fd() const noexcept override { return context_->async_fd; }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept override {
