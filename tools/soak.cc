@@ -29,7 +29,10 @@
 // and none orphaned, then DestroyQp, which frees the qp_num for the next QP, or
 // DEADLINE_EXCEEDED (--teardown_timeout_ms) with what it did not deliver orphaned, never
 // delivered to the next QP with that qp_num; otherwise by Unregister, keeping the QP until its
-// books balance; then a new QP, registered on a random consumer; handlers now and then call Wait on
+// books balance; then a new QP, registered on a random consumer (a RegisterQp refused with
+// UNAVAILABLE, while a retired QP's completions with its number are still in a held-back CQ,
+// keeps the QP waiting in its slot and is tried again at every churn; --srq_every makes every
+// Nth incarnation an SRQ QP); handlers now and then call Wait on
 // the latest teardown, which must return at once, refused or over), a chaos
 // thread (every --fault_ms: a spurious CQ event, EINTR/EAGAIN storms on a completion channel and
 // on the async fd, a QP async event, a port event), the two engine threads, and the main thread
