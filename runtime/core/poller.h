@@ -149,7 +149,8 @@ class Poller {
   // Moves the items of dead registrations out of `consumer`'s spill: completions to the orphan
   // sink, event parts released.
   void PurgeDead(uint32_t consumer);
-  // A registration of `qp_num` is being retired (before its state dies): each of `sides`, a side
+  // A registration of `qp_num` is being retired (a teardown's before its state dies, so that no
+  // pass takes a marker for nobody's; a plain Unregister's after): each of `sides`, a side
   // of it on a CQ of this shard, gets a fence (fences.h) holding `commit` of that CQ. It awaits
   // the side's marker if `ending` (the teardown that ended; null for a plain Unregister) posted it
   // (`marker_bit` in ending->markers) and no pass has polled it yet. A plain Unregister's fences

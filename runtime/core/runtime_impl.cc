@@ -480,15 +480,19 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   for (int k = 0; k < 2; ++k) {
     cqs[k] = cqs_.Find(ids[k]);
   }
-  // Fences before the registration dies: a pass before this saw it live and draining and marked
-  // what it polled; a pass after finds the fence first. (The other way round, a pass in between
-  // would take a marker for nobody's and orphan it, and its fence would wait for it in vain.)
+  // A teardown's fences before the registration dies: a pass before this saw it live and
+  // draining and marked what it polled; a pass after finds the fence first. (The other way round,
+  // a pass in between would take a marker for nobody's and orphan it, and its fence would wait
+  // for it in vain.) A plain Unregister has no markers: its fences come after the death, so that
+  // the poller this wakes polls what the CQ still holds for nobody (the orphan sink, at once)
+  // rather than for the QP's consumer.
   const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  FenceRetired(ending, qp_num, cqs, commits);
+  if (ending != nullptr) FenceRetired(ending, qp_num, cqs, commits);
   ChaosPoint();  // fenced, still live: passes route to it meanwhile
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
   ChaosPoint();
+  if (ending == nullptr) FenceRetired(nullptr, qp_num, cqs, commits);
   live_registrations_.fetch_sub(1, std::memory_order_relaxed);
   DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
