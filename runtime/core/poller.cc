@@ -778,8 +778,8 @@ void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
   EntryMeta* metas = &lane.meta(base);
   LookUpBatch(cq, wcs, n);
   // The common case, a run of one QP's completions at a time: one state read per run, its entries
-  // stay where the poll put them. Anything else (leftovers, a draining QP, a completion for
-  // another consumer) finishes on the general path.
+  // stay where the poll put them. Anything else (a CQ awaiting a retired QP's marker, a draining
+  // QP, a completion for another consumer) finishes on the general path.
   uint32_t kept = 0;  // entries [0, kept) stay: routed to `consumer`
   uint32_t i = 0;
   const uint32_t count = static_cast<uint32_t>(n);

@@ -251,7 +251,7 @@ class Poller {
   // has failed.
   int PollOne(CqRecord* cq, int room) noexcept;
   // Where a polled completion goes: a consumer's index, the orphan sink, or nowhere (kTaken: a
-  // leftover, already dealt with).
+  // retired QP's marker, taken by its fence).
   static constexpr uint32_t kOrphan = ~uint32_t{0};
   static constexpr uint32_t kTaken = ~uint32_t{0} - 1;
   static constexpr uint32_t kNoConsumer = ~uint32_t{0} - 2;

@@ -16,10 +16,11 @@
 // (kUnavailable), deadline (kDeadlineExceeded) or shutdown (kCancelled). Ending takes two steps,
 // neither of which blocks the worker on a consumer, so that one teardown never holds up another
 // one's deadline:
-//   1. Retire (TeardownHost): the registration dies (nothing is routed to it any more), and the
-//      markers that no poller has taken off the CQs yet become leftovers of their poller
-//      (poller.h): until the marker is polled, the CQ keeps the QP's commitment and whatever
-//      that CQ yields for the qp_num goes to the orphan sink, never to a later QP of that number.
+//   1. Retire (TeardownHost): the registration dies (nothing is routed to it any more), and
+//      what the QP may still have in its CQs is fenced (fences.h): a fence awaits each marker no
+//      poller has taken off the CQs yet, or, for a side with no marker, a catch-up of its CQ;
+//      until it ends, the CQ keeps the QP's commitment, whatever that CQ yields for the qp_num
+//      goes to the orphan sink, and no later QP of that number is registered there.
 //   2. Once the consumer's batch that may still call the QP's handler is over (polled by the
 //      worker, never waited for), the slot is freed, the result published, on_done called.
 //
