@@ -7,6 +7,7 @@
 #include <new>
 
 #include "runtime/core/poller.h"
+#include "runtime/core/route.h"
 
 namespace cqd::internal {
 namespace {
@@ -97,7 +98,9 @@ CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmB
 CmEventGate::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (join->left) return Arrival::kDone;  // handed on already: this was a stale part
-  if (!ended_ && slot != nullptr && LiveIn(*slot)) {
+  const bool live = !ended_ && slot != nullptr && LiveIn(*slot);
+  if (Route(RouteStage::kConsumer, {.kind = ItemKind::kAsyncEvent, .live = live}) ==
+      Disposal::kDeliver) {
     // Every event listed before it arrived before it (same route, FIFO per poller) and left.
     Unlink(join);
     delivering_ = true;

@@ -365,11 +365,16 @@ void Consumer::RunItem(const Item& item) noexcept {
   }
 }
 
+inline Disposal Consumer::RouteHere(ItemKind kind, const Slot& slot, uint32_t generation) noexcept {
+  // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
+  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  return Route(RouteStage::kConsumer, {.kind = kind, .live = StateLiveAs(state, generation)});
+}
+
 void Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
                           uint32_t generation) noexcept {
   Slot& slot = slots_.slot(slot_index);
-  uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (StateLiveAs(state, generation)) {
+  if (RouteHere(ItemKind::kCompletion, slot, generation) == Disposal::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   } else {
@@ -384,11 +389,11 @@ void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t gener
     DeliverCm(join, slot);
     return;
   }
-  uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLiveAs(state, generation)) {
-    delete join;  // unregistered after it was routed here
+  if (RouteHere(ItemKind::kAsyncEvent, slot, generation) == Disposal::kReleaseEvent) {
+    delete join;  // unregistered after it was routed here (its last part)
     return;
   }
+  const uint64_t state = slot.state.load(std::memory_order_relaxed);  // live, read just now
   if (join->kind == EventJoin::Kind::kAsync) {
     slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
     CountEvent();
@@ -444,8 +449,7 @@ void Consumer::CountEvent() noexcept {
 
 void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(slot_index);
-  uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  if (!StateLiveAs(state, generation)) return;
+  if (RouteHere(ItemKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker) return;
   // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
   // which nulls the pointer and then waits for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
@@ -540,12 +544,10 @@ void Consumer::OrphanRemaining() noexcept {
       for (uint32_t k = run_done_; k < item->run.count; ++k) {
         OrphanLane(lane, lane.IndexOf(item->run.begin + k), 1);
       }
-    } else if (item->kind == ItemKind::kCompletion) {
-      orphans_.Take({&item->wc, 1});
-    } else if (item->kind == ItemKind::kAsyncEvent) {
-      ReleaseEventPart(item->join, /*hand_on=*/false);  // no thread is left to run a CmHandler
-    } else if (item->kind == ItemKind::kListenerEvent) {
-      EventJoin::ReleaseHold(item->join);
+    } else if (CarriesEvent(item->kind)) {
+      Discard(item->kind, nullptr, item->join);
+    } else {
+      Discard(item->kind, &item->wc, nullptr);
     }
     ++item_next_;
     run_done_ = 0;
@@ -554,19 +556,25 @@ void Consumer::OrphanRemaining() noexcept {
 
 void Consumer::OrphanLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   for (uint32_t i = at; i < at + n; ++i) {
-    switch (lane.meta(i).kind) {
-      case ItemKind::kCompletion:
-        orphans_.Take({&lane.wc(i), 1});
-        break;
-      case ItemKind::kAsyncEvent:
-        ReleaseEventPart(lane.join(i), /*hand_on=*/false);
-        break;
-      case ItemKind::kListenerEvent:
-        EventJoin::ReleaseHold(lane.join(i));
-        break;
-      default:
-        break;  // a teardown marker is the runtime's own
-    }
+    const ItemKind kind = lane.meta(i).kind;
+    Discard(kind, &lane.wc(i), CarriesEvent(kind) ? lane.join(i) : nullptr);
+  }
+}
+
+void Consumer::Discard(ItemKind kind, const ibv_wc* wc, EventJoin* join) noexcept {
+  switch (Route(RouteStage::kNoConsumer, {.kind = kind})) {
+    case Disposal::kOrphan:
+      orphans_.Take({wc, 1});
+      break;
+    case Disposal::kReleaseEvent:
+      if (kind == ItemKind::kListenerEvent) {
+        EventJoin::ReleaseHold(join);
+      } else {
+        ReleaseEventPart(join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+      }
+      break;
+    default:
+      break;  // a teardown marker is the runtime's own
   }
 }
 

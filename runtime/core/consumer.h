@@ -43,6 +43,7 @@
 #include "runtime/core/lane.h"
 #include "runtime/core/orphans.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/route.h"
 #include "runtime/observe/latency.h"
 
 namespace cqd::internal {
@@ -161,6 +162,10 @@ class Consumer {
   void DeliverListenerEvent(EventJoin* join) noexcept;
   void CountEvent() noexcept;
   void DeliverMarker(uint32_t slot, uint32_t generation, const ibv_wc& wc) noexcept;
+  // What becomes of an entry of `kind` for `slot` as of now (route.h, stage kConsumer).
+  static Disposal RouteHere(ItemKind kind, const Slot& slot, uint32_t generation) noexcept;
+  // Carries out the no-consumer disposal of one entry: its completion `wc` or its event `join`.
+  void Discard(ItemKind kind, const ibv_wc* wc, EventJoin* join) noexcept;
   // The next dequeued item not yet dispatched (refilling from the queue), or null.
   Item* NextItem() noexcept;
   // Hands what `n` entries of lane `l` from `at` hold to the orphan sink and releases events.

@@ -59,6 +59,10 @@ enum class ItemKind : uint16_t {
   kLaneRun
 };
 inline constexpr uint32_t kNoSlot = ~uint32_t{0};
+// True for the kinds whose entry carries an EventJoin in its wc's place.
+constexpr bool CarriesEvent(ItemKind kind) noexcept {
+  return kind == ItemKind::kAsyncEvent || kind == ItemKind::kListenerEvent;
+}
 
 // What the runtime knows of one lane entry besides its ibv_wc.
 struct EntryMeta {

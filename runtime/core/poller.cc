@@ -12,6 +12,7 @@
 #include "runtime/base/chaos.h"
 #include "runtime/base/pinning.h"
 #include "runtime/base/thread_role.h"
+#include "runtime/core/route.h"
 
 namespace cqd::internal {
 
@@ -311,10 +312,9 @@ uint64_t Poller::RemoveCq(CqRecord* cq) {
       Count(completions_, n);
       for (int i = 0; i < n; ++i) {
         const ibv_wc& wc = wcs_[i];
-        if (cq->awaited_markers != 0 && fences_.Take(cq, wc) == FenceList::Taken::kMarker) {
-          continue;
-        }
-        orphans_.Take({&wc, 1});
+        RouteFacts facts;  // no live registration uses the CQ: nothing is known
+        if (cq->awaited_markers != 0) facts.fence = fences_.Take(cq, wc);
+        if (Route(RouteStage::kPoll, facts) == Disposal::kOrphan) orphans_.Take({&wc, 1});
       }
       taken += n;
     }
@@ -365,25 +365,26 @@ void Poller::DropUse(CqRecord* cq, uint32_t consumer) {
 
 void Poller::PurgeDead(uint32_t consumer) {
   RunSync([&] {
-    auto live = [&](ItemKind kind, uint32_t slot, uint32_t generation) {
-      if (kind == ItemKind::kListenerEvent) return true;  // nobody's registration
-      uint64_t state = slots_.slot(slot).state.load(std::memory_order_acquire);
-      return StateLiveAs(state, generation);
+    auto route = [&](ItemKind kind, uint32_t slot, uint32_t generation) {
+      RouteFacts facts{.kind = kind};
+      if (kind != ItemKind::kListenerEvent) {  // a listener's event is nobody's registration's
+        const uint64_t state = slots_.slot(slot).state.load(std::memory_order_acquire);
+        facts.live = StateLiveAs(state, generation);
+      }
+      return Route(RouteStage::kConsumer, facts);
     };
     Lane& lane = *lanes_[consumer];
     lane.Filter([&](const EntryMeta& meta, uint32_t at) {
-      if (live(meta.kind, meta.slot, meta.generation)) return true;
-      if (meta.kind == ItemKind::kCompletion) {
-        orphans_.Take({&lane.wc(at), 1});
-      } else if (meta.kind == ItemKind::kAsyncEvent) {
-        ReleaseEventPart(lane.join(at));
-      }  // a teardown marker is the runtime's own: nobody else may see it
-      return false;
+      const Disposal disposal = route(meta.kind, meta.slot, meta.generation);
+      if (disposal == Disposal::kOrphan) orphans_.Take({&lane.wc(at), 1});
+      if (disposal == Disposal::kReleaseEvent) ReleaseEventPart(lane.join(at));
+      return Runs(disposal);
     });
     std::erase_if(deferred_, [&](const PostedEvent& posted) {
       const Item& item = posted.item;
-      if (posted.consumer != consumer || live(item.kind, item.slot, item.generation)) return false;
-      ReleaseEventPart(posted.item.join);
+      if (posted.consumer != consumer) return false;
+      if (Runs(route(item.kind, item.slot, item.generation))) return false;
+      ReleaseEventPart(posted.item.join);  // deferred entries are events
       return true;
     });
     NoteSpill(consumer);
@@ -734,40 +735,58 @@ void Poller::LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {
   }
 }
 
+// The poll's facts about `slot`, found for `qp_num` on `cq`'s device, whose state the caller
+// read (acquire) as `state` before this reads the slot's other fields.
+static inline void ReadSlotFacts(const CqRecord* cq, uint32_t qp_num, const Slot& slot,
+                                 uint64_t state, RouteFacts& facts) noexcept {
+  facts.known = slot.Holds(cq->device->id, qp_num);
+  facts.live = StateLive(state);
+  facts.uses_cq = slot.Uses(cq->id);
+  facts.draining = StateDraining(state);
+}
+
 inline uint32_t Poller::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slot,
                                  RouteCache& cache, EntryMeta& meta) noexcept {
-  // A retired QP's teardown marker still in this CQ: the runtime's own (fences.h).
+  RouteFacts facts;
   if (cq->awaited_markers != 0) [[unlikely]] {
-    const FenceList::Taken taken = fences_.Take(cq, wc);
-    if (taken == FenceList::Taken::kMarker) return kTaken;
-    if (taken == FenceList::Taken::kBehindMarker) return kOrphan;
+    facts.fence = fences_.Take(cq, wc);  // a retired QP's marker or what it flushed before it
   } else if (wc.qp_num == cache.qp_num) {
-    meta = cache.meta;
+    meta = cache.meta;  // the same facts as its QP's previous completion in this poll
     return cache.consumer;
   }
-  if (slot == nullptr) return kOrphan;
-  const uint64_t state = slot->state.load(std::memory_order_acquire);
-  if (!StateLive(state) || !slot->Holds(cq->device->id, wc.qp_num) || !slot->Uses(cq->id)) {
-    return kOrphan;
+  uint64_t state = 0;
+  if (facts.fence == FenceList::Taken::kNotFenced && slot != nullptr) {
+    state = slot->state.load(std::memory_order_acquire);
+    ReadSlotFacts(cq, wc.qp_num, *slot, state, facts);
+  }
+  TeardownState* teardown = nullptr;
+  if (facts.draining && facts.live) [[unlikely]] {
+    // Non-null while the state says draining: a teardown nulls it only after the state died, and
+    // makes its fences (FenceRetired, on this thread between two passes) before that, so a
+    // marker is either marked `polled` here or taken by its fence above.
+    teardown = slot->teardown.load(std::memory_order_acquire);
+    const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
+    facts.is_marker = marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1);
+  }
+  switch (Route(RouteStage::kPoll, facts)) {
+    case Disposal::kFenceTaken:
+      return kTaken;
+    case Disposal::kOrphan:
+      return kOrphan;
+    case Disposal::kNoteMarker:
+      teardown->polled.fetch_or(wc.wr_id == teardown->send_marker() ? TeardownState::kSendMarker
+                                                                    : TeardownState::kRecvMarker,
+                                std::memory_order_relaxed);
+      meta = {slot->index, StateGeneration(state), ItemKind::kTeardownMarker, 1, poll_stamp_};
+      return StateConsumer(state);
+    default:
+      break;
   }
   meta = {slot->index, StateGeneration(state), ItemKind::kCompletion, 1, poll_stamp_};
-  if (!StateDraining(state)) [[likely]] {
-    // The next completions of this QP in the poll route the same way (the consumer re-checks
-    // the registration before it calls the handler, as it does for every run).
-    cache = {wc.qp_num, StateConsumer(state), meta};
-    return cache.consumer;
-  }
-  // Non-null while the state says draining: a teardown nulls it only after the state died, and
-  // makes its fences (FenceRetired, on this thread between two passes) before that, so a
-  // marker is either marked `polled` here or taken by its fence above.
-  TeardownState* teardown = slot->teardown.load(std::memory_order_acquire);
-  const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
-  if (marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1)) {
-    meta.kind = ItemKind::kTeardownMarker;
-    teardown->polled.fetch_or(
-        wc.wr_id == marker ? TeardownState::kSendMarker : TeardownState::kRecvMarker,
-        std::memory_order_relaxed);
-  }
+  // The next completions of this QP in the poll route the same way (the consumer re-checks the
+  // registration before it calls the handler, as it does for every run). A draining QP's are
+  // each looked at: any may be its marker.
+  if (!facts.draining) cache = {wc.qp_num, StateConsumer(state), meta};
   return StateConsumer(state);
 }
 
@@ -788,18 +807,20 @@ void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
     uint32_t j = i + 1;
     while (j < count && wcs[j].qp_num == qp_num) ++j;
     const Slot* slot = batch_slots_[i];
-    if (slot == nullptr) {
+    RouteFacts facts;
+    uint64_t state = 0;
+    if (slot != nullptr) {
+      state = slot->state.load(std::memory_order_acquire);
+      ReadSlotFacts(cq, qp_num, *slot, state, facts);
+    }
+    if (Route(RouteStage::kPoll, facts) == Disposal::kOrphan) {
       orphans_.Take({wcs + i, j - i});
       i = j;
       continue;
     }
-    const uint64_t state = slot->state.load(std::memory_order_acquire);
-    if (!StateLive(state) || !slot->Holds(cq->device->id, qp_num) || !slot->Uses(cq->id)) {
-      orphans_.Take({wcs + i, j - i});
-      i = j;
-      continue;
-    }
-    if (StateDraining(state) || StateConsumer(state) != consumer) [[unlikely]]
+    // A draining QP's entries may hold its marker, and another consumer's go elsewhere: the
+    // general path looks at each.
+    if (facts.draining || StateConsumer(state) != consumer) [[unlikely]]
       break;
     EntryMeta meta{slot->index, StateGeneration(state), ItemKind::kCompletion, 0, poll_stamp_};
     for (; i < j; ++i) {

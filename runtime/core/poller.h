@@ -3,8 +3,9 @@
 //
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
 // cannot starve the others) and routes each completion by qp_num through its device's QpTable to
-// the destination consumer's lane (lane.h; a completion whose registration does not use this CQ
-// is a leftover of an earlier QP with that number and goes to the orphan sink). A CQ whose
+// the destination consumer's lane (lane.h). What becomes of each completion (a consumer, the
+// orphan sink, a fence) is route.h's decision; the poller gathers its facts and carries it out.
+// A CQ whose
 // registered QPs all go to one consumer (`CqRecord::uses` has one entry) is polled straight into
 // that consumer's lane, and routing writes only the metadata beside each completion; other CQs
 // are polled into a scratch array and each completion is copied once into its lane. After each
@@ -264,7 +265,8 @@ class Poller {
   };
   // Looks up the slots of wcs[0, n) into batch_slots_, prefetching them.
   void LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept;
-  // Returns where `wc` (polled from `cq`, `slot` its lookup) goes; for a consumer, sets `meta`.
+  // Returns where `wc` (polled from `cq`, `slot` its lookup) goes, as Route (route.h) decides:
+  // a consumer's index (and sets `meta`), kOrphan or kTaken.
   uint32_t Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slot, RouteCache& cache,
                     EntryMeta& meta) noexcept;
   // Polls the event's CQs until it may be placed; false while a full spill holds it back.

@@ -6,22 +6,10 @@
 #include "runtime/core/fences.h"
 
 #include "gtest/gtest.h"
+#include "tests/unit/fake_cq.h"
 
 namespace cqd::internal {
 namespace {
-
-class FakeCq : public backend::Cq {
- public:
-  explicit FakeCq(int depth) : depth_(depth) {}
-  void* native() const noexcept override { return nullptr; }
-  int Poll(int, ibv_wc*) noexcept override { return 0; }
-  int RequestNotify(bool) noexcept override { return 0; }
-  int depth() const noexcept override { return depth_; }
-  Status Resize(int) override { return Status::Ok(); }
-
- private:
-  int depth_;
-};
 
 constexpr uint32_t kQp = 0x101;
 constexpr uint64_t kSendMarker = 0x7f0000001000;
