@@ -31,6 +31,7 @@
 #include "cqd/runtime.h"
 #include "examples/blockd/protocol.h"
 #include "examples/common/cm_util.h"
+#include "examples/common/keepalive.h"
 #include "examples/common/stats_out.h"
 
 namespace cqd::examples::blockd {
@@ -67,12 +68,13 @@ class Conn : public QpHandler {
   bool Setup(uint64_t n);
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
   void OnCmEvent(const CmEvent& event) noexcept override;
-  void End(bool failed) noexcept;
+  // Ends the connection; `failure` (logged once) names why, nullptr for a clean end.
+  void End(const char* failure) noexcept;
   bool Reapable();
   void Destroy();
-  // Main thread: an established connection idle for `keepalive` gets a zero-length RDMA WRITE,
-  // so that a peer that died without a word (its host gone) fails it (retries exhausted), and
-  // the connection ends, instead of staying up for ever.
+  // Main thread: an established connection idle for `keepalive` gets a probe, and ends if the
+  // probe stays unanswered (keepalive.h): a peer whose host died without a word is let go
+  // within a few periods, whatever its QP's retry count.
   void Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive);
 
  private:
@@ -98,9 +100,8 @@ class Conn : public QpHandler {
   uint32_t rping_read_ = 0;  // bytes of the last rping source read
   // Set by the consumer thread, read by the main thread's Tick.
   std::atomic<bool> established_{false};
-  std::atomic<bool> keepalive_out_{false};
-  std::atomic<int64_t> last_active_ns_{0};  // steady clock, when a completion last came
-  std::mutex mu_;                           // guards the fields below (main thread vs. consumer)
+  Keepalive keepalive_;
+  std::mutex mu_;  // guards the fields below (main thread vs. consumer)
   bool ending_ = false;
   bool unregistered_ = false;
   Teardown teardown_;
@@ -198,19 +199,19 @@ bool Conn::PostGoAhead(int slot) {
 }
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
-  last_active_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                        std::memory_order_relaxed);
+  const Keepalive::Clock::time_point now = Keepalive::Clock::now();
   for (const ibv_wc& wc : wcs) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (ending_) continue;  // flushed by the teardown
     }
     if (wc.status != IBV_WC_SUCCESS) {
-      End(wc.status != IBV_WC_WR_FLUSH_ERR);
+      End(wc.status == IBV_WC_WR_FLUSH_ERR ? nullptr : ibv_wc_status_str(wc.status));
       continue;
     }
+    keepalive_.Heard(now, (wc.wr_id & kKeepalive) != 0);
     if ((wc.wr_id & kKeepalive) != 0) {
-      keepalive_out_.store(false, std::memory_order_relaxed);
+      continue;  // the probe answered
     } else if ((wc.wr_id & kKindMask) != 0) {
       OnSendDone(wc.wr_id);
     } else if (rping_) {
@@ -218,7 +219,7 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     } else if (wc.byte_len == sizeof(Request)) {
       OnRequest(static_cast<int>(wc.wr_id));
     } else {
-      End(true);  // not our protocol
+      End("a request of the wrong size");
     }
   }
 }
@@ -239,14 +240,14 @@ void Conn::OnRequest(int slot) noexcept {
            static_cast<unsigned>(request.count), server_.blocks,
            request.magic != kMagic ? " (not blockd's magic)" : "");
     fflush(stdout);
-    if (!PostReply(slot, request, request.tag | kRefused, nullptr, 0)) End(true);
+    if (!PostReply(slot, request, request.tag | kRefused, nullptr, 0)) End("a post failed");
     return;
   }
   char* data = server_.store.data + request.block * server_.block_size;
   const uint32_t bytes = request.count * server_.block_size;
   if (request.op == kRead) {
     server_.totals.reads.fetch_add(1, std::memory_order_relaxed);
-    if (!PostReply(slot, request, request.tag, data, bytes)) End(true);
+    if (!PostReply(slot, request, request.tag, data, bytes)) End("a post failed");
     return;
   }
   if (reads_out_ >= read_depth_) {
@@ -254,22 +255,23 @@ void Conn::OnRequest(int slot) noexcept {
     return;
   }
   ++reads_out_;
-  if (!PostRead(slot, request.addr, request.rkey, data, bytes)) End(true);
+  if (!PostRead(slot, request.addr, request.rkey, data, bytes)) End("a post failed");
 }
 
 void Conn::OnRpingInfo(int slot, uint32_t bytes) noexcept {
   RpingInfo info;
-  if (bytes != sizeof(info)) return End(true);
+  if (bytes != sizeof(info)) return End("an rping info of the wrong size");
   memcpy(&info, RecvSlot(slot), sizeof(info));
-  if (!PostRecv(slot)) return End(true);  // at once: the next info may follow our go-ahead fast
+  if (!PostRecv(slot))
+    return End("a post failed");  // at once: the next info may follow our go-ahead fast
   const uint64_t remote = be64toh(info.buf);
   const uint32_t rkey = be32toh(info.rkey);
   const uint32_t size = be32toh(info.size);
   char* data = buffers_.data + kSlots * kSlotBytes + 16;
-  if (size == 0 || size >= kRpingBuffer) return End(true);
+  if (size == 0 || size >= kRpingBuffer) return End("an rping buffer too large");
   if (!rping_sink_next_) {  // the source: read it
     rping_read_ = size;
-    if (!PostRead(slot, remote, rkey, data, size)) End(true);
+    if (!PostRead(slot, remote, rkey, data, size)) End("a post failed");
     return;
   }
   // The sink: write back what we read, up to and including its first NUL.
@@ -286,7 +288,7 @@ void Conn::OnRpingInfo(int slot, uint32_t bytes) noexcept {
   wr.wr.rdma.remote_addr = remote;
   wr.wr.rdma.rkey = rkey;
   ibv_send_wr* bad = nullptr;
-  if (ibv_post_send(id_->qp, &wr, &bad) != 0) End(true);
+  if (ibv_post_send(id_->qp, &wr, &bad) != 0) End("a post failed");
 }
 
 void Conn::OnSendDone(uint64_t wr_id) noexcept {
@@ -301,7 +303,7 @@ void Conn::OnSendDone(uint64_t wr_id) noexcept {
       rping_sink_next_ = false;
       server_.totals.rping_pings.fetch_add(1, std::memory_order_relaxed);
     }
-    if (!PostGoAhead(slot)) End(true);
+    if (!PostGoAhead(slot)) End("a post failed");
     return;
   }
   if (kind == kRdmaRead) {  // a write request's data is in: acknowledge it
@@ -309,7 +311,7 @@ void Conn::OnSendDone(uint64_t wr_id) noexcept {
     server_.totals.writes.fetch_add(1, std::memory_order_relaxed);
     Request request;
     memcpy(&request, RecvSlot(slot), sizeof(request));
-    if (!PostReply(slot, request, request.tag, nullptr, 0)) return End(true);
+    if (!PostReply(slot, request, request.tag, nullptr, 0)) return End("a post failed");
     while (!waiting_.empty() && reads_out_ < read_depth_) {
       const int next = waiting_.front();
       waiting_.pop_front();
@@ -319,45 +321,50 @@ void Conn::OnSendDone(uint64_t wr_id) noexcept {
       if (!PostRead(next, queued.addr, queued.rkey,
                     server_.store.data + queued.block * server_.block_size,
                     queued.count * server_.block_size)) {
-        return End(true);
+        return End("a post failed");
       }
     }
     return;
   }
-  if (!PostRecv(slot)) End(true);  // the reply went out: the slot takes the next request
+  if (!PostRecv(slot)) End("a post failed");  // the reply went out: the slot takes the next request
 }
 
 void Conn::OnCmEvent(const CmEvent& event) noexcept {
   if (event.type == RDMA_CM_EVENT_ESTABLISHED) {
     server_.totals.established.fetch_add(1, std::memory_order_relaxed);
-    last_active_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
-                          std::memory_order_relaxed);
+    keepalive_.Heard(Keepalive::Clock::now(), /*answer=*/false);
     established_.store(true, std::memory_order_release);
   } else {
-    End(event.type != RDMA_CM_EVENT_DISCONNECTED);
+    End(event.type == RDMA_CM_EVENT_DISCONNECTED ? nullptr : rdma_event_str(event.type));
   }
 }
 
 void Conn::Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive) {
-  if (!established_.load(std::memory_order_acquire) ||
-      keepalive_out_.load(std::memory_order_relaxed)) {
+  if (!established_.load(std::memory_order_acquire)) return;
+  const Keepalive::Due due = keepalive_.Check(now, keepalive);
+  if (due == Keepalive::Due::kGiveUp) {
+    char reason[64];
+    snprintf(reason, sizeof(reason), "keepalive unanswered for %lld ms",
+             static_cast<long long>(keepalive_.WaitedMs(now)));
+    End(reason);
     return;
   }
-  const std::chrono::steady_clock::time_point last{
-      std::chrono::steady_clock::duration(last_active_ns_.load(std::memory_order_relaxed))};
-  if (now - last < keepalive) return;
+  if (due != Keepalive::Due::kProbe) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (ending_) return;  // End holds mu_ too: nothing is posted once the teardown began
-  keepalive_out_.store(true, std::memory_order_relaxed);
-  last_active_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
-  if (!PostKeepalive(id_->qp, kKeepalive)) keepalive_out_.store(false, std::memory_order_relaxed);
+  keepalive_.Probed(now, PostKeepalive(id_->qp, kKeepalive));
 }
 
-void Conn::End(bool failed) noexcept {
+void Conn::End(const char* failure) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (ending_) return;
   ending_ = true;
-  if (failed) server_.totals.failed.fetch_add(1, std::memory_order_relaxed);
+  if (failure != nullptr) {
+    server_.totals.failed.fetch_add(1, std::memory_order_relaxed);
+    printf("blockd_server: %s connection qp %u failed: %s\n", rping_ ? "rping" : "blockd",
+           id_->qp != nullptr ? id_->qp->qp_num : 0, failure);
+    fflush(stdout);
+  }
   rdma_disconnect(id_);
   auto teardown = server_.engine.runtime->TeardownQp(registration_);
   if (teardown.ok()) {
@@ -398,7 +405,7 @@ void Server::OnCmEvent(const CmEvent& event) noexcept {
   const uint64_t n = accepted_++;
   if (!conn->Setup(n)) {
     rdma_reject(event.id, nullptr, 0);
-    conn->End(true);
+    conn->End("its setup failed");
   } else {
     (blockd ? totals.blockd_connections : totals.rping_connections)
         .fetch_add(1, std::memory_order_relaxed);
@@ -411,11 +418,11 @@ void Server::OnCmEvent(const CmEvent& event) noexcept {
     param.private_data_len = sizeof(geometry);
     if (rdma_accept(event.id, &param) != 0) {
       perror("rdma_accept");
-      conn->End(true);
+      conn->End("rdma_accept failed");
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopping.load(std::memory_order_relaxed)) conn->End(false);  // it raced the signal
+  if (stopping.load(std::memory_order_relaxed)) conn->End(nullptr);  // it raced the signal
   conns_.push_back(std::move(conn));
 }
 
@@ -454,7 +461,7 @@ int Server::Run() {
       stop_deadline = now + std::chrono::seconds(10);  // past every teardown's deadline
       printf("blockd_server: stopping (signal): ending %zu connections\n", conns_.size());
       fflush(stdout);
-      for (auto& conn : conns_) conn->End(/*failed=*/false);
+      for (auto& conn : conns_) conn->End(nullptr);
     }
     for (auto it = conns_.begin(); it != conns_.end();) {
       (*it)->Tick(now, keepalive);

@@ -38,6 +38,7 @@
 #include "cqd/runtime.h"
 #include "examples/common/cm_util.h"
 #include "examples/common/echo_slots.h"
+#include "examples/common/keepalive.h"
 #include "examples/common/stats_out.h"
 
 namespace cqd::examples {
@@ -82,10 +83,9 @@ class Conn : public QpHandler {
   Teardown teardown_;
   bool established_ = false;
   bool ending_ = false;
-  bool keepalive_out_ = false;
   bool unregistered_ = false;  // TeardownQp was refused: unregistered the plain way
   Clock::time_point born_ = Clock::now();
-  Clock::time_point last_ = Clock::now();
+  Keepalive keepalive_;  // probes while idle; ends the connection if nobody answers
 };
 
 class Server : public CmHandler {
@@ -127,7 +127,7 @@ bool Conn::Setup(ConsumerId consumer) {
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   const auto lock = server_.LockIfOwned();
-  last_ = Clock::now();
+  const Clock::time_point now = Clock::now();
   for (const ibv_wc& wc : wcs) {
     if (ending_) continue;  // flushed by the teardown
     if (wc.status != IBV_WC_SUCCESS) {
@@ -137,9 +137,10 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     EchoSlots::Outcome outcome;
     if (const char* failed = slots_.OnSuccess(id_->qp, wc, &outcome)) {
       End(failed);
-    } else if (outcome == EchoSlots::Outcome::kKeepaliveDone) {
-      keepalive_out_ = false;
-    } else if (outcome == EchoSlots::Outcome::kEchoed) {
+      continue;
+    }
+    keepalive_.Heard(now, outcome == EchoSlots::Outcome::kKeepaliveDone);
+    if (outcome == EchoSlots::Outcome::kEchoed) {
       ++server_.totals.echoed;
     }
   }
@@ -190,9 +191,19 @@ void Conn::Tick(Clock::time_point now, std::unique_lock<std::mutex>* held) noexc
     if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s", held);
     return;
   }
-  if (!keepalive_out_ && now - last_ > server_.keepalive) {
-    keepalive_out_ = EchoSlots::PostKeepalive(id_->qp);
-    last_ = now;
+  switch (keepalive_.Check(now, server_.keepalive)) {
+    case Keepalive::Due::kProbe:
+      keepalive_.Probed(now, EchoSlots::PostKeepalive(id_->qp));
+      break;
+    case Keepalive::Due::kGiveUp: {
+      char reason[64];
+      snprintf(reason, sizeof(reason), "keepalive unanswered for %lld ms",
+               static_cast<long long>(keepalive_.WaitedMs(now)));
+      End(reason, held);
+      break;
+    }
+    case Keepalive::Due::kNothing:
+      break;
   }
 }
 

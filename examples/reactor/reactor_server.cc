@@ -54,6 +54,7 @@
 #include "cqd/runtime.h"
 #include "examples/common/cm_util.h"
 #include "examples/common/echo_slots.h"
+#include "examples/common/keepalive.h"
 #include "examples/common/stats_out.h"
 
 namespace cqd::examples {
@@ -179,10 +180,9 @@ class Conn : public QpHandler {
   Teardown teardown_;
   bool established_ = false;
   bool ending_ = false;
-  bool keepalive_out_ = false;
   bool unregistered_ = false;  // TeardownQp was refused: unregistered the plain way
   Clock::time_point born_ = Clock::now();
-  Clock::time_point last_ = Clock::now();
+  Keepalive keepalive_;  // probes while idle; ends the connection if nobody answers
 };
 
 class Reactor {
@@ -274,7 +274,7 @@ void Conn::CheckThread() const noexcept {
 
 void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   CheckThread();
-  last_ = Clock::now();
+  const Clock::time_point now = Clock::now();
   for (const ibv_wc& wc : wcs) {
     if (ending_) continue;  // flushed by the teardown
     if (wc.status != IBV_WC_SUCCESS) {
@@ -284,9 +284,10 @@ void Conn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
     EchoSlots::Outcome outcome;
     if (const char* failed = slots_.OnSuccess(id_->qp, wc, &outcome)) {
       End(failed);
-    } else if (outcome == EchoSlots::Outcome::kKeepaliveDone) {
-      keepalive_out_ = false;
-    } else if (outcome == EchoSlots::Outcome::kEchoed) {
+      continue;
+    }
+    keepalive_.Heard(now, outcome == EchoSlots::Outcome::kKeepaliveDone);
+    if (outcome == EchoSlots::Outcome::kEchoed) {
       ++reactor_.totals.echoed;
     }
   }
@@ -335,9 +336,19 @@ void Conn::Tick(Clock::time_point now) noexcept {
     if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s");
     return;
   }
-  if (!keepalive_out_ && now - last_ > reactor_.server().keepalive) {
-    keepalive_out_ = EchoSlots::PostKeepalive(id_->qp);
-    last_ = now;
+  switch (keepalive_.Check(now, reactor_.server().keepalive)) {
+    case Keepalive::Due::kProbe:
+      keepalive_.Probed(now, EchoSlots::PostKeepalive(id_->qp));
+      break;
+    case Keepalive::Due::kGiveUp: {
+      char reason[64];
+      snprintf(reason, sizeof(reason), "keepalive unanswered for %lld ms",
+               static_cast<long long>(keepalive_.WaitedMs(now)));
+      End(reason);
+      break;
+    }
+    case Keepalive::Due::kNothing:
+      break;
   }
 }
 
