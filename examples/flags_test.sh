@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
 # The example programs' command lines, checked before any RDMA device is needed: --help prints
-# the usage and exits 0; an unknown flag, a malformed or out-of-range number, a switch given a
+# the usage and exits 0, --version the cqd version; an unknown flag, a malformed or out-of-range number, a switch given a
 # value, a flag without its value and a stray argument each print an error that names it and
 # exit 2; a client without --server says it needs one.
 #
@@ -31,6 +31,7 @@ for program in "$@"; do
   name=$(basename "$program")
   expect 0 "^usage: $name" "$program" --help
   expect 0 "--port=PORT" "$program" -h
+  expect 0 "^$name \(cqd\) [0-9]+\.[0-9]+\.[0-9]+$" "$program" --version
   expect 2 "^$name: unknown flag --bogus \\(see $name --help\\)" "$program" --bogus
   expect 2 "^$name: --port=abc: expected a whole number from 1 to 65535" "$program" --port=abc
   expect 2 "^$name: --port=0: expected a whole number from 1 to 65535" "$program" --port=0

@@ -2,7 +2,7 @@
 // cqd_top: live rates of a running cqd runtime, read from its stats endpoint
 // (RuntimeOptions::stats_socket).
 //
-//   bazel run //tools:cqd_top -- /path/to/socket [--interval 1] [--count N] [--cqs 10] [--clear]
+//   bazel run //tools:cqd_top -- /path/to/socket [--interval=1] [--count=N] [--cqs=10] [--clear]
 //
 // Every interval it connects, asks for JSON ("json\n"), and prints one frame of aligned plain-text
 // tables: per poller completions, polls, empty polls, sleeps and arms per second; per CQ
@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "cqd/version.h"
+
 namespace {
 
 struct Flags {
@@ -39,14 +41,15 @@ struct Flags {
   bool clear = false;
 };
 
-void Usage() {
-  fprintf(stderr,
-          "usage: cqd_top SOCKET [--interval SECONDS] [--count N] [--cqs N] [--clear]\n"
+void Usage(FILE* to) {
+  fprintf(to,
+          "usage: cqd_top SOCKET [--interval=SECONDS] [--count=N] [--cqs=N] [--clear]\n"
           "  SOCKET      the runtime's RuntimeOptions::stats_socket\n"
           "  --interval  seconds between frames (default 1, at least 0.05)\n"
           "  --count     frames to print, then exit (default 0: until interrupted)\n"
           "  --cqs       CQs to show, the busiest first (default 10)\n"
-          "  --clear     clear the terminal before each frame\n");
+          "  --clear     clear the terminal before each frame\n"
+          "  --help      print this and exit; --version: print the cqd version and exit\n");
 }
 
 // Parses "--name VALUE" or "--name=VALUE" at argv[*i]; advances *i past what it used.
@@ -393,9 +396,19 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      Usage(stdout);
+      return 0;
+    }
+    if (strcmp(argv[i], "--version") == 0) {
+      printf("cqd_top (cqd) %s\n", CQD_VERSION_STRING);
+      return 0;
+    }
+  }
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) {
-    Usage();
+    Usage(stderr);
     return 2;
   }
   Snapshot prev;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
-# //tools:cqd_top_test: runs the demo with a stats endpoint and latency recording, then
+# //tools:cqd_top_test: checks cqd_top's and the demo's --help and --version; runs the demo with a
+# stats endpoint (the dashed flag spelling) and latency recording, then
 # cqd_top for two frames against it, and checks that the frames hold the poller, CQ and consumer
 # tables with latency figures. Nothing here depends on speed: only on the demo running.
 set -uo pipefail
@@ -12,7 +13,15 @@ if [[ -z $dir || ${#dir} -gt 90 ]]; then  # a Unix socket path holds at most 107
   cleanup_dir=$dir
 fi
 sock=$dir/cqd.sock
-"$demo" --seconds=60 --qps=16 --stats_socket="$sock" --latency >"$dir/demo.out" 2>&1 &
+# The command lines first: --help to stdout with status 0, --version, a bad flag with status 2.
+"$top" --help | grep -q '^usage: cqd_top SOCKET' || { echo "cqd_top --help failed" >&2; exit 1; }
+"$top" --version | grep -Eq '^cqd_top \(cqd\) [0-9]+\.[0-9]+\.[0-9]+$' ||
+  { echo "cqd_top --version failed" >&2; exit 1; }
+"$demo" --version | grep -Eq '^demo \(cqd\) [0-9]+\.[0-9]+\.[0-9]+$' ||
+  { echo "demo --version failed" >&2; exit 1; }
+"$top" --bogus 2>/dev/null
+[[ $? == 2 ]] || { echo "cqd_top --bogus: want status 2" >&2; exit 1; }
+"$demo" --seconds=60 --qps=16 --stats-socket="$sock" --latency >"$dir/demo.out" 2>&1 &
 demo_pid=$!
 cleanup() {
   kill "$demo_pid" 2>/dev/null

@@ -2,9 +2,9 @@
 // cqd demo: traffic through the runtime on the simulated device.
 //
 //   bazel run -c opt //tools:demo -- [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S]
-//                                    [--stats_socket=PATH] [--latency]
+//                                    [--stats-socket=PATH] [--latency]
 //
-// --stats_socket serves the runtime's stats there while it runs (watch it with
+// --stats-socket serves the runtime's stats there while it runs (watch it with
 // `bazel run //tools:cqd_top -- PATH`); --latency records each consumer's poll -> dispatch
 // latency histogram.
 //
@@ -45,9 +45,20 @@ struct Flags {
 
 // Parses "NAME=VALUE" of `arg` into *out if it starts with NAME=; false if it names another flag.
 // A value that is not a number in [min, max] (all of it) prints why and exits 2.
+// True if `arg` names flag `name` ("--name" spelled with dashes or, as older command lines
+// do, underscores) and its value follows at arg[strlen(name)].
+bool Names(const char* arg, const char* name) {
+  for (size_t i = 0; name[i] != '\0'; ++i) {
+    const char want = name[i] == '_' ? '-' : name[i];
+    const char got = arg[i] == '_' && i >= 2 ? '-' : arg[i];
+    if (got != want) return false;
+  }
+  return true;
+}
+
 bool ParseFlag(const char* arg, const char* name, double min, double max, double* out) {
   const size_t n = strlen(name);
-  if (strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
+  if (!Names(arg, name) || arg[n] != '=') return false;
   const char* text = arg + n + 1;
   char* end = nullptr;
   errno = 0;
@@ -133,18 +144,22 @@ void RunPhase(const char* phase, cqd::Runtime& rt, cqd::SimTrafficSource& source
 int main(int argc, char** argv) {
   Flags flags;
   static constexpr char kUsage[] =
-      "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S] [--stats_socket=PATH] "
-      "[--latency]\n"
+      "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S] [--stats-socket=PATH] "
+      "[--latency] [--version]\n"
       "  --pollers=N        poller threads, 1-256 (default 2)\n"
       "  --consumers=N      consumers, 1-256 (default 3)\n"
       "  --qps=N            simulated QPs (default 64; more than max_registrations fail)\n"
-      "  --seconds=S        length of each phase (default 2)\n"
-      "  --stats_socket=PATH  serve live stats there (bazel run //tools:cqd_top -- PATH)\n"
+      "  --seconds=S        length of the busy phase, and of the events phase if more than 1\n"
+      "                     (default 2)\n"
+      "  --stats-socket=PATH  serve live stats there (bazel run //tools:cqd_top -- PATH)\n"
       "  --latency          record each consumer's poll -> dispatch latency\n";
   for (int i = 1; i < argc; ++i) {
     double v;
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       printf("%s", kUsage);
+      return 0;
+    } else if (strcmp(argv[i], "--version") == 0) {
+      printf("demo (cqd) %s\n", cqd::Version().string);
       return 0;
     } else if (ParseFlag(argv[i], "--pollers", 1, 256, &v)) {
       flags.pollers = static_cast<int>(v);
@@ -154,7 +169,7 @@ int main(int argc, char** argv) {
       flags.qps = static_cast<int>(v);
     } else if (ParseFlag(argv[i], "--seconds", 0.001, 86400, &v)) {
       flags.seconds = v;
-    } else if (strncmp(argv[i], "--stats_socket=", 15) == 0) {
+    } else if (Names(argv[i], "--stats-socket") && argv[i][14] == '=') {
       flags.stats_socket = argv[i] + 15;
     } else if (strcmp(argv[i], "--latency") == 0) {
       flags.latency = true;
@@ -216,11 +231,14 @@ int main(int argc, char** argv) {
   }
   cqd::SimTrafficOptions slow;
   slow.qps = slow_qps;
-  slow.completions_per_qp = 250;
+  // 2000 completions a second across the 8 QPs, for max(1, --seconds) s: the pollers sleep
+  // between completions (a stats socket stays up as long as --seconds says).
+  const double events_seconds = std::max(1.0, flags.seconds);
+  slow.completions_per_qp = static_cast<uint64_t>(250 * events_seconds);
   slow.burst = 1;
-  slow.rate_per_sec = 2000;  // 1 s in all: the pollers sleep between completions
+  slow.rate_per_sec = 2000;
   cqd::SimTrafficSource slow_source(slow);
-  RunPhase("events", *rt, slow_source, slow_handlers, 10);
+  RunPhase("events", *rt, slow_source, slow_handlers, events_seconds + 10);
 
   uint64_t disorder = 0;
   for (const auto& h : handlers) disorder += h->out_of_order();

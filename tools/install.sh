@@ -26,8 +26,10 @@
 #   BAZEL="bazel --output_base=/tmp/bazel-x" tools/install.sh --prefix /opt/cqd
 set -euo pipefail
 
-usage() {
-  echo "usage: tools/install.sh [--uninstall] [--prefix DIR] [--libdir DIR] [--from DIST_DIR]" >&2
+usage() {  # usage [CODE]: to stdout and exit 0 for --help; to stderr and exit 2 otherwise
+  local text="usage: tools/install.sh [--uninstall] [--prefix DIR] [--libdir DIR] [--from DIST_DIR] [--version]"
+  if [[ ${1:-2} == 0 ]]; then echo "$text"; exit 0; fi
+  echo "$text" >&2
   exit 2
 }
 
@@ -44,7 +46,11 @@ while (( $# > 0 )); do
     --from) (( $# >= 2 )) || usage; from=$2; shift 2 ;;
     --from=*) from=${1#--from=}; shift ;;
     --uninstall) uninstall=true; shift ;;
-    -h|--help) usage ;;
+    -h|--help) usage 0 ;;
+    --version)
+      sed -n 's/^#define CQD_VERSION_STRING "\(.*\)"$/install.sh (cqd) \1/p' \
+        "$(dirname "${BASH_SOURCE[0]}")/../include/cqd/version.h"
+      exit 0 ;;
     *) echo "install.sh: unknown argument: $1" >&2; usage ;;
   esac
 done

@@ -176,26 +176,42 @@ std::vector<FlagSpec> Specs(Flags& f) {
   };
 }
 
-void Usage(const std::vector<FlagSpec>& specs) {
-  fprintf(stderr, "usage: soak [--flag=value ...]\n");
-  for (const FlagSpec& s : specs) fprintf(stderr, "  --%-20s %s\n", s.name, s.help);
+// Flags are written with dashes (--queue-capacity=1); the underscore spelling of older command
+// lines (--queue_capacity=1) is the same flag.
+std::string DashedName(const char* name) {
+  std::string dashed(name);
+  std::replace(dashed.begin(), dashed.end(), '_', '-');
+  return dashed;
+}
+
+void Usage(const std::vector<FlagSpec>& specs, FILE* to = stderr) {
+  fprintf(to, "usage: soak [--flag=value ...] (--help, --version)\n");
+  for (const FlagSpec& s : specs) fprintf(to, "  --%-20s %s\n", DashedName(s.name).c_str(), s.help);
 }
 
 bool ParseFlags(int argc, char** argv, Flags& f) {
   std::vector<FlagSpec> specs = Specs(f);
   for (int i = 1; i < argc; ++i) {
     const char* arg = argv[i];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      Usage(specs, stdout);
+      exit(0);
+    }
+    if (strcmp(arg, "--version") == 0) {
+      printf("soak (cqd) %s\n", cqd::Version().string);
+      exit(0);
+    }
     const char* eq = strchr(arg, '=');
     if (strncmp(arg, "--", 2) != 0 || eq == nullptr) {
       fprintf(stderr, "soak: bad argument '%s'\n", arg);
       Usage(specs);
       return false;
     }
-    std::string name(arg + 2, eq - arg - 2);
+    const std::string name = DashedName(std::string(arg + 2, eq - arg - 2).c_str());
     const char* value = eq + 1;
     const FlagSpec* spec = nullptr;
     for (const FlagSpec& s : specs) {
-      if (name == s.name) spec = &s;
+      if (name == DashedName(s.name)) spec = &s;
     }
     char* end = nullptr;
     errno = 0;

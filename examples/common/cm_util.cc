@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cqd/version.h"
+
 namespace cqd::examples {
 
 Flags::Flags(int argc, char** argv, const char* usage, std::vector<FlagSpec> specs) {
@@ -21,6 +23,10 @@ Flags::Flags(int argc, char** argv, const char* usage, std::vector<FlagSpec> spe
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--version") {
+      printf("%s (cqd) %s\n", program_.c_str(), Version().string);
+      exit(0);
+    }
     if (arg == "--help" || arg == "-h") {
       printf("%s\n\nflags:\n", usage);
       for (const FlagSpec& f : specs) {
@@ -29,6 +35,7 @@ Flags::Flags(int argc, char** argv, const char* usage, std::vector<FlagSpec> spe
         printf("  %-28s %s\n", left.c_str(), f.help);
       }
       printf("  %-28s %s\n", "--help", "prints this and exits");
+      printf("  %-28s %s\n", "--version", "prints the cqd version and exits");
       exit(0);
     }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) fail("unexpected argument \"" + arg + "\"");
@@ -111,8 +118,15 @@ bool ResolveAddress(const std::string& host, uint16_t port, bool passive, sockad
   const int rc = rdma_getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
   if (rc != 0 || found == nullptr) {
     // rdma_getaddrinfo returns getaddrinfo's EAI_* code, or -1 with errno set.
+    const int error = errno;
     fprintf(stderr, "cannot resolve \"%s\": %s\n", host.c_str(),
-            rc == -1 || rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+            rc == -1 || rc == EAI_SYSTEM ? strerror(error) : gai_strerror(rc));
+    if ((rc == -1 || rc == EAI_SYSTEM) && error == ENODEV) {
+      // librdmacm resolves through an RDMA device: none is there, or none is up.
+      fprintf(stderr,
+              "  librdmacm found no RDMA device to resolve it with: load rxe (docs/RXE.md) or "
+              "check `rdma link`\n");
+    }
     if (found != nullptr) rdma_freeaddrinfo(found);
     return false;
   }

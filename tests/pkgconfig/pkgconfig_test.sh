@@ -46,6 +46,15 @@ expect_eq() {  # expect_eq WHAT GOT WANT
   if [[ $2 == "$3" ]]; then echo "ok: $1"; else fail "$1: got '$2', want '$3'"; fi
 }
 
+# ---- The command line: --help to stdout with status 0; an unknown argument, status 2. ----
+rc=0
+help=$("$install_sh" --help 2>/dev/null) || rc=$?
+expect_eq "install.sh --help exit status" "$rc" 0
+[[ $help == "usage: tools/install.sh "* ]] || fail "install.sh --help printed '$help'"
+rc=0
+"$install_sh" --bogus >/dev/null 2>&1 || rc=$?
+expect_eq "install.sh --bogus exit status" "$rc" 2
+
 # ---- DESTDIR staging: files under DESTDIR, cqd.pc names the prefix only. ----
 DESTDIR="$TEST_TMPDIR/stage" "$install_sh" --prefix /opt/cqd --from "$dist" >/dev/null
 expect_eq "DESTDIR install: cqd.pc prefix" \
