@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -1097,6 +1098,18 @@ TEST(LogSink, HearsControlPathEvents) {
   ASSERT_TRUE(WaitFor([&] { return bed.rt->GetStats().failed_fds == 1; }));
   EXPECT_TRUE(WaitFor([&] { return log.Saw(LogLevel::kWarning, "no longer watched"); }));
 
+  // A CQ that overflows (S11): CQ_ERR, logged at error level with the CQ's id.
+  CqOptions small;
+  small.depth = 8;
+  CQD_ASSERT_OK_AND_ASSIGN(doomed, bed.rt->CreateCq(bed.dev, 0, small));
+  CQD_ASSERT_OK_AND_ASSIGN(qp3, bed.sim->CreateQp(doomed.sim(), doomed.sim()));
+  std::vector<ibv_wc> burst(9);
+  for (auto& wc : burst) wc.qp_num = qp3->qp_num();
+  EXPECT_EQ(doomed.sim()->Inject(burst, false, /*overflow=*/true), -1);
+  EXPECT_TRUE(WaitFor([&] {
+    return log.Saw(LogLevel::kError, "CQ_ERR on cq " + std::to_string(doomed.id()) + ":");
+  }));
+
   // DEVICE_FATAL.
   bed.sim->RaiseDeviceFatal();
   EXPECT_TRUE(WaitFor([&] { return log.Saw(LogLevel::kError, "DEVICE_FATAL"); }));
@@ -1150,13 +1163,20 @@ TEST(LogSink, TheEnvironmentChoosesAStderrSink) {
   EXPECT_EQ(PrintedWithLogLevel("off"), "");
   EXPECT_EQ(PrintedWithLogLevel(""), "");
   const std::string info = PrintedWithLogLevel("info");
-  EXPECT_EQ(info.rfind("cqd: info: device ", 0), 0u) << info;
-  EXPECT_NE(info.find(" added as device 1"), std::string::npos) << info;
-  EXPECT_EQ(info.back(), '\n');
-  EXPECT_NE(PrintedWithLogLevel("debug").find("cqd: info: device "), std::string::npos);
+  // "cqd: <UTC time>Z <pid>:<tid> info: device ... added as device 1"
+  const std::regex line(
+      "cqd: 2[0-9]{3}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\\.[0-9]{6}Z "
+      "[0-9]+:[0-9]+ info: device .* added as device 1.*\n");
+  EXPECT_TRUE(std::regex_match(info, line)) << info;
+  EXPECT_NE(info.find(" " + std::to_string(getpid()) + ":"), std::string::npos) << info;
+  EXPECT_NE(PrintedWithLogLevel("debug").find(" info: device "), std::string::npos);
+  // Levels in any case, as rdma-core's and UCX's switches take them.
+  EXPECT_TRUE(std::regex_match(PrintedWithLogLevel("INFO"), line));
+  EXPECT_TRUE(std::regex_match(PrintedWithLogLevel("Debug"), line));
+  EXPECT_EQ(PrintedWithLogLevel("OFF"), "");
   // Above the message's level: nothing.
   EXPECT_EQ(PrintedWithLogLevel("warning"), "");
-  EXPECT_EQ(PrintedWithLogLevel("warn"), "") << "UCX's spelling is known too";
+  EXPECT_EQ(PrintedWithLogLevel("WARN"), "") << "UCX's spelling is known too";
   EXPECT_EQ(PrintedWithLogLevel("error"), "");
   // A value it does not know is said once, and the log stays off.
   EXPECT_EQ(PrintedWithLogLevel("loud"),
@@ -1166,6 +1186,28 @@ TEST(LogSink, TheEnvironmentChoosesAStderrSink) {
   LogCollector engine;
   EXPECT_EQ(PrintedWithLogLevel("debug", &engine), "");
   EXPECT_TRUE(engine.Saw(LogLevel::kInfo, "added as device 1"));
+}
+
+// CQD_LOG_FILE: the lines are appended to that file, not printed; a file that cannot be opened
+// is said on stderr, and the lines go there.
+TEST(LogSink, CqdLogFileTakesTheLines) {
+  const std::string path = SocketPath("cqd.log");
+  {
+    std::ofstream earlier(path);
+    earlier << "an earlier line\n";
+  }
+  setenv("CQD_LOG_FILE", path.c_str(), 1);
+  EXPECT_EQ(PrintedWithLogLevel("info"), "");
+  std::ifstream in(path);
+  const std::string written((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(written.rfind("an earlier line\ncqd: ", 0), 0u) << written;
+  EXPECT_NE(written.find(" info: device "), std::string::npos) << written;
+  setenv("CQD_LOG_FILE", "/nonexistent-dir/cqd.log", 1);
+  const std::string printed = PrintedWithLogLevel("info");
+  unsetenv("CQD_LOG_FILE");
+  EXPECT_EQ(printed.rfind("cqd: CQD_LOG_FILE=/nonexistent-dir/cqd.log cannot be opened (", 0), 0u)
+      << printed;
+  EXPECT_NE(printed.find(" info: device "), std::string::npos) << printed;
 }
 
 // Without a sink the library writes nothing to stdout or stderr, even when things go wrong.

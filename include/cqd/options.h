@@ -101,8 +101,10 @@ struct RuntimeOptions {
   // thread is moved, and comp_vector -1 means vector 0.
   bool auto_placement = true;
   // Optional: where the runtime's log messages go. Unset, the environment decides: with
-  // CQD_LOG_LEVEL=debug, info, warning (or warn) or error, messages at that level or above go to
-  // stderr, one line each ("cqd: info: ..."); unset or "off", the runtime prints nothing. Called on
+  // CQD_LOG_LEVEL=debug, info, warning (or warn) or error, in any case, messages at that level or
+  // above go to stderr, or appended to the file CQD_LOG_FILE names, one line each
+  // ("cqd: 2026-11-26T10:00:00.000001Z PID:TID info: ..."); unset or "off", the runtime prints
+  // nothing. Called on
   // control paths only, never by a poller or a consumer: from the thread making a control call, the
   // event thread, the teardown thread and the stats thread, possibly concurrently, so it must be
   // thread-safe. It must not block for long (it delays the event thread) and must not call the

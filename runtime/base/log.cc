@@ -1,8 +1,14 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/base/log.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -37,14 +43,42 @@ void Logger::Log(LogLevel level, std::string_view message) const noexcept {
   tls_in_log_sink = outer;
 }
 
+namespace {
+
+// `text` in lower case (ASCII), for level names given in any case.
+std::string Lower(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return lower;
+}
+
+// Where the lines go: stderr, or the file CQD_LOG_FILE names (appended to; closed with the sink).
+std::shared_ptr<FILE> LogStream() {
+  const char* path = std::getenv("CQD_LOG_FILE");
+  if (path == nullptr || *path == '\0') return std::shared_ptr<FILE>(stderr, [](FILE*) {});
+  FILE* file = std::fopen(path, "ae");
+  if (file == nullptr) {
+    std::fprintf(stderr, "cqd: CQD_LOG_FILE=%s cannot be opened (%s): logging to stderr\n", path,
+                 std::strerror(errno));
+    return std::shared_ptr<FILE>(stderr, [](FILE*) {});
+  }
+  std::setvbuf(file, nullptr, _IOLBF, 0);
+  return std::shared_ptr<FILE>(file, [](FILE* f) { std::fclose(f); });
+}
+
+}  // namespace
+
 std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
   const char* value = std::getenv("CQD_LOG_LEVEL");
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "off") return {};
+  const std::string wanted = Lower(value == nullptr ? "" : value);
+  if (wanted.empty() || wanted == "off") return {};
   std::optional<LogLevel> least;
   for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
-    if (LogLevelName(level) == value) least = level;
+    if (LogLevelName(level) == wanted) least = level;
   }
-  if (std::string_view(value) == "warn") least = LogLevel::kWarning;  // UCX's and others' spelling
+  if (wanted == "warn") least = LogLevel::kWarning;  // UCX's and others' spelling
   if (!least) {
     std::fprintf(stderr,
                  "cqd: CQD_LOG_LEVEL=%s is not one of debug, info, warning, error, off: the log "
@@ -52,12 +86,20 @@ std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
                  value);
     return {};
   }
-  return [least = *least](LogLevel level, std::string_view message) {
+  return [least = *least, out = LogStream()](LogLevel level, std::string_view message) {
     if (level < least) return;
     const std::string_view name = LogLevelName(level);
+    timespec now{};
+    clock_gettime(CLOCK_REALTIME, &now);
+    tm utc{};
+    gmtime_r(&now.tv_sec, &utc);
+    char when[32];
+    std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &utc);
     // One call, so that concurrent messages do not interleave within a line.
-    std::fprintf(stderr, "cqd: %.*s: %.*s\n", static_cast<int>(name.size()), name.data(),
-                 static_cast<int>(message.size()), message.data());
+    std::fprintf(out.get(), "cqd: %s.%06ldZ %d:%ld %.*s: %.*s\n", when, now.tv_nsec / 1000,
+                 static_cast<int>(getpid()), static_cast<long>(gettid()),
+                 static_cast<int>(name.size()), name.data(), static_cast<int>(message.size()),
+                 message.data());
   };
 }
 

@@ -23,6 +23,7 @@ class Logger {
 
   bool enabled() const noexcept { return static_cast<bool>(sink_); }
   void Log(LogLevel level, std::string_view message) const noexcept;
+  void Debug(std::string_view message) const noexcept { Log(LogLevel::kDebug, message); }
   void Info(std::string_view message) const noexcept { Log(LogLevel::kInfo, message); }
   void Warning(std::string_view message) const noexcept { Log(LogLevel::kWarning, message); }
   void Error(std::string_view message) const noexcept { Log(LogLevel::kError, message); }
@@ -32,9 +33,13 @@ class Logger {
 };
 
 // The sink RuntimeOptions::log stands for when the engine gives none: with CQD_LOG_LEVEL set in
-// the environment to debug, info, warning or error, each message at that level or above goes to
-// stderr as one line, "cqd: <level>: <message>"; unset, empty or "off": none (an empty
-// function). Any other value is reported on stderr once per call and means off.
+// the environment to debug, info, warning (warn) or error, in any case, each message at that
+// level or above goes out as one line,
+//   "cqd: <UTC time, microseconds>Z <pid>:<tid> <level>: <message>"
+// to stderr, or appended to the file CQD_LOG_FILE names (opened here, closed with the sink; one
+// that cannot be opened is reported on stderr, and stderr is used). CQD_LOG_LEVEL unset, empty
+// or "off": none (an empty function). Any other value is reported on stderr once per call and
+// means off.
 std::function<void(LogLevel, std::string_view)> EnvironmentLogSink();
 
 }  // namespace cqd::internal

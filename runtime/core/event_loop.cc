@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
@@ -313,6 +314,7 @@ void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event) {
     device->failed.store(true, std::memory_order_release);
     for (Poller* poller : pollers_) poller->UnparkAll();  // its CQs raise no more events
   }
+  if (event.type == IBV_EVENT_CQ_ERR) LogCqError(device, event);
   if (device->handler != nullptr) device->handler->OnDeviceEvent(event);
   if (event.type != IBV_EVENT_CQ_ERR && event.type != IBV_EVENT_DEVICE_FATAL) return;
   // Fan out to every QP the event takes down: rare, so a scan of the slots is fine.
@@ -332,6 +334,27 @@ void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event) {
   }
   // Teardowns under way on a dead device will not drain: they end now (kUnavailable).
   if (event.type == IBV_EVENT_DEVICE_FATAL && on_device_failed_) on_device_failed_(device->id);
+}
+
+void EventLoop::LogCqError(const DeviceRecord* device, const AsyncEvent& event) {
+  if (log_ == nullptr || !log_->enabled()) return;
+  // At most one line a second: a burst of overflows (a consumer stuck behind many CQs) is one
+  // line and a count, not a flood on the event thread.
+  const auto now = std::chrono::steady_clock::now();
+  if (cq_errors_logged_ > 0 && now - last_cq_error_log_ < std::chrono::seconds(1)) {
+    ++cq_errors_unlogged_;
+    return;
+  }
+  std::string line = "device " + device->backend->name() + ": CQ_ERR on cq " +
+                     std::to_string(event.cq_id) +
+                     ": the CQ overflowed or failed; its QPs are told (QpHandler::OnAsyncEvent)";
+  if (cq_errors_unlogged_ > 0) {
+    line += " (" + std::to_string(cq_errors_unlogged_) + " more CQ_ERR since the last line)";
+  }
+  log_->Error(line);
+  ++cq_errors_logged_;
+  cq_errors_unlogged_ = 0;
+  last_cq_error_log_ = now;
 }
 
 bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId device) {

@@ -27,6 +27,7 @@
 #define CQD_RUNTIME_CORE_EVENT_LOOP_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -128,6 +129,11 @@ class EventLoop {
   std::atomic<uint64_t> failed_fds_{0};
   std::function<void(DeviceId)> on_device_failed_;
   const Logger* log_ = nullptr;
+  // CQ_ERR lines: at most one a second, with a count of those left out (event thread only).
+  void LogCqError(const DeviceRecord* device, const AsyncEvent& event);
+  uint64_t cq_errors_logged_ = 0;
+  uint64_t cq_errors_unlogged_ = 0;
+  std::chrono::steady_clock::time_point last_cq_error_log_{};
 };
 
 }  // namespace cqd::internal

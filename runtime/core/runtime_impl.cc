@@ -423,10 +423,13 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   for (CqRecord* cq : {send, recv}) {
     if (cq->fences.load(std::memory_order_relaxed) != 0 &&
         !pollers_[cq->shard]->FenceForReuse(cq, qp_num)) {
-      return Unavailable("RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
-                         " still holds completions of a retired QP that had this number, and a "
-                         "consumer it serves is too full for the runtime to poll them out now "
-                         "(ConsumerStats::spill_depth); register again once it drains");
+      Status refused = Unavailable(
+          "RegisterQp: qp_num " + Str(qp_num) + ": CQ " + Str(cq->id) +
+          " still holds completions of a retired QP that had this number, and a consumer it "
+          "serves is too full for the runtime to poll them out now "
+          "(ConsumerStats::spill_depth); register again once it drains");
+      if (log_.enabled()) log_.Debug(refused.message());
+      return refused;
     }
   }
   if (send == recv) {

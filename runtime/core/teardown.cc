@@ -144,6 +144,13 @@ void TeardownWorker::Run() {
     lock.unlock();
     for (auto& state : fencing) host_.PostFence(*state);
     for (auto& state : redriving) {
+      if (log_ != nullptr && log_->enabled()) {
+        char qp[16];
+        snprintf(qp, sizeof(qp), "0x%x", state->qp_num);
+        log_->Debug(std::string("TeardownQp of qp_num ") + qp + ": markers not polled after " +
+                    std::to_string(state->retry_every.count()) +
+                    " us more; moving the QP to Error again");
+      }
       // Worker-owned fields: the retire that reads `markers` runs on this thread too.
       if (host_.RedriveDrain(*state) && state->recv_marker_owed) {
         state->recv_marker_owed = false;
