@@ -452,6 +452,7 @@ TEST(StatsFormat, JsonIsWellFormedAndCarriesEveryField) {
   std::optional<Json> root = Parse(text, &error);
   ASSERT_TRUE(root) << error << "\n" << text;
   EXPECT_EQ(text.find('\n'), std::string::npos) << "one line";
+  EXPECT_EQ(root->at("version").get<std::string>(), Version().string);
   EXPECT_EQ(root->at("uptime_ns").get<uint64_t>(), s.uptime_ns);
   EXPECT_EQ(root->at("orphans").get<uint64_t>(), 3u);
   EXPECT_EQ(root->at("failed_fds").get<uint64_t>(), 1u);
@@ -738,6 +739,9 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   RuntimeOptions options = testing::OwnedConsumers(2, 2);
   options.consumers[0].name = "fast \"lane\"";
   options.consumers[1].record_latency = true;
+  options.consumers[0].queue_capacity = 1000;  // bounds of its own, told apart from the defaults
+  options.consumers[1].spill_capacity = 77;
+  options.max_registrations = 300;
   options.stats_socket = SocketPath("stats.sock");
   testing::SimTopology topo;
   CQD_ASSERT_OK(topo.Build(options, 2, 4));
@@ -784,6 +788,17 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   EXPECT_EQ(samples["cqd_consumer_latency_seconds_count"].size(), 1u);
   ASSERT_EQ(samples["cqd_registrations"].size(), 1u);
   EXPECT_EQ(samples["cqd_registrations"][0].value, 4);
+  // The bounds beside the depths, so that a fill ratio needs no configuration: what the runtime
+  // was created with.
+  ASSERT_EQ(samples["cqd_max_registrations"].size(), 1u);
+  EXPECT_EQ(samples["cqd_max_registrations"][0].value, options.max_registrations);
+  ASSERT_EQ(samples["cqd_consumer_queue_capacity"].size(), 2u);
+  EXPECT_EQ(samples["cqd_consumer_queue_capacity"][0].value, options.consumers[0].queue_capacity);
+  ASSERT_EQ(samples["cqd_consumer_spill_capacity"].size(), 2u);
+  EXPECT_EQ(samples["cqd_consumer_spill_capacity"][1].value, options.consumers[1].spill_capacity);
+  ASSERT_EQ(samples["cqd_build_info"].size(), 1u);
+  EXPECT_EQ(LabelOf(samples["cqd_build_info"][0], "version"), Version().string);
+  EXPECT_EQ(samples["cqd_build_info"][0].value, 1);
 
   // HTTP, as curl --unix-socket sends it.
   const std::string http =
@@ -801,6 +816,12 @@ TEST(StatsEndpoint, ServesJsonAndPrometheus) {
   EXPECT_TRUE(Parse(http_json.substr(http_json.find("\r\n\r\n") + 4), &error)) << error;
   EXPECT_EQ(Ask(options.stats_socket, "GET /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 404", 0), 0u);
   EXPECT_EQ(Ask(options.stats_socket, "POST / HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 405", 0), 0u);
+  // HEAD: GET's headers, its Content-Length included, and no body.
+  const std::string head = Ask(options.stats_socket, "HEAD /json HTTP/1.1\r\n\r\n");
+  ASSERT_EQ(head.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << head;
+  EXPECT_EQ(head.find("\r\n\r\n"), head.size() - 4) << head;
+  EXPECT_NE(head.find("Content-Length: "), std::string::npos) << head;
+  EXPECT_EQ(Ask(options.stats_socket, "HEAD /nope HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 404", 0), 0u);
 
   EXPECT_EQ(Ask(options.stats_socket, "xml\n"), "error: unknown request (json|prometheus)\n");
 

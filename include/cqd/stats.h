@@ -80,6 +80,8 @@ struct ConsumerStats {
   uint64_t stalls = 0;            // stalls begun
   uint64_t stalled_ns = 0;        // time spent stalled, the stalls in progress included
   uint64_t stall_ns = 0;          // how long the stall in progress has lasted (0: none)
+  uint64_t queue_capacity = 0;    // ConsumerOptions::queue_capacity: queue_depth's bound
+  uint64_t spill_capacity = 0;    // ConsumerOptions::spill_capacity: each poller's spill bound
   LatencyStats latency;           // ConsumerOptions::record_latency
 };
 
@@ -95,6 +97,7 @@ struct Stats {
   // QPs registered now: registrations that have not ended (by Unregister, the Registration's
   // destructor, or the end of a TeardownQp). 0 once every registration ended: a leak check.
   uint64_t registrations = 0;
+  uint64_t max_registrations = 0;  // RuntimeOptions::max_registrations: registrations' bound
   std::vector<PollerStats> pollers;
   std::vector<CqStats> cqs;
   std::vector<ConsumerStats> consumers;

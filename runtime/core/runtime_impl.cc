@@ -754,12 +754,15 @@ Stats RuntimeImpl::GetStats() const {
     c.async_events = consumer->async_delivered();
     c.queue_depth = consumer->depth();
     c.high_water = consumer->high_water();
+    c.queue_capacity = options_.consumers[consumer->index()].queue_capacity;
+    c.spill_capacity = options_.consumers[consumer->index()].spill_capacity;
     for (const auto& poller : pollers_) poller->AddSpillStats(consumer->index(), c);
     if (consumer->latency() != nullptr) c.latency = consumer->latency()->Snapshot();
     stats.consumers.push_back(std::move(c));
   }
   placement_.FillStats(stats);
   stats.registrations = live_registrations_.load(std::memory_order_relaxed);
+  stats.max_registrations = options_.max_registrations;
   if (OnRuntimeThread() || InLogSink()) return stats;  // the CQ part needs the mutex
   std::lock_guard<ControlMutex> lock(mu_);
   cqs_.FillStats(stats);

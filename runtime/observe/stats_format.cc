@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cqd/version.h"
 #include "runtime/base/utf8.h"
 
 namespace cqd {
@@ -287,6 +288,9 @@ constexpr Field<Stats> kTotalFields[] = {
               &Stats::uptime_ns),
     U<Stats>("registrations", "cqd_registrations", "gauge",
              "QPs registered now (registrations not yet ended).", &Stats::registrations),
+    U<Stats>("max_registrations", "cqd_max_registrations", "gauge",
+             "Most QPs that may be registered at once (RuntimeOptions::max_registrations).",
+             &Stats::max_registrations),
     U<Stats>("orphans", "cqd_orphans_total", "counter",
              "Completions given to the orphan handler (or dropped if none).", &Stats::orphans),
     U<Stats>("async_events", "cqd_async_events_total", "counter", "Async events read from devices.",
@@ -360,6 +364,12 @@ constexpr Field<ConsumerStats> kConsumerFields[] = {
                      "Async and CM events handed to handlers.", &ConsumerStats::async_events),
     U<ConsumerStats>("queue_depth", "cqd_consumer_queue_depth", "gauge", "Items queued now.",
                      &ConsumerStats::queue_depth),
+    U<ConsumerStats>("queue_capacity", "cqd_consumer_queue_capacity", "gauge",
+                     "Most items the queue holds (ConsumerOptions::queue_capacity).",
+                     &ConsumerStats::queue_capacity),
+    U<ConsumerStats>("spill_capacity", "cqd_consumer_spill_capacity", "gauge",
+                     "Most items each poller's spill holds (ConsumerOptions::spill_capacity).",
+                     &ConsumerStats::spill_capacity),
     U<ConsumerStats>("high_water", "cqd_consumer_queue_high_water", "gauge",
                      "Most items ever queued at once.", &ConsumerStats::high_water),
     U<ConsumerStats>("spill_depth", "cqd_consumer_spill_depth", "gauge",
@@ -464,6 +474,7 @@ void AppendInfo(PromWriter& w, const char* metric, const char* help, const std::
 
 void AppendStatsJson(std::string& out, const Stats& s) {
   JsonObject root(out);
+  AppendJsonString(root.Key("version"), Version().string);  // the library's
   AppendJsonFields(root, s, kTotalFields);
   AppendJsonString(root.Key("placement_cpus"), s.placement_cpus);
   root.Key("devices") += '[';
@@ -520,6 +531,8 @@ std::string StatsToPrometheus(const Stats& s, const PrometheusOptions& options) 
   std::string out;
   out.reserve(4096 + 600 * (s.pollers.size() + s.cqs.size()) + 3000 * s.consumers.size());
   PromWriter w(out);
+  w.Family("cqd_build_info", "gauge", "Always 1; the version of the cqd library.");
+  w.U64("cqd_build_info", {{"version", Version().string}}, 1);
   AppendPromFamilies(w, {&s, 1}, kTotalFields, [](size_t) { return std::vector<Label>{}; });
   w.Family("cqd_cqs", "gauge", "CQs the runtime polls now (0 in a snapshot without CQs).");
   w.U64("cqd_cqs", {}, s.cqs.size());

@@ -360,8 +360,8 @@ void StatsServer::Serve(int fd) {
       const std::string method = line.substr(0, sp1);
       std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
       target = target.substr(0, target.find('?'));
-      if (method != "GET") {
-        response = HttpResponse("405 Method Not Allowed", "text/plain", "only GET\n");
+      if (method != "GET" && method != "HEAD") {
+        response = HttpResponse("405 Method Not Allowed", "text/plain", "only GET and HEAD\n");
       } else if (target == "/metrics") {
         response = HttpResponse("200 OK", kPrometheusType,
                                 StatsToPrometheus(snapshot_(), {.per_cq = per_cq_}));
@@ -371,6 +371,8 @@ void StatsServer::Serve(int fd) {
         response =
             HttpResponse("404 Not Found", "text/plain", "not found: try /metrics or /json\n");
       }
+      // HEAD: the same headers, Content-Length included, and no body (RFC 9110, 9.3.2).
+      if (method == "HEAD") response.erase(response.find("\r\n\r\n") + 4);
     } else if (line.empty() || line == "json") {
       response = StatsToJson(snapshot_()) + "\n";
     } else if (line == "prometheus") {
