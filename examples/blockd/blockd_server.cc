@@ -6,7 +6,7 @@
 //
 //   blockd_server [--addr=0.0.0.0] [--port=7472] [--device=NAME] [--blocks=4096]
 //                 [--block-size=4096] [--pollers=2] [--consumers=2] [--exit-after=N]
-//                 [--stats-json=FILE|-] [--stats-socket=PATH]
+//                 [--stats-json=FILE|-] [--stats-socket=PATH] [--stats-tcp=ADDR:PORT]
 //
 // Handlers run on runtime-owned consumer threads (connection n on consumer n % consumers); the
 // CM channel's CmHandler (connect requests) runs on consumer 0. A connection ends on
@@ -432,6 +432,7 @@ int Server::Run() {
   consumers = static_cast<int>(flags_.Int("consumers", 2));
   options.consumers.resize(consumers);
   options.stats_socket = flags_.Str("stats-socket", "");
+  options.stats_tcp = flags_.Str("stats-tcp", "");
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   block_size = static_cast<uint32_t>(flags_.Int("block-size", 4096));
   blocks = static_cast<uint64_t>(flags_.Int("blocks", 4096));
@@ -510,6 +511,8 @@ int main(int argc, char** argv) {
            0, 1099511627776},
           {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
           {"stats-socket", "PATH", "serve live stats on this Unix socket (tools/cqd_top)"},
+          {"stats-tcp", "ADDR:PORT",
+           "serve live stats over HTTP there too, for Prometheus (loopback only)"},
       });
   cqd::examples::blockd::Server server(flags);
   return server.Run();

@@ -3,7 +3,8 @@
 //
 //   echo_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--pollers=2] [--exit-after=N]
 //               [--exit-when-told]
-//               [--keepalive-ms=500] [--stats-json=FILE|-] [--stats-socket=PATH] [--latency]
+//               [--keepalive-ms=500] [--stats-json=FILE|-] [--stats-socket=PATH]
+//               [--stats-tcp=ADDR:PORT] [--latency]
 //               [--owned]
 //
 // The runtime's pollers drain the CQs; the server's one consumer is engine-driven: this thread
@@ -258,6 +259,7 @@ int Server::Run() {
   options.consumers[0].name = "echo";
   options.consumers[0].record_latency = flags_.Has("latency");
   options.stats_socket = flags_.Str("stats-socket", "");
+  options.stats_tcp = flags_.Str("stats-tcp", "");
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   keepalive = std::chrono::milliseconds(flags_.Int("keepalive-ms", 500));
   Runtime& rt = *engine.runtime;
@@ -350,6 +352,8 @@ int main(int argc, char** argv) {
           {"exit-when-told", nullptr, "with --exit-after, also wait for SIGUSR1"},
           {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
           {"stats-socket", "PATH", "serve live stats on this Unix socket (tools/cqd_top)"},
+          {"stats-tcp", "ADDR:PORT",
+           "serve live stats over HTTP there too, for Prometheus (loopback only)"},
           {"latency", nullptr, "record poll-to-dispatch latency"},
           {"owned", nullptr,
            "run the handlers on a runtime-owned consumer thread instead of this thread's loop"},

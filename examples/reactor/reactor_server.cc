@@ -5,6 +5,7 @@
 //   reactor_server [--addr=0.0.0.0] [--port=7471] [--device=NAME] [--threads=N] [--budget=64]
 //                  [--idle-spin-us=50] [--no-pin] [--keepalive-ms=500] [--exit-after=N]
 //                  [--exit-when-told] [--stats-json=FILE|-] [--stats-socket=PATH]
+//                  [--stats-tcp=ADDR:PORT]
 //
 // The runtime has N shards, every one engine-driven (RuntimeOptions::engine_shards), and N
 // run-to-completion consumers, consumer i on shard i. Reactor thread i owns shard i: its loop
@@ -685,6 +686,7 @@ int Server::Run() {
     options.consumers.push_back(consumer);
   }
   options.stats_socket = flags_.Str("stats-socket", "");
+  options.stats_tcp = flags_.Str("stats-tcp", "");
   if (!engine.Start(options, 4096, flags_.Str("device", ""))) return 1;
   for (int i = 0; i < threads; ++i) {
     reactors.push_back(std::make_unique<Reactor>(*this, i));
@@ -785,6 +787,8 @@ int main(int argc, char** argv) {
           {"exit-when-told", nullptr, "with --exit-after, also wait for SIGUSR1"},
           {"stats-json", "FILE|-", "write the runtime's stats as JSON there at exit"},
           {"stats-socket", "PATH", "serve live stats on this Unix socket (tools/cqd_top)"},
+          {"stats-tcp", "ADDR:PORT",
+           "serve live stats over HTTP there too, for Prometheus (loopback only)"},
       });
   cqd::examples::Server server(flags);
   return server.Run();

@@ -5,8 +5,9 @@
 #      listening on :: (IPv6's any address, which takes IPv4 clients too);
 #   1. a client pointed at a port nobody serves gives up with a message naming the address
 #      (exit code 1), rather than retrying or hanging;
-#   2. SIGTERM ends echo_server while clients run: it says it is stopping, ends its connections,
-#      prints its summary and its stats (no registration left), and exits 0;
+#   2. echo_server serves its metrics over --stats-tcp while clients run; SIGTERM then ends it:
+#      it says it is stopping, ends its connections, prints its summary and its stats (no
+#      registration left), and exits 0;
 #   3. SIGINT does the same for blockd_server.
 # Exit code: 0 iff every check passed.
 addr=10.0.2.15
@@ -45,12 +46,20 @@ rc=$?
   ok "blockd_client gives up too" || { cat /work/refused_blockd.log; fail "blockd_client: exit $rc"; }
 
 # ---- 2. SIGTERM ends echo_server cleanly. ----
-echo_server --stats-json=/work/echo_stats.json >/work/echo_server.log 2>&1 &
+echo_server --stats-json=/work/echo_stats.json --stats-tcp=127.0.0.1:9464 \
+  >/work/echo_server.log 2>&1 &
 server=$!
 wait_for /work/echo_server.log '^cqd-ready'
 echo_client --server=$addr --connections=4 --requests=20 --rounds=1000000 >/work/echo_client.log 2>&1 &
 client=$!
 wait_for /work/echo_client.log '^echo_client: running'
+# What Prometheus would scrape, over --stats-tcp: the version and the bounds beside the depths.
+wget -q -O /work/metrics.txt http://127.0.0.1:9464/metrics
+grep -Eq '^cqd_build_info\{version="[0-9]+\.[0-9]+\.[0-9]+"\} 1$' /work/metrics.txt &&
+  grep -Eq '^cqd_consumer_queue_capacity\{.*\} [1-9]' /work/metrics.txt &&
+  grep -Eq '^cqd_registrations [1-9]' /work/metrics.txt &&
+  ok "--stats-tcp serves the metrics: build info, capacities, live registrations" ||
+  fail "--stats-tcp: $(head -c 300 /work/metrics.txt)"
 kill -TERM $server
 wait $server
 rc=$?
