@@ -1,16 +1,21 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // cqd_top: live rates of a running cqd runtime, read from its stats endpoint
-// (RuntimeOptions::stats_socket).
+// (RuntimeOptions::stats_socket, or stats_tcp).
 //
-//   bazel run //tools:cqd_top -- /path/to/socket [--interval=1] [--count=N] [--cqs=10] [--clear]
+//   bazel run //tools:cqd_top -- ENDPOINT [--interval=1] [--count=N] [--cqs=10] [--clear]
 //
-// Every interval it connects, asks for JSON ("json\n"), and prints one frame of aligned plain-text
-// tables: per poller completions, polls, empty polls, sleeps and arms per second; per CQ
+// ENDPOINT is the Unix socket's path, or HOST:PORT of the TCP endpoint (a path never has a colon
+// here: one with a colon is taken as HOST:PORT unless it starts with '/' or '.').
+// Every interval it connects, asks for JSON ("json\n" on the socket, GET /json over TCP), and
+// prints one frame of aligned plain-text tables: registrations (now and the bound); per poller
+// completions, polls, empty polls, sleeps, arms and parks per second and its parked CQs; per CQ
 // completions, events and acks per second (the busiest --cqs of them); per consumer deliveries
-// per second, queue and spill depth, stalls, and the poll -> dispatch latency of the interval
+// per second, queue and spill depth, stalls, the stall in progress (STALL_NOW: how long this
+// consumer has held its pollers back), and the poll -> dispatch latency of the interval
 // (p50/p99/p99.9 from the histogram buckets that changed; MAX_EVER is since the start) where the
 // consumer records it. --count N prints N frames and exits (0: run until interrupted); --clear
 // clears the terminal before each frame. Exits 1 when the endpoint cannot be read.
+#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -34,7 +39,7 @@
 namespace {
 
 struct Flags {
-  std::string socket;
+  std::string endpoint;  // a Unix socket's path, or HOST:PORT
   double interval = 1;
   long count = 0;
   size_t cqs = 10;
@@ -43,8 +48,9 @@ struct Flags {
 
 void Usage(FILE* to) {
   fprintf(to,
-          "usage: cqd_top SOCKET [--interval=SECONDS] [--count=N] [--cqs=N] [--clear]\n"
-          "  SOCKET      the runtime's RuntimeOptions::stats_socket\n"
+          "usage: cqd_top ENDPOINT [--interval=SECONDS] [--count=N] [--cqs=N] [--clear]\n"
+          "  ENDPOINT    the runtime's RuntimeOptions::stats_socket (a path), or its stats_tcp\n"
+          "              (HOST:PORT)\n"
           "  --interval  seconds between frames (default 1, at least 0.05)\n"
           "  --count     frames to print, then exit (default 0: until interrupted)\n"
           "  --cqs       CQs to show, the busiest first (default 10)\n"
@@ -82,39 +88,85 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       flags->cqs = static_cast<size_t>(cqs);
     } else if (strcmp(argv[i], "--clear") == 0) {
       flags->clear = true;
-    } else if (argv[i][0] == '-' || !flags->socket.empty()) {
+    } else if (argv[i][0] == '-' || !flags->endpoint.empty()) {
       return false;
     } else {
-      flags->socket = argv[i];
+      flags->endpoint = argv[i];
     }
   }
-  return !flags->socket.empty();
+  return !flags->endpoint.empty();
+}
+
+// True if `endpoint` names a TCP endpoint (HOST:PORT) rather than a Unix socket's path.
+bool IsTcp(const std::string& endpoint) {
+  return endpoint.find(':') != std::string::npos && endpoint[0] != '/' && endpoint[0] != '.';
+}
+
+// A connected stream socket to `endpoint`, with 5 s send and receive timeouts; -1 (and `error`)
+// on failure.
+int Connect(const std::string& endpoint, std::string* error) {
+  if (!IsTcp(endpoint)) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (endpoint.size() >= sizeof(addr.sun_path)) {
+      *error = "socket path too long";
+      return -1;
+    }
+    memcpy(addr.sun_path, endpoint.data(), endpoint.size());
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *error = std::string("socket: ") + strerror(errno);
+      return -1;
+    }
+    timeval tv{5, 0};  // never hang on a stuck endpoint
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      *error = "connect " + endpoint + ": " + strerror(errno);
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+  const size_t colon = endpoint.rfind(':');
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), endpoint.c_str() + colon + 1, &hints, &found);
+  if (rc != 0) {
+    *error = "resolve " + endpoint + ": " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      *error = "connect " + endpoint + ": " + strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  return fd;
 }
 
 // Reads the endpoint's JSON; returns false with `error` set on failure.
-bool Fetch(const std::string& path, std::string* body, std::string* error) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    *error = "socket path too long";
-    return false;
-  }
-  memcpy(addr.sun_path, path.data(), path.size());
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *error = std::string("socket: ") + strerror(errno);
-    return false;
-  }
-  timeval tv{5, 0};  // never hang on a stuck endpoint
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  if (!ok) *error = "connect " + path + ": " + strerror(errno);
-  const char request[] = "json\n";
-  if (ok && send(fd, request, sizeof(request) - 1, MSG_NOSIGNAL) != sizeof(request) - 1) {
-    *error = std::string("send: ") + strerror(errno);
-    ok = false;
-  }
+bool Fetch(const std::string& endpoint, std::string* body, std::string* error) {
+  const int fd = Connect(endpoint, error);
+  if (fd < 0) return false;
+  const bool tcp = IsTcp(endpoint);
+  const std::string request = tcp ? "GET /json HTTP/1.0\r\n\r\n" : "json\n";
+  bool ok = send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(request.size());
+  if (!ok) *error = std::string("send: ") + strerror(errno);
   body->clear();
   char buf[65536];
   while (ok) {
@@ -129,6 +181,14 @@ bool Fetch(const std::string& path, std::string* body, std::string* error) {
     }
   }
   close(fd);
+  if (ok && tcp) {  // an HTTP response: its status, then the body after the headers
+    const size_t end = body->find("\r\n\r\n");
+    if (body->rfind("HTTP/1.0 200", 0) != 0 || end == std::string::npos) {
+      *error = "GET /json from " + endpoint + ": " + body->substr(0, body->find('\r'));
+      return false;
+    }
+    body->erase(0, end + 4);
+  }
   return ok;
 }
 
@@ -136,7 +196,7 @@ bool Fetch(const std::string& path, std::string* body, std::string* error) {
 struct Snapshot {
   struct Poller {
     int64_t cpu;
-    uint64_t polls, empty_polls, completions, arms, arm_failures, sleeps, stalls;
+    uint64_t polls, empty_polls, completions, arms, arm_failures, sleeps, stalls, parks, parked_cqs;
   };
   struct Cq {
     int64_t shard;
@@ -145,12 +205,13 @@ struct Snapshot {
   struct Consumer {
     std::string name;
     uint64_t delivered, async_events, queue_depth, high_water, spill_depth, spill_high_water,
-        stalls, stalled_ns;
+        stalls, stalled_ns, stall_ns;
     bool latency = false;
     uint64_t latency_max_ns = 0;
     std::map<uint64_t, uint64_t> buckets;  // upper_ns -> count
   };
   uint64_t uptime_ns = 0;
+  uint64_t registrations = 0, max_registrations = 0;
   uint64_t orphans = 0, async_events = 0, failed_fds = 0, cm_events = 0;
   uint64_t cq_events = 0, cq_acked_events = 0, cq_ack_calls = 0;
   std::vector<Poller> pollers;
@@ -161,11 +222,15 @@ struct Snapshot {
 using nlohmann::json;
 
 uint64_t U64(const json& j, const char* key) { return j.at(key).get<uint64_t>(); }
+// A field an older runtime may not serve: 0 then.
+uint64_t Newer(const json& j, const char* key) { return j.value(key, uint64_t{0}); }
 
 // Throws nlohmann::json::exception for a document that is not a cqd stats document (a key
 // missing, a value of another type); Read turns that into an error.
 void Extract(const json& root, Snapshot* s) {
   s->uptime_ns = U64(root, "uptime_ns");
+  s->registrations = U64(root, "registrations");
+  s->max_registrations = Newer(root, "max_registrations");
   s->orphans = U64(root, "orphans");
   s->async_events = U64(root, "async_events");
   s->failed_fds = U64(root, "failed_fds");
@@ -176,7 +241,8 @@ void Extract(const json& root, Snapshot* s) {
   for (const json& p : root.at("pollers")) {
     s->pollers.push_back({p.value("cpu", int64_t{-1}), U64(p, "polls"), U64(p, "empty_polls"),
                           U64(p, "completions"), U64(p, "arms"), U64(p, "arm_failures"),
-                          U64(p, "sleeps"), U64(p, "backpressure_stalls")});
+                          U64(p, "sleeps"), U64(p, "backpressure_stalls"), Newer(p, "parks"),
+                          Newer(p, "parked_cqs")});
   }
   for (const json& c : root.at("cqs")) {
     s->cqs[U64(c, "id")] = {
@@ -193,6 +259,7 @@ void Extract(const json& root, Snapshot* s) {
                            U64(c, "spill_high_water"),
                            U64(c, "stalls"),
                            U64(c, "stalled_ns"),
+                           Newer(c, "stall_ns"),
                            false,
                            0,
                            {}};
@@ -291,8 +358,9 @@ uint64_t Quantile(const std::map<uint64_t, uint64_t>& delta, uint64_t total, dou
 void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
   const double dt = static_cast<double>(cur.uptime_ns - prev.uptime_ns) / 1e9;
   if (flags.clear) printf("\033[H\033[2J");
-  printf("cqd_top %s  uptime %.1fs  interval %.2fs\n", flags.socket.c_str(),
+  printf("cqd_top %s  uptime %.1fs  interval %.2fs\n", flags.endpoint.c_str(),
          static_cast<double>(cur.uptime_ns) / 1e9, dt);
+  printf("registrations %" PRIu64 " of %" PRIu64 "\n", cur.registrations, cur.max_registrations);
   printf("orphans %s/s  async events %s/s  CM events %s/s  failed fds %" PRIu64
          "  CQ events %s/s  acked %s/s  ack calls %s/s\n\n",
          Rate(cur.orphans, prev.orphans, dt).c_str(),
@@ -303,14 +371,16 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
          Rate(cur.cq_ack_calls, prev.cq_ack_calls, dt).c_str());
 
   std::vector<std::vector<std::string>> rows = {{"POLLER", "CPU", "COMPL/s", "POLLS/s", "EMPTY/s",
-                                                 "SLEEPS/s", "ARMS/s", "ARM_FAIL/s", "SKIPPED/s"}};
+                                                 "SLEEPS/s", "ARMS/s", "ARM_FAIL/s", "SKIPPED/s",
+                                                 "PARKS/s", "PARKED"}};
   for (size_t i = 0; i < cur.pollers.size(); ++i) {
     const Snapshot::Poller& c = cur.pollers[i];
     const Snapshot::Poller p = i < prev.pollers.size() ? prev.pollers[i] : c;
     rows.push_back({Num(i), std::to_string(c.cpu), Rate(c.completions, p.completions, dt),
                     Rate(c.polls, p.polls, dt), Rate(c.empty_polls, p.empty_polls, dt),
                     Rate(c.sleeps, p.sleeps, dt), Rate(c.arms, p.arms, dt),
-                    Rate(c.arm_failures, p.arm_failures, dt), Rate(c.stalls, p.stalls, dt)});
+                    Rate(c.arm_failures, p.arm_failures, dt), Rate(c.stalls, p.stalls, dt),
+                    Rate(c.parks, p.parks, dt), Num(c.parked_cqs)});
   }
   PrintTable(rows);
   printf("\n");
@@ -347,7 +417,7 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
   }
 
   rows = {{"CONSUMER", "DELIV/s", "EVENTS/s", "QUEUE", "QUEUE_HW", "SPILL", "SPILL_HW", "STALLS/s",
-           "STALLED/s", "P50", "P99", "P99.9", "MAX_EVER"}};
+           "STALLED/s", "STALL_NOW", "P50", "P99", "P99.9", "MAX_EVER"}};
   for (size_t i = 0; i < cur.consumers.size(); ++i) {
     const Snapshot::Consumer& c = cur.consumers[i];
     const Snapshot::Consumer& p = i < prev.consumers.size() ? prev.consumers[i] : c;
@@ -362,7 +432,8 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
         Rate(c.stalls, p.stalls, dt),
         Duration(c.stalled_ns >= p.stalled_ns
                      ? static_cast<uint64_t>(static_cast<double>(c.stalled_ns - p.stalled_ns) / dt)
-                     : 0)};
+                     : 0),
+        c.stall_ns == 0 ? "-" : Duration(c.stall_ns)};
     if (!c.latency) {
       row.insert(row.end(), {"-", "-", "-", "-"});
     } else {
@@ -413,7 +484,7 @@ int main(int argc, char** argv) {
   }
   Snapshot prev;
   std::string error;
-  if (!Read(flags.socket, &prev, &error)) {
+  if (!Read(flags.endpoint, &prev, &error)) {
     fprintf(stderr, "cqd_top: %s\n", error.c_str());
     return 1;
   }
@@ -423,12 +494,12 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(next);
     next += interval;
     Snapshot cur;
-    if (!Read(flags.socket, &cur, &error)) {
+    if (!Read(flags.endpoint, &cur, &error)) {
       fprintf(stderr, "cqd_top: %s\n", error.c_str());
       return 1;
     }
     if (cur.uptime_ns <= prev.uptime_ns) {  // another runtime on the same path: start over
-      printf("(the runtime behind %s restarted)\n", flags.socket.c_str());
+      printf("(the runtime behind %s restarted)\n", flags.endpoint.c_str());
       prev = std::move(cur);
       continue;
     }

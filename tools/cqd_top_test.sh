@@ -14,14 +14,16 @@ if [[ -z $dir || ${#dir} -gt 90 ]]; then  # a Unix socket path holds at most 107
 fi
 sock=$dir/cqd.sock
 # The command lines first: --help to stdout with status 0, --version, a bad flag with status 2.
-"$top" --help | grep -q '^usage: cqd_top SOCKET' || { echo "cqd_top --help failed" >&2; exit 1; }
+"$top" --help | grep -q '^usage: cqd_top ENDPOINT' || { echo "cqd_top --help failed" >&2; exit 1; }
 "$top" --version | grep -Eq '^cqd_top \(cqd\) [0-9]+\.[0-9]+\.[0-9]+$' ||
   { echo "cqd_top --version failed" >&2; exit 1; }
 "$demo" --version | grep -Eq '^demo \(cqd\) [0-9]+\.[0-9]+\.[0-9]+$' ||
   { echo "demo --version failed" >&2; exit 1; }
 "$top" --bogus 2>/dev/null
 [[ $? == 2 ]] || { echo "cqd_top --bogus: want status 2" >&2; exit 1; }
-"$demo" --seconds=60 --qps=16 --stats-socket="$sock" --latency >"$dir/demo.out" 2>&1 &
+port=$((20000 + RANDOM % 30000))
+"$demo" --seconds=60 --qps=16 --stats-socket="$sock" --stats-tcp="127.0.0.1:$port" --latency \
+  >"$dir/demo.out" 2>&1 &
 demo_pid=$!
 cleanup() {
   kill "$demo_pid" 2>/dev/null
@@ -41,6 +43,14 @@ fi
 out=$("$top" "$sock" --interval 0.3 --count 2)
 rc=$?
 echo "$out"
+# The same runtime over its TCP endpoint (HOST:PORT), the values spelled --flag=VALUE.
+tcp_out=$("$top" "127.0.0.1:$port" --interval=0.3 --count=1)
+tcp_rc=$?
+echo "$tcp_out"
+if (( tcp_rc != 0 )) || ! grep -Eq '^CONSUMER +DELIV/s' <<<"$tcp_out"; then
+  echo "cqd_top_test: cqd_top over TCP exited with $tcp_rc" >&2
+  exit 1
+fi
 if (( rc != 0 )); then
   echo "cqd_top_test: cqd_top exited with $rc" >&2
   exit 1
@@ -52,9 +62,10 @@ expect() {
     fail=1
   fi
 }
-expect '^POLLER +CPU +COMPL/s +POLLS/s +EMPTY/s +SLEEPS/s +ARMS/s'
+expect '^POLLER +CPU +COMPL/s +POLLS/s +EMPTY/s +SLEEPS/s +ARMS/s .* PARKS/s +PARKED$'
+expect '^registrations [1-9][0-9]* of [1-9][0-9]*$'
 expect '^CQ +SHARD +COMPL/s +EVENTS/s +ACKED/s'
-expect '^CONSUMER +DELIV/s .* P50 +P99 +P99\.9 +MAX_EVER$'
+expect '^CONSUMER +DELIV/s .* STALLED/s +STALL_NOW +P50 +P99 +P99\.9 +MAX_EVER$'
 expect '^consumer0 +[0-9.]+[kMG]? '
 expect '^1 +-1 +[0-9.]+[kMG]? '  # poller 1 of the demo's 2
 frames=$(grep -c '^cqd_top ' <<<"$out")

@@ -40,6 +40,7 @@ struct Flags {
   int qps = 64;
   double seconds = 2;
   std::string stats_socket;
+  std::string stats_tcp;
   bool latency = false;
 };
 
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
   Flags flags;
   static constexpr char kUsage[] =
       "usage: demo [--pollers=N] [--consumers=N] [--qps=N] [--seconds=S] [--stats-socket=PATH] "
+      "[--stats-tcp=HOST:PORT] "
       "[--latency] [--version]\n"
       "  --pollers=N        poller threads, 1-256 (default 2)\n"
       "  --consumers=N      consumers, 1-256 (default 3)\n"
@@ -152,6 +154,7 @@ int main(int argc, char** argv) {
       "  --seconds=S        length of the busy phase, and of the events phase if more than 1\n"
       "                     (default 2)\n"
       "  --stats-socket=PATH  serve live stats there (bazel run //tools:cqd_top -- PATH)\n"
+      "  --stats-tcp=HOST:PORT  serve them over HTTP there too (cqd_top -- HOST:PORT)\n"
       "  --latency          record each consumer's poll -> dispatch latency\n";
   for (int i = 1; i < argc; ++i) {
     double v;
@@ -171,6 +174,8 @@ int main(int argc, char** argv) {
       flags.seconds = v;
     } else if (Names(argv[i], "--stats-socket") && argv[i][14] == '=') {
       flags.stats_socket = argv[i] + 15;
+    } else if (Names(argv[i], "--stats-tcp") && argv[i][11] == '=') {
+      flags.stats_tcp = argv[i] + 12;
     } else if (strcmp(argv[i], "--latency") == 0) {
       flags.latency = true;
     } else {
@@ -183,6 +188,7 @@ int main(int argc, char** argv) {
   options.consumers.assign(flags.consumers > 0 ? flags.consumers : 0, cqd::ConsumerOptions{});
   options.idle_budget = std::chrono::microseconds(50);
   options.stats_socket = flags.stats_socket;
+  options.stats_tcp = flags.stats_tcp;
   for (auto& c : options.consumers) c.record_latency = flags.latency;
   auto rt_or = cqd::Runtime::Create(options);
   if (!rt_or.ok()) {
