@@ -113,8 +113,13 @@ struct RuntimeOptions {
   // leaves out the CQs. Messages have no trailing newline. Exceptions it throws are swallowed.
   std::function<void(LogLevel level, std::string_view message)> log;
   // Optional: a Unix socket path (at most 107 bytes) on which a thread of the runtime serves
-  // GetStats() to whoever connects: JSON by default, Prometheus text on request (see
-  // runtime/observe/stats_server.h for the protocol). Empty: off. A stale socket file there is
+  // GetStats() to whoever connects, one client at a time, then closes the connection. The client
+  // may send one request line: "json" or an empty line (or nothing, closing its sending side or
+  // waiting 200 ms) gets StatsToJson's line and "\n"; "prometheus" gets StatsToPrometheus's text;
+  // "GET <path> HTTP/1.x" (or HEAD) and headers, as curl --unix-socket sends them, get an
+  // HTTP/1.0 response (/metrics: Prometheus; / and /json: JSON; else 404; other methods 405);
+  // anything else gets "error: unknown request (json|prometheus)\n". A client that takes no data
+  // for 1 s, or 5 s in all, is dropped. Empty: off. A stale socket file there is
   // replaced; any other file, or a socket someone serves, fails Runtime::Create. The file is
   // removed at Shutdown.
   std::string stats_socket;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // cqd/sim.h: a simulated RDMA device, for tests, demos and benchmarks without hardware.
 //
-// It behaves as verbs does (docs/DESIGN.md rules S1-S14), with real file descriptors: a completion
-// channel's fd and the async fd are eventfds that are readable exactly while events are pending,
-// honour O_NONBLOCK, and work with poll/epoll. On top of what verbs offers, it lets a test put
-// completions into CQs (Inject, SimTrafficSource) and inject faults.
+// It behaves as verbs does (the rules S1-S14 of cqd's docs/DESIGN.md), with real file descriptors:
+// a completion channel's fd and the async fd are eventfds that are readable exactly while events
+// are pending, honour O_NONBLOCK, and work with poll/epoll. On top of what verbs offers, it lets a
+// test put completions into CQs (Inject, SimTrafficSource) and inject faults.
 //
 // Threading: every call is thread-safe, except that one SimCq is polled by one thread at a time
 // (as a single-threaded verbs CQ). Inject may run concurrently with polling and with itself.

@@ -44,8 +44,8 @@ struct CqStats {
 // the poller taking a completion off its CQ to the consumer taking the dispatch batch holding it
 // off its queue, right before the batch's handlers run. Recorded in log-linear buckets at most
 // 6.25 % wide; percentiles are the upper bound of the bucket that holds them (at most max_ns).
-// Waits of 2^32 ns (4.29 s) or more wrap (see runtime/observe/latency.h). All zero when not
-// enabled.
+// A wait is stamped in 32 bits of nanoseconds, so one of 2^32 ns (4.29 s) or more is recorded
+// modulo 2^32 ns. All zero when not enabled.
 struct LatencyStats {
   struct Bucket {
     uint64_t upper_ns = 0;  // inclusive; the previous bucket's upper_ns (exclusive) is its lower

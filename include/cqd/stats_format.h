@@ -24,7 +24,7 @@
 //                             "buckets":[[upper_ns,count],...]}},...]}
 // Fields may be added later; readers should ignore keys they do not know.
 //
-// Both come from one table of fields (runtime/observe/stats_format.cc), so every number above has
+// Both come from one table of fields inside the library, so every number above has
 // a Prometheus family too, except "index", "id", "shard" and the placement ids ("cpu",
 // "numa_node", "comp_vector"), which are labels there.
 //

@@ -11,7 +11,8 @@
 //   "json" or an empty line   -> the JSON of StatsToJson, then "\n"
 //   "prometheus"              -> the Prometheus text of StatsToPrometheus
 //   "GET <path> HTTP/1.x" and headers up to the blank line (curl --unix-socket) -> an HTTP/1.0
-//                               response: /metrics is Prometheus, / and /json are JSON, else 404
+//                               response: /metrics is Prometheus, / and /json are JSON, else 404;
+//                               HEAD: the same headers and no body; other methods: 405
 //   anything else             -> "error: unknown request (json|prometheus)\n"
 // A client that sends nothing gets JSON once it closes its sending side or 200 ms have passed,
 // so `socat - UNIX-CONNECT:<path> </dev/null` works. The server then writes without blocking and
