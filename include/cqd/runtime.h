@@ -72,6 +72,7 @@
 #include "cqd/status.h"
 #include "cqd/types.h"
 #include "cqd/version.h"
+#include "cqd/visibility.h"
 
 namespace cqd {
 
@@ -348,9 +349,9 @@ class Runtime {
   static bool InCallback() noexcept;
 
  private:
-  explicit Runtime(std::unique_ptr<internal::RuntimeImpl> impl);
-  static Result<CqHandle> ToHandle(Result<internal::PolledCq> polled);
-  Result<Registration> ToRegistration(Result<internal::RegisteredQp> registered);
+  CQD_PRIVATE explicit Runtime(std::unique_ptr<internal::RuntimeImpl> impl);
+  CQD_PRIVATE static Result<CqHandle> ToHandle(Result<internal::PolledCq> polled);
+  CQD_PRIVATE Result<Registration> ToRegistration(Result<internal::RegisteredQp> registered);
   std::unique_ptr<internal::RuntimeImpl> impl_;
 };
 

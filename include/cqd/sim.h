@@ -24,6 +24,7 @@
 
 #include "cqd/status.h"
 #include "cqd/version.h"
+#include "cqd/visibility.h"
 
 namespace cqd {
 
@@ -190,7 +191,7 @@ class SimTrafficSource {
   uint64_t total() const { return options_.completions_per_qp * options_.qps.size(); }
 
  private:
-  void Run();
+  CQD_PRIVATE void Run();  // the thread's body
   SimTrafficOptions options_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> injected_{0};

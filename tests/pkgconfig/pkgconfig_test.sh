@@ -134,6 +134,12 @@ if (( ${#sanitize[@]} == 0 )); then  # sanitizer builds make no shared library
   if grep -E '^cqd::Result<|__(tsan|asan|lsan|ubsan)_default' <<<"$exported"; then
     fail "libcqd.so exports Result instantiations or sanitizer hooks"
   fi
+  # No exported name mentions an internal type (a private constructor taking one, a helper), and
+  # none is a template instantiation of the standard library's whose return type is a cqd type
+  # ("cqd::Status& std::...": inline functions stay inside, -fvisibility-inlines-hidden).
+  if internal=$(grep -E '(internal|sim_internal|backend)::|^[^(]* std::' <<<"$exported"); then
+    fail "libcqd.so exports names of internals: $(head -5 <<<"$internal")"
+  fi
   for want in 'cqd::Runtime::Create(' 'cqd::Version()' 'cqd::DieOnFailedResult(' \
               'cqd::SimDevice::Create(' 'cqd::StatusCodeName('; do
     grep -qF "$want" <<<"$exported" || fail "libcqd.so does not export $want"
