@@ -33,6 +33,11 @@ PACKAGES=(
   clang-14               # the libFuzzer build (--config=fuzz, tests/fuzz/run_fuzz.sh)
   libclang-rt-14-dev     # ... its libFuzzer and sanitizer runtimes
   clang-format-14        # tools/check_format.sh (.clang-format)
+  debhelper              # the Debian packages (debian/, tools/build_debs.sh)
+  dpkg-dev               # ... dpkg-buildpackage, dpkg-gensymbols
+  fakeroot               # ... dpkg-buildpackage without root
+  lintian                # ... their check
+  doxygen                # the API reference (docs/api/Doxyfile, tools/api_docs.sh)
 )
 # ------------------------------------------------
 

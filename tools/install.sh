@@ -3,19 +3,24 @@
 # Installs cqd for engines that do not build with Bazel (docs/BUILDING_WITHOUT_BAZEL.md), or
 # removes what it installed:
 #
-#   tools/install.sh [--prefix DIR] [--libdir DIR] [--from DIST_DIR]
+#   tools/install.sh [--prefix DIR] [--libdir DIR] [--from DIST_DIR] [--no-manifest]
 #   tools/install.sh --uninstall [--prefix DIR] [--libdir DIR]
+#   tools/install.sh --help | --version
 #
-# Builds //:cqd_dist with `bazel build -c opt` and installs, under PREFIX (default /usr/local) and
+# Builds //:cqd_dist and //:cqd_tbb_dist with `bazel build -c opt` and installs, under PREFIX
+# (default /usr/local) and
 # LIBDIR (default PREFIX/lib; a relative LIBDIR is taken under PREFIX, e.g. lib/x86_64-linux-gnu
 # or lib64):
 #   LIBDIR/libcqd.a
 #   LIBDIR/libcqd.so.X.Y.Z, with the links libcqd.so.X (the soname; libcqd.so.0.Y while X is 0)
 #   and libcqd.so
 #   LIBDIR/pkgconfig/cqd.pc                       (pkg-config; also what Meson uses)
-#   LIBDIR/cmake/cqd/cqd{Config,ConfigVersion}.cmake  (find_package(cqd): cqd::cqd)
+#   LIBDIR/cmake/cqd/cqd{Config,ConfigVersion}.cmake  (find_package(cqd): cqd::cqd, cqd::tbb)
 #   PREFIX/include/cqd/*.h
-#   PREFIX/share/cqd/install_manifest.txt          (what --uninstall removes)
+#   and the oneTBB layer, from cqd_tbb_dist beside DIST_DIR when there is one:
+#   LIBDIR/libcqd_tbb.a, LIBDIR/pkgconfig/cqd-tbb.pc, PREFIX/include/cqd/tbb.h
+#   PREFIX/share/cqd/install_manifest.txt          (what --uninstall removes; not written with
+#                                                   --no-manifest: a package manager's install)
 # The version (X.Y.Z) comes from include/cqd/version.h. --from DIST_DIR skips the build and
 # installs an already built cqd_dist tree (bazel-bin/cqd_dist, or its runfiles in
 # //tests/pkgconfig:pkgconfig_test, which runs this script inside Bazel). DESTDIR, if set, is put
@@ -27,7 +32,7 @@
 set -euo pipefail
 
 usage() {  # usage [CODE]: to stdout and exit 0 for --help; to stderr and exit 2 otherwise
-  local text="usage: tools/install.sh [--uninstall] [--prefix DIR] [--libdir DIR] [--from DIST_DIR] [--version]"
+  local text="usage: tools/install.sh [--uninstall] [--prefix DIR] [--libdir DIR] [--from DIST_DIR] [--no-manifest] [--version]"
   if [[ ${1:-2} == 0 ]]; then echo "$text"; exit 0; fi
   echo "$text" >&2
   exit 2
@@ -37,6 +42,7 @@ prefix=/usr/local
 libdir=
 from=
 uninstall=false
+manifest_wanted=true
 while (( $# > 0 )); do
   case $1 in
     --prefix) (( $# >= 2 )) || usage; prefix=$2; shift 2 ;;
@@ -46,6 +52,7 @@ while (( $# > 0 )); do
     --from) (( $# >= 2 )) || usage; from=$2; shift 2 ;;
     --from=*) from=${1#--from=}; shift ;;
     --uninstall) uninstall=true; shift ;;
+    --no-manifest) manifest_wanted=false; shift ;;
     -h|--help) usage 0 ;;
     --version)
       sed -n 's/^#define CQD_VERSION_STRING "\(.*\)"$/install.sh (cqd) \1/p' \
@@ -94,7 +101,7 @@ fi
 if [[ -z $from ]]; then
   cd "$(dirname "${BASH_SOURCE[0]}")/.."
   read -r -a bazel <<<"${BAZEL:-bazel}"
-  "${bazel[@]}" build -c opt //:cqd_dist
+  "${bazel[@]}" build -c opt //:cqd_dist //:cqd_tbb_dist
   from="$("${bazel[@]}" info -c opt bazel-bin)/cqd_dist"
 fi
 
@@ -153,8 +160,19 @@ fill "$from/cmake/cqdConfigVersion.cmake.in" "$cmake_dir/cqdConfigVersion.cmake"
 for header in "$from"/include/cqd/*.h; do
   put 644 "$header" "$prefix/include/cqd/$(basename "$header")"
 done
-mkdir -p "$(dirname "$root$manifest")"
-printf '%s\n' "${installed[@]}" >"$root$manifest"
+# The oneTBB layer: its own static library and .pc, and cqd/tbb.h (cqd::tbb in the CMake package
+# appears where libcqd_tbb.a is).
+tbb_from=$(dirname "$from")/cqd_tbb_dist
+if [[ -f $tbb_from/lib/libcqd_tbb.a ]]; then
+  put 644 "$tbb_from/lib/libcqd_tbb.a" "$libdir/libcqd_tbb.a"
+  fill "$tbb_from/lib/pkgconfig/cqd-tbb.pc" "$libdir/pkgconfig/cqd-tbb.pc" \
+    -e "s|^prefix=.*|prefix=$prefix|" -e "s|^libdir=.*|libdir=$libdir|"
+  put 644 "$tbb_from/include/cqd/tbb.h" "$prefix/include/cqd/tbb.h"
+fi
+if $manifest_wanted; then
+  mkdir -p "$(dirname "$root$manifest")"
+  printf '%s\n' "${installed[@]}" >"$root$manifest"
+fi
 
 echo "install.sh: installed cqd $version under $root$prefix (libraries in $root$libdir)"
 echo "install.sh: PKG_CONFIG_PATH=$libdir/pkgconfig pkg-config --cflags --libs cqd"

@@ -5,7 +5,9 @@
 // Creates a runtime with one poller and one runtime-owned consumer, a simulated device, a CQ and
 // two QPs, completes kPerQp work requests on each, and checks that each QP's handler got all of
 // them, in order, on one thread. Prints "consumer: OK <n> completions" and exits 0, or says
-// what went wrong and exits 1.
+// what went wrong and exits 1. Built with -DCQD_CONSUMER_TBB against the oneTBB layer
+// ($(pkg-config --cflags --libs cqd-tbb), or CMake's cqd::tbb), the consumer is engine-driven and
+// a oneTBB arena drains it (cqd/tbb.h's ArenaConsumers) instead.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -18,6 +20,11 @@
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
 #include "cqd/version.h"
+#ifdef CQD_CONSUMER_TBB
+#include <oneapi/tbb/task_arena.h>
+
+#include "cqd/tbb.h"
+#endif
 
 namespace {
 
@@ -60,8 +67,16 @@ int main() {
   cqd::RuntimeOptions options;
   options.pollers = 1;
   options.consumers = {cqd::ConsumerOptions{.name = "engine"}};
+#ifdef CQD_CONSUMER_TBB
+  options.consumers[0].kind = cqd::ConsumerKind::kEngineDriven;
+#endif
   auto rt = cqd::Runtime::Create(options);
   if (!rt.ok()) return Fail("Runtime::Create", rt.status());
+#ifdef CQD_CONSUMER_TBB
+  tbb::task_arena arena(2);
+  auto drained = cqd::ArenaConsumers::Create(**rt, arena, {.consumers = {0}});
+  if (!drained.ok()) return Fail("ArenaConsumers::Create", drained.status());
+#endif
 
   std::shared_ptr<cqd::SimDevice> sim = cqd::SimDevice::Create();
   auto dev = (*rt)->AddSimDevice(sim);
@@ -95,6 +110,9 @@ int main() {
   }
 
   for (auto& reg : regs) reg.Unregister();
+#ifdef CQD_CONSUMER_TBB
+  if (cqd::Status s = (*drained)->Stop(); !s.ok()) return Fail("ArenaConsumers::Stop", s);
+#endif
   const cqd::Stats stats = (*rt)->GetStats();
   int rc = 0;
   for (int i = 0; i < 2; ++i) {

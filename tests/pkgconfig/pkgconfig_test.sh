@@ -16,7 +16,8 @@
 #   $(pkg-config --cflags --libs cqd)                  (libcqd.so)
 # CMake's find_package(cqd) with cqd::cqd (shared, and static with CQD_LINK_STATIC), and Meson's
 # dependency('cqd'); that find_package refuses the next MAJOR; that every object in libcqd.a
-# links with cqd.pc's libraries (--whole-archive); and install.sh's --libdir and --uninstall. In a sanitizer build (--config=asan/tsan/ubsan) the consumer is built with
+# links with cqd.pc's libraries (--whole-archive); the oneTBB layer through cqd-tbb.pc and
+# cqd::tbb; and install.sh's --libdir and --uninstall. In a sanitizer build (--config=asan/tsan/ubsan) the consumer is built with
 # the same -fsanitize options, as an engine linking that build's libcqd.a would have to be.
 set -euo pipefail
 export PATH="/usr/bin:/bin:${PATH:-}"
@@ -37,6 +38,7 @@ if [[ " ${sanitize[*]} " == *thread* ]]; then
   # libcqd.a carries no sanitizer hooks (checked below), so a TSan engine names cqd's one
   # suppression itself, as docs/BUILDING_WITHOUT_BAZEL.md says.
   echo "race:moodycamel::ConcurrentQueue*ExplicitProducer::enqueue_bulk" >"$TEST_TMPDIR/tsan.supp"
+  echo "called_from_lib:libtbb.so.12" >>"$TEST_TMPDIR/tsan.supp"  # uninstrumented oneTBB
   export TSAN_OPTIONS="${TSAN_OPTIONS:+$TSAN_OPTIONS:}suppressions=$TEST_TMPDIR/tsan.supp"
 fi
 
@@ -88,11 +90,15 @@ if grep -n 'concurrentqueue\|moodycamel' "$prefix"/include/cqd/*.h; then
   fail "a public header refers to moodycamel concurrentqueue"
 fi
 # ... and include nothing but cqd's own, the standard library's, libibverbs' and librdmacm's
-# headers (the packages cqd.pc may require).
+# headers (the packages cqd.pc may require); cqd/tbb.h (cqd-tbb.pc) oneTBB's too.
 while IFS= read -r line; do
   [[ $line =~ ^#include\ (\"cqd/[a-z_]+\.h\"|\<[a-z_]+\>|\<infiniband/verbs\.h\>|\<rdma/rdma_cma\.h\>)$ ]] ||
     fail "unexpected include in a public header: $line"
-done < <(grep -h '^#include' "$prefix"/include/cqd/*.h)
+done < <(grep -h '^#include' $(ls "$prefix"/include/cqd/*.h | grep -v '/tbb\.h$'))
+while IFS= read -r line; do
+  [[ $line =~ ^#include\ (\"cqd/[a-z_]+\.h\"|\<[a-z_]+\>|\<oneapi/tbb/[a-z_]+\.h\>)$ ]] ||
+    fail "unexpected include in cqd/tbb.h: $line"
+done < <(grep -h '^#include' "$prefix/include/cqd/tbb.h")
 
 # ---- No sanitizer hooks in the library: they would collide with an engine's own. ----
 if hooks=$(nm -A "$prefix/lib/libcqd.a" 2>/dev/null | grep -E ' [TDRBVW] __(tsan|asan|lsan|ubsan|msan)_default'); then
@@ -183,6 +189,14 @@ if [[ -x $TEST_TMPDIR/consumer ]]; then
   needs_shared "plain link" "$TEST_TMPDIR/consumer" "$have_shared"
 fi
 
+# The oneTBB layer: cqd-tbb.pc (libcqd_tbb.a, requiring cqd and tbb), an arena draining the
+# consumer.
+# shellcheck disable=SC2046
+g++ -std=c++20 -Wall -Wextra -Werror -DCQD_CONSUMER_TBB "${sanitize[@]}" "$consumer_cc" \
+  $(pkg-config --cflags --libs cqd-tbb) -o "$TEST_TMPDIR/consumer_tbb" ||
+  fail "g++ -DCQD_CONSUMER_TBB ... \$(pkg-config --cflags --libs cqd-tbb)"
+[[ -x $TEST_TMPDIR/consumer_tbb ]] && run_consumer "oneTBB layer (pkg-config)" "$TEST_TMPDIR/consumer_tbb"
+
 # Every object of libcqd.a, used or not by this consumer, resolves with what cqd.pc lists.
 libs=$(pkg-config --libs cqd)
 # shellcheck disable=SC2046,SC2086
@@ -219,6 +233,10 @@ cmake_build() {  # cmake_build LABEL WANT_SHARED CMAKE_ARGS...
 }
 cmake_build default "$have_shared"
 cmake_build static false -DCQD_LINK_STATIC=ON
+# cqd::tbb: the oneTBB layer with cqd::cqd and TBB::tbb.
+sed -i 's/target_link_libraries(consumer PRIVATE cqd::cqd)/if(CQD_TBB)\n  target_compile_definitions(consumer PRIVATE CQD_CONSUMER_TBB)\n  target_link_libraries(consumer PRIVATE cqd::tbb)\nelse()\n  target_link_libraries(consumer PRIVATE cqd::cqd)\nendif()/' \
+  "$TEST_TMPDIR/cmake_src/CMakeLists.txt"
+cmake_build tbb "$have_shared" -DCQD_TBB=ON
 # A request for the next MAJOR is refused.
 mkdir -p "$TEST_TMPDIR/cmake_too_new"
 sed "s/find_package(cqd [0-9.]*/find_package(cqd $((major + 1)).0/" \

@@ -13,7 +13,12 @@ Lays out, under bazel-bin/<package>/<name>/:
   cmake/*.cmake.in         the CMake package config's templates (`cmake_templates`)
   shared/libcqd.so         the same objects as a shared library: soname libcqd.so.MAJOR (0.x:
                            libcqd.so.0.MINOR), only
-                           what `version_script` names exported (not made in sanitizer builds)
+                           what `version_script` names exported (not made in sanitizer builds,
+                           nor where shared_library is False), linked with --linkopt too
+
+A layer above the library (//:cqd_tbb_dist: libcqd_tbb.a, cqd-tbb.pc, cqd/tbb.h) names the
+library in exclude_deps, so that it carries only its own objects, and requires it by name
+(pc_requires).
 
 and, beside it, <name>.link_flags: the -fsanitize=... link options of the build configuration
 (empty in a plain build), which a consumer of a sanitizer build's libcqd.a must link with too.
@@ -45,10 +50,18 @@ def _cqd_dist_impl(ctx):
     cc_toolchain = find_cpp_toolchain(ctx)
     prefix = ctx.label.name + "/"
 
+    # What exclude_deps link (another dist's library, which this one's users link too) stays out.
+    excluded = {}
+    for dep in ctx.attr.exclude_deps:
+        for linker_input in dep[CcInfo].linking_context.linker_inputs.to_list():
+            excluded[str(linker_input.owner)] = True
+
     objects = []
     link_flags = []
     for dep in ctx.attr.deps:
         for linker_input in dep[CcInfo].linking_context.linker_inputs.to_list():
+            if str(linker_input.owner) in excluded:
+                continue
             for flag in linker_input.user_link_flags:
                 if flag not in link_flags:
                     link_flags.append(flag)
@@ -88,7 +101,7 @@ def _cqd_dist_impl(ctx):
     # their objects need the sanitizer's runtime in the executable, not in a library.
     sanitizers = [f for f in ctx.fragments.cpp.linkopts if f.startswith("-fsanitize=")]
     shared = []
-    if not sanitizers:
+    if not sanitizers and ctx.attr.shared_library:
         so = ctx.actions.declare_file(prefix + "shared/lib%s.so" % ctx.attr.library_name)
         so_args = ctx.actions.args()
         so_args.add_all([cc_toolchain.compiler_executable, ctx.file.version_header, so,
@@ -96,6 +109,7 @@ def _cqd_dist_impl(ctx):
         so_args.add_all(objects)
         so_args.add("--")
         so_args.add_all(link_flags)
+        so_args.add_all(ctx.fragments.cpp.linkopts)  # --linkopt (a packager's -Wl,-z,relro)
         ctx.actions.run_shell(
             inputs = depset(objects + [ctx.file.version_header, ctx.file.version_script],
                             transitive = [cc_toolchain.all_files]),
@@ -119,7 +133,7 @@ if [ "$major" = 0 ]; then soversion=0.$minor; else soversion=$major; fi
         shared.append(so)
 
     # lib/pkgconfig/cqd.pc
-    requires = []
+    requires = list(ctx.attr.pc_requires)
     libs = []
     for flag in link_flags:
         module = ctx.attr.pc_modules.get(flag)
@@ -135,7 +149,7 @@ if [ "$major" = 0 ]; then soversion=0.$minor; else soversion=$major; fi
         "libdir=${exec_prefix}/lib",
         "includedir=${prefix}/include",
         "",
-        "Name: %s" % ctx.attr.library_name,
+        "Name: %s" % (ctx.attr.pc_name or ctx.attr.library_name),
         "Description: %s" % ctx.attr.description,
         "Version: @VERSION@",
         "Requires: %s" % ", ".join(requires),
@@ -145,7 +159,8 @@ if [ "$major" = 0 ]; then soversion=0.$minor; else soversion=$major; fi
     ]))
 
     # The version comes from the one place it is defined: the header's CQD_VERSION_STRING.
-    pc = ctx.actions.declare_file(prefix + "lib/pkgconfig/%s.pc" % ctx.attr.library_name)
+    pc = ctx.actions.declare_file(prefix + "lib/pkgconfig/%s.pc" %
+                                                (ctx.attr.pc_name or ctx.attr.library_name))
     ctx.actions.run_shell(
         inputs = [pc_template, ctx.file.version_header],
         outputs = [pc],
@@ -193,7 +208,15 @@ cqd_dist = rule(
         # The CMake package's templates (cqdConfig.cmake.in, cqdConfigVersion.cmake.in).
         "cmake_templates": attr.label_list(allow_files = [".in"]),
         # The linker version script of the shared library: what it exports.
-        "version_script": attr.label(allow_single_file = [".map"], mandatory = True),
+        "version_script": attr.label(allow_single_file = [".map"]),
+        # False: the static library only (the oneTBB layer, linked into engines that use it).
+        "shared_library": attr.bool(default = True),
+        # Libraries the users of this one link anyway (a layer's base): their objects and link
+        # flags stay out of it, and pc_requires names them instead.
+        "exclude_deps": attr.label_list(providers = [CcInfo]),
+        # The .pc file's name (default: library_name) and modules it requires besides the deps'.
+        "pc_name": attr.string(),
+        "pc_requires": attr.string_list(),
         "description": attr.string(mandatory = True),
         # Link flag -> pkg-config module that provides it.
         "pc_modules": attr.string_dict(),
