@@ -6,7 +6,9 @@
 # then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer (with
 # UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
 # fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that,
-# both with the chaos points on, and prints one summary line counting GoogleTest cases: "cqd
+# both with the chaos points on, builds the API reference (tools/api_docs.sh: a Doxygen warning
+# fails) and the Debian packages (tools/build_debs.sh: lintian, the symbols file, engines built
+# against the unpacked packages), and prints one summary line counting GoogleTest cases: "cqd
 # tests: N passed, M failed, K skipped" (a case is skipped only where a sanitizer cannot run it,
 # e.g. under an address-space limit). A check, fuzz run or test target that fails without a
 # failed case of its own (a shell test, a sanitizer report after the last case, a timeout)
@@ -112,6 +114,24 @@ cm_seconds=$(( (${CQD_FUZZ_SECONDS:-60} + 1) / 2 ))
 echo "== fuzz: tests/fuzz/run_fuzz.sh $cm_seconds cm_handon_fuzz"
 if ! tests/fuzz/run_fuzz.sh "$cm_seconds" cm_handon_fuzz; then
   echo "== fuzz: FAILED"
+  status=1
+  failed=$((failed + 1))
+fi
+
+# The API reference: Doxygen over the public headers, where a warning (anything undocumented) fails.
+echo "== API reference: tools/api_docs.sh"
+if ! tools/api_docs.sh "$(mktemp -d)"; then
+  echo "== API reference: FAILED"
+  status=1
+  failed=$((failed + 1))
+fi
+
+# The Debian packages: built from a copy of the tree with dpkg-buildpackage (offline), checked
+# against the symbols file and by lintian, unpacked into a scratch root, and CMake, Meson and
+# pkg-config engines built against that root and run.
+echo "== Debian packages: tools/build_debs.sh"
+if ! tools/build_debs.sh "$(mktemp -d)/debs"; then
+  echo "== Debian packages: FAILED"
   status=1
   failed=$((failed + 1))
 fi

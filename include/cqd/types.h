@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// cqd/types.h: the small identifiers the runtime hands out, shared by every public header.
-//
-// Plain values: any thread may copy and compare them.
+/// \file
+/// cqd/types.h: the small identifiers the runtime hands out, shared by every public header.
+///
+/// Plain values: any thread may copy and compare them.
 #ifndef CQD_TYPES_H_
 #define CQD_TYPES_H_
 
@@ -11,11 +12,11 @@
 
 namespace cqd {
 
-// A device added to a Runtime (AddVerbsDevice, OpenVerbsDevice, AddSimDevice): 1, 2, ... in the
-// order they were added; 0 names none.
+/// A device added to a Runtime (AddVerbsDevice, OpenVerbsDevice, AddSimDevice): 1, 2, ... in the
+/// order they were added; 0 names none.
 using DeviceId = uint32_t;
 
-// An index into RuntimeOptions::consumers.
+/// An index into RuntimeOptions::consumers.
 using ConsumerId = uint32_t;
 
 }  // namespace cqd

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// cqd/visibility.h: what libcqd.so keeps to itself.
-//
-// CQD_PRIVATE marks a declaration in a public header that only the library calls (a private
-// constructor taking an internal type, a thread body): libcqd.so does not export it, so the
-// shared library's ABI names no internal type. An engine never calls these; the mark changes
-// nothing for it, or for the static library.
+/// \file
+/// cqd/visibility.h: what libcqd.so keeps to itself.
+///
+/// CQD_PRIVATE marks a declaration in a public header that only the library calls (a private
+/// constructor taking an internal type, a thread body): libcqd.so does not export it, so the
+/// shared library's ABI names no internal type. An engine never calls these; the mark changes
+/// nothing for it, or for the static library.
 #ifndef CQD_VISIBILITY_H_
 #define CQD_VISIBILITY_H_
 
