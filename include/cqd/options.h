@@ -37,7 +37,7 @@ enum class ConsumerKind {
 /// One consumer: where its handlers run (kind), and its queue's bounds.
 struct ConsumerOptions {
   ConsumerKind kind = ConsumerKind::kOwnedThread;  ///< where its handlers run
-  std::string name;  ///< shown in stats and thread names; defaults to "consumer<i>"
+  std::string name{};  ///< shown in stats and thread names; defaults to "consumer<i>"
   /// kOwnedThread: CPU to pin to; -1: none (then RuntimeOptions::auto_placement may confine the
   /// thread to the CPUs of the device's NUMA node). kEngineDriven: ignored. kRunToCompletion: must
   /// be -1 (the poller's CPU applies, RuntimeOptions::poller_cpus).
@@ -80,13 +80,13 @@ std::string_view LogLevelName(LogLevel level);
 struct RuntimeOptions {
   int pollers = 1;  ///< poller threads = CQ shards (1..256)
   /// Empty: not pinned (but see auto_placement); else one CPU per poller.
-  std::vector<int> poller_cpus;
+  std::vector<int> poller_cpus{};
   /// Engine-driven shards: the shards (0..pollers-1, each at most once) whose poller is a step of
   /// the engine's own loop rather than a thread of the runtime. No thread is started for them;
   /// one engine thread at a time drives each with Runtime::PollShard and Runtime::TrySleepShard
   /// and sleeps on Runtime::ShardFd (runtime.h, "Engine-driven shards"). Their poller_cpus
   /// entries are ignored (the engine places its own threads); auto_placement never moves them.
-  std::vector<int> engine_shards;
+  std::vector<int> engine_shards{};
   int poll_batch = 32;  ///< completions per ibv_poll_cq call (1..1024)
   /// A poller that found nothing for this long arms its CQs, polls once more, and sleeps
   /// (0..24 h; to never sleep, use busy_poll).
@@ -121,7 +121,7 @@ struct RuntimeOptions {
   /// runtime: it may run under the runtime's mutex, so control calls, Registration::Unregister
   /// (a no-op) and Teardown::Wait from it are refused with kFailedPrecondition, and GetStats
   /// leaves out the CQs. Messages have no trailing newline. Exceptions it throws are swallowed.
-  std::function<void(LogLevel level, std::string_view message)> log;
+  std::function<void(LogLevel level, std::string_view message)> log{};
   /// Optional: a Unix socket path (at most 107 bytes) on which a thread of the runtime serves
   /// GetStats() to whoever connects, one client at a time, then closes the connection. The client
   /// may send one request line: "json" or an empty line (or nothing, closing its sending side or
@@ -132,7 +132,7 @@ struct RuntimeOptions {
   /// for 1 s, or 5 s in all, is dropped. Empty: off. A stale socket file there is
   /// replaced; any other file, or a socket someone serves, fails Runtime::Create. The file is
   /// removed at Shutdown.
-  std::string stats_socket;
+  std::string stats_socket{};
   /// The socket file's permission bits, set exactly (the umask does not apply): connecting needs
   /// write permission, so the default 0600 lets only the runtime's user read the stats. 0660
   /// adds the group. kInvalidArgument unless at most 0777 with the owner's write bit.
@@ -143,7 +143,7 @@ struct RuntimeOptions {
   /// secrets but tell about the engine's load, and the listener has no authentication: an
   /// address that is not loopback is refused with kInvalidArgument unless
   /// stats_tcp_allow_remote is set. An address in use fails Runtime::Create (kAlreadyExists).
-  std::string stats_tcp;
+  std::string stats_tcp{};
   bool stats_tcp_allow_remote = false;  ///< true: stats_tcp may be an address that is not loopback
   /// false: the endpoint's Prometheus text leaves out the per-CQ families (PrometheusOptions in
   /// cqd/stats_format.h): an engine with a CQ per connection otherwise makes series that come
@@ -185,7 +185,7 @@ struct TeardownOptions {
   /// Optional: called once with the result, on the runtime's teardown thread, after the QP was
   /// unregistered. It may call the runtime (Shutdown and Teardown::Wait are refused there with
   /// kFailedPrecondition) and must not block for long: other teardowns' results wait for it.
-  std::function<void(const Status&)> on_done;
+  std::function<void(const Status&)> on_done{};
 };
 
 }  // namespace cqd

@@ -184,7 +184,7 @@ class SimDevice {
 
 /// What a SimTrafficSource adds.
 struct SimTrafficOptions {
-  std::vector<SimQp*> qps;             ///< the QPs, served round robin
+  std::vector<SimQp*> qps{};           ///< the QPs, served round robin
   uint64_t completions_per_qp = 1000;  ///< completions for each QP
   double rate_per_sec = 0;             ///< total completions per second; 0: as fast as possible
   int burst = 16;                      ///< completions injected into one CQ at once (1..1024)

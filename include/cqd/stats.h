@@ -55,20 +55,20 @@ struct LatencyStats {
     uint64_t upper_ns = 0;  ///< inclusive; the previous bucket's upper_ns (exclusive) is its lower
     uint64_t count = 0;     ///< completions in this bucket (not cumulative)
   };
-  bool enabled = false;         ///< ConsumerOptions::record_latency
-  uint64_t count = 0;           ///< completions recorded (delivered, or orphaned at the consumer)
-  uint64_t sum_ns = 0;          ///< their latencies added up
-  uint64_t p50_ns = 0;          ///< median
-  uint64_t p90_ns = 0;          ///< 90th percentile
-  uint64_t p99_ns = 0;          ///< 99th percentile
-  uint64_t p999_ns = 0;         ///< 99.9th percentile
-  uint64_t max_ns = 0;          ///< the largest recorded (exact)
-  std::vector<Bucket> buckets;  ///< the non-empty buckets, by upper_ns ascending
+  bool enabled = false;           ///< ConsumerOptions::record_latency
+  uint64_t count = 0;             ///< completions recorded (delivered, or orphaned at the consumer)
+  uint64_t sum_ns = 0;            ///< their latencies added up
+  uint64_t p50_ns = 0;            ///< median
+  uint64_t p90_ns = 0;            ///< 90th percentile
+  uint64_t p99_ns = 0;            ///< 99th percentile
+  uint64_t p999_ns = 0;           ///< 99.9th percentile
+  uint64_t max_ns = 0;            ///< the largest recorded (exact)
+  std::vector<Bucket> buckets{};  ///< the non-empty buckets, by upper_ns ascending
 };
 
 /// One consumer (RuntimeOptions::consumers, in order).
 struct ConsumerStats {
-  std::string name;           ///< ConsumerOptions::name (or "consumer<i>")
+  std::string name{};         ///< ConsumerOptions::name (or "consumer<i>")
   int cpu = -1;               ///< pinned CPU (ConsumerOptions::cpu), -1 if not pinned
   int numa_node = -1;         ///< NUMA node whose CPUs auto_placement confined it to, or -1
   uint64_t delivered = 0;     ///< completions handed to handlers
@@ -87,13 +87,13 @@ struct ConsumerStats {
   uint64_t stall_ns = 0;          ///< how long the stall in progress has lasted (0: none)
   uint64_t queue_capacity = 0;    ///< ConsumerOptions::queue_capacity: queue_depth's bound
   uint64_t spill_capacity = 0;    ///< ConsumerOptions::spill_capacity: each poller's spill bound
-  LatencyStats latency;           ///< ConsumerOptions::record_latency
+  LatencyStats latency{};         ///< ConsumerOptions::record_latency
 };
 
 /// One device added to the runtime.
 struct DeviceStats {
   uint32_t id = 0;       ///< the DeviceId
-  std::string name;      ///< the verbs device's name ("rxe0", "mlx5_0"), or the simulated one's
+  std::string name{};    ///< the verbs device's name ("rxe0", "mlx5_0"), or the simulated one's
   int numa_node = -1;    ///< from sysfs; -1: unknown, none, or the simulated device
   int comp_vectors = 1;  ///< ibv_context::num_comp_vectors (1 on the simulated device)
 };
@@ -104,13 +104,13 @@ struct Stats {
   /// QPs registered now: registrations that have not ended (by Unregister, the Registration's
   /// destructor, or the end of a TeardownQp). 0 once every registration ended: a leak check.
   uint64_t registrations = 0;
-  uint64_t max_registrations = 0;    ///< RuntimeOptions::max_registrations: registrations' bound
-  std::vector<PollerStats> pollers;  ///< by shard
-  std::vector<CqStats> cqs;          ///< the CQs polled now (none from a runtime thread)
-  std::vector<ConsumerStats> consumers;  ///< by ConsumerId
-  std::vector<DeviceStats> devices;      ///< by DeviceId, from 1
+  uint64_t max_registrations = 0;      ///< RuntimeOptions::max_registrations: registrations' bound
+  std::vector<PollerStats> pollers{};  ///< by shard
+  std::vector<CqStats> cqs{};          ///< the CQs polled now (none from a runtime thread)
+  std::vector<ConsumerStats> consumers{};  ///< by ConsumerId
+  std::vector<DeviceStats> devices{};      ///< by DeviceId, from 1
   /// The CPUs auto_placement confined threads to, as a cpulist ("0-3,8-11"); empty if none.
-  std::string placement_cpus;
+  std::string placement_cpus{};
   uint64_t orphans = 0;       ///< completions given to the orphan handler (or dropped if none)
   uint64_t async_events = 0;  ///< async events read from devices
   /// Completion channel or async fds the event thread stopped watching because reading them kept

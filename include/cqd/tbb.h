@@ -91,7 +91,7 @@ struct ArenaConsumersOptions {
   /// The engine-driven consumers to host (each at most once; each consumer may be hosted by one
   /// object only, until that object is destroyed (Stop does not free it: kAlreadyExists), and
   /// the engine must not Drain it itself while hosted).
-  std::vector<ConsumerId> consumers;
+  std::vector<ConsumerId> consumers{};
   /// true: a watcher thread epolls the consumers' notify fds. false: the engine calls OnReadable.
   bool watcher_thread = true;
   /// Items one drain task dispatches (one Runtime::Drain call) before it re-enqueues itself behind
@@ -163,7 +163,7 @@ struct StrandStats {
   uint64_t orphans = 0;           ///< completions dropped from strands (see orphan_handler)
   uint64_t dropped_events = 0;    ///< async and CM events dropped from unregistered strands
   uint64_t enqueue_failures = 0;  ///< as ArenaStats
-  ArenaStats drain;               ///< the drain side
+  ArenaStats drain{};             ///< the drain side
 };
 
 /// A QP registered through a StrandConsumer. Move-only; destroying it unregisters. Not

@@ -34,10 +34,10 @@ namespace cqd {
 
 /// A version: what Version() returns.
 struct VersionInfo {
-  int major;           ///< MAJOR
-  int minor;           ///< MINOR
-  int patch;           ///< PATCH
-  const char* string;  ///< "MAJOR.MINOR.PATCH", static storage
+  int major{};              ///< MAJOR
+  int minor{};              ///< MINOR
+  int patch{};              ///< PATCH
+  const char* string = "";  ///< "MAJOR.MINOR.PATCH", static storage
 };
 
 /// Returns the version of the cqd library linked into the process (the CQD_VERSION_* macros are
