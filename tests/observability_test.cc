@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1207,6 +1208,45 @@ TEST(LogSink, TheEnvironmentChoosesAStderrSink) {
   LogCollector engine;
   EXPECT_EQ(PrintedWithLogLevel("debug", &engine), "");
   EXPECT_TRUE(engine.Saw(LogLevel::kInfo, "added as device 1"));
+}
+
+// A consumer that stops draining holds its poller back; once that has lasted a second the log
+// says which consumer and how full, once, and says again when it drains. Meanwhile the metrics
+// show the stall in progress.
+TEST(LogSink, AStuckConsumerIsLoggedOnceAndItsEndToo) {
+  LogCollector log;
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;  // drained only below
+  options.consumers[0].name = "stuck";
+  options.consumers[0].queue_capacity = 1;
+  options.consumers[0].spill_capacity = 1;
+  options.log = log.Sink();
+  testing::OneQp bed;
+  CQD_ASSERT_OK(bed.Build(options));
+  SequenceHandler handler;
+  handler.qp_num = bed.qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*bed.qp, handler, 0));
+  ASSERT_TRUE(InjectRecvs(bed.qp, 0, 8));  // more than the queue and the spill hold
+  const std::string held = "consumer 0 (stuck) has held its pollers back for ";
+  ASSERT_TRUE(WaitFor([&] { return log.Saw(LogLevel::kWarning, held); }));
+  const auto warnings = [&] {
+    std::lock_guard<std::mutex> lock(log.mu);
+    return std::count_if(log.lines.begin(), log.lines.end(), [&](const auto& line) {
+      return line.second.find(held) != std::string::npos;
+    });
+  };
+  EXPECT_EQ(warnings(), 1);
+  // What a Prometheus scrape shows meanwhile: the stall in progress beside the queue's bound.
+  Samples samples;
+  CheckPrometheus(StatsToPrometheus(bed.rt->GetStats()), &samples);
+  ASSERT_EQ(samples["cqd_consumer_stall_seconds"].size(), 1u);
+  EXPECT_GE(samples["cqd_consumer_stall_seconds"][0].value, 1.0);
+  ASSERT_EQ(samples["cqd_consumer_queue_capacity"].size(), 1u);
+  EXPECT_EQ(samples["cqd_consumer_queue_capacity"][0].value, 1);
+  while (handler.received() < 8) bed.rt->Drain(0, 64);
+  EXPECT_TRUE(WaitFor([&] { return log.Saw(LogLevel::kInfo, "consumer 0 (stuck) drains again"); }));
+  EXPECT_EQ(warnings(), 1) << "one warning for the one stall";
+  reg.Unregister();
 }
 
 // CQD_LOG_FILE: the lines are appended to that file, not printed; a file that cannot be opened

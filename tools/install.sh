@@ -70,14 +70,19 @@ root=${DESTDIR:-}
 manifest=$prefix/share/cqd/install_manifest.txt
 
 # Removes the files the manifest lists, the manifest, and then each folder they were in that is
-# left empty, up to (not including) the prefix.
+# left empty, up to (not including) the prefix, and every folder the install made ("dir PATH"
+# lines: a --libdir outside the prefix) that is left empty.
 remove_installed() {
-  local file dir
-  local -a dirs=()
-  while IFS= read -r file; do
-    [[ $file == /* ]] || continue
-    rm -f -- "$root$file"
-    dirs+=("$(dirname "$file")")
+  local line dir
+  local -a dirs=() made=()
+  while IFS= read -r line; do
+    if [[ $line == "dir /"* ]]; then
+      made+=("${line#dir }")
+      continue
+    fi
+    [[ $line == /* ]] || continue
+    rm -f -- "$root$line"
+    dirs+=("$(dirname "$line")")
   done <"$root$manifest"
   rm -f -- "$root$manifest"
   dirs+=("$(dirname "$manifest")")
@@ -85,6 +90,9 @@ remove_installed() {
     while [[ $dir == "$prefix"/* ]] && rmdir -- "$root$dir" 2>/dev/null; do
       dir=$(dirname "$dir")
     done
+  done
+  for dir in "${made[@]}"; do  # deepest first: the install listed them so
+    rmdir -- "$root$dir" 2>/dev/null || true
   done
 }
 
@@ -124,7 +132,20 @@ version=$(define CQD_VERSION_STRING)
 [[ -f $root$manifest ]] && remove_installed
 
 installed=()
+made_dirs=()
+note_dirs() {  # note_dirs DEST: the folders outside the prefix that DEST's install will make
+  local dir
+  dir=$(dirname "$1")
+  while [[ $dir != / && ! -d $root$dir ]]; do
+    # Those in the prefix go as they always did (up to the prefix); these are the others.
+    if [[ $dir != "$prefix" && $dir != "$prefix"/* && " ${made_dirs[*]} " != *" $dir "* ]]; then
+      made_dirs+=("$dir")
+    fi
+    dir=$(dirname "$dir")
+  done
+}
 put() {  # put MODE SOURCE DEST: copies a file (its target, for a link), replacing DEST atomically
+  note_dirs "$3"
   install -D -m "$1" "$2" "$root$3.tmp"
   mv -f "$root$3.tmp" "$root$3"
   installed+=("$3")
@@ -132,6 +153,7 @@ put() {  # put MODE SOURCE DEST: copies a file (its target, for a link), replaci
 fill() {  # fill TEMPLATE DEST SED_SCRIPT...: a template with its @NAMES@ replaced
   local template=$1 dest=$2
   shift 2
+  note_dirs "$dest"
   mkdir -p "$(dirname "$root$dest")"
   sed "$@" "$template" >"$root$dest.tmp"
   chmod 644 "$root$dest.tmp"
@@ -170,8 +192,14 @@ if [[ -f $tbb_from/lib/libcqd_tbb.a ]]; then
   put 644 "$tbb_from/include/cqd/tbb.h" "$prefix/include/cqd/tbb.h"
 fi
 if $manifest_wanted; then
+  note_dirs "$manifest"
   mkdir -p "$(dirname "$root$manifest")"
-  printf '%s\n' "${installed[@]}" >"$root$manifest"
+  {
+    printf '%s\n' "${installed[@]}"
+    # The folders made, deepest first: those outside the prefix go at --uninstall too.
+    for dir in "${made_dirs[@]}"; do printf 'dir %s\n' "$dir"; done |
+      awk '{ print length($0) "\t" $0 }' | sort -rn | cut -f2-
+  } >"$root$manifest"
 fi
 
 echo "install.sh: installed cqd $version under $root$prefix (libraries in $root$libdir)"

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +32,7 @@ EventLoop::~EventLoop() {
   }
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
+  if (tick_fd_ >= 0) close(tick_fd_);
 }
 
 Status EventLoop::Start() {
@@ -39,6 +41,16 @@ Status EventLoop::Start() {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return ErrnoStatus("event loop: eventfd", errno);
   if (Status s = Watch(wake_fd_, {SourceKind::kWake, nullptr, nullptr, -1}); !s.ok()) return s;
+  if (tick_) {
+    tick_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (tick_fd_ < 0) return ErrnoStatus("event loop: timerfd_create", errno);
+    itimerspec every_second{};
+    every_second.it_value.tv_sec = every_second.it_interval.tv_sec = 1;
+    if (timerfd_settime(tick_fd_, 0, &every_second, nullptr) != 0) {
+      return ErrnoStatus("event loop: timerfd_settime", errno);
+    }
+    if (Status s = Watch(tick_fd_, {SourceKind::kTick, nullptr, nullptr, -1}); !s.ok()) return s;
+  }
   mailbox_.Open();
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
@@ -185,6 +197,13 @@ void EventLoop::Run() {
         case SourceKind::kCm:
           ReadCmChannel(source);
           break;
+        case SourceKind::kTick: {
+          uint64_t expirations;
+          while (read(tick_fd_, &expirations, sizeof(expirations)) < 0 && errno == EINTR) {
+          }
+          tick_();
+          break;
+        }
       }
     }
     if (paused_cm_ > 0) ResumeCm();
@@ -198,7 +217,9 @@ void EventLoop::Run() {
   // Still on this thread, before RunSync runs callers' functions inline: the sources go (their
   // dups closed, CM channels given back as they came).
   for (const auto& source : sources_) {
-    if (!source->active || source->kind == SourceKind::kWake) continue;
+    if (!source->active || source->kind == SourceKind::kWake || source->kind == SourceKind::kTick) {
+      continue;
+    }
     Remove(*source);
     source->given_back_at_stop = source->kind == SourceKind::kCm;
   }

@@ -58,6 +58,9 @@ class EventLoop {
   // Before Start: called on the event thread once a device raised DEVICE_FATAL (after its QPs'
   // handlers got the event's parts posted); must not block.
   void set_on_device_failed(std::function<void(DeviceId)> fn) { on_device_failed_ = std::move(fn); }
+  // Before Start: called on the event thread once a second (a timerfd); must not block. Unset:
+  // no timer.
+  void set_tick(std::function<void()> fn) { tick_ = std::move(fn); }
   Status Start();
   void Stop();
   // Runs `fn` on the event thread (inline once it stopped) and waits for it.
@@ -81,7 +84,7 @@ class EventLoop {
   uint64_t failed_fds() const { return failed_fds_.load(std::memory_order_relaxed); }
 
  private:
-  enum class SourceKind { kWake, kChannel, kAsync, kCm };
+  enum class SourceKind { kWake, kChannel, kAsync, kCm, kTick };
   struct Source {
     SourceKind kind;
     DeviceRecord* device;
@@ -129,6 +132,8 @@ class EventLoop {
   std::atomic<uint64_t> failed_fds_{0};
   std::function<void(DeviceId)> on_device_failed_;
   const Logger* log_ = nullptr;
+  std::function<void()> tick_;
+  int tick_fd_ = -1;
   // CQ_ERR lines: at most one a second, with a count of those left out (event thread only).
   void LogCqError(const DeviceRecord* device, const AsyncEvent& event);
   uint64_t cq_errors_logged_ = 0;

@@ -64,6 +64,10 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
   events_->set_on_device_failed([this](DeviceId device) { teardowns_->DeviceFailed(device); });
   events_->set_logger(&log_);
   teardowns_->set_logger(&log_);
+  if (log_.enabled()) {  // a consumer that holds its pollers back is said in the log
+    stall_watch_ = std::make_unique<StallWatch>(log_, pollers_, consumers_);
+    events_->set_tick([this] { stall_watch_->Tick(); });
+  }
 }
 
 Status RuntimeImpl::Start() {

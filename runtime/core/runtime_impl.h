@@ -33,6 +33,7 @@
 #include "runtime/core/poller.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/stall_watch.h"
 #include "runtime/core/teardown.h"
 #include "runtime/observe/stats_server.h"
 
@@ -143,6 +144,7 @@ class RuntimeImpl final : private TeardownHost {
   // Declared before the pollers and the event loop: their producer tokens must go first.
   std::vector<std::unique_ptr<Consumer>> consumers_;
   std::vector<std::unique_ptr<Poller>> pollers_;
+  std::unique_ptr<StallWatch> stall_watch_;  // with a log sink: the event thread's tick
   std::unique_ptr<EventLoop> events_;
   std::unique_ptr<TeardownWorker> teardowns_;
   std::vector<std::unique_ptr<DeviceRecord>> devices_;  // id - 1

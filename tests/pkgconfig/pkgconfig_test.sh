@@ -281,6 +281,16 @@ expect_eq "--libdir: cqd.pc libdir" \
 left=$(find "$other" \( -type f -o -type l \) | head -5)
 expect_eq "--uninstall: files left" "$left" ""
 expect_eq "--uninstall: folders left" "$(find "$other" -mindepth 1 | head -5)" ""
+# A --libdir outside the prefix: --uninstall takes away the folders the install made there too.
+elsewhere="$TEST_TMPDIR/elsewhere"
+"$install_sh" --prefix "$other" --libdir "$elsewhere/lib64" --from "$dist" >/dev/null
+[[ -f $elsewhere/lib64/libcqd.a ]] || fail "--libdir outside the prefix: no libcqd.a there"
+"$install_sh" --uninstall --prefix "$other" --libdir "$elsewhere/lib64" >/dev/null ||
+  fail "--uninstall with --libdir outside the prefix failed"
+expect_eq "--uninstall, --libdir outside the prefix: left there" \
+  "$(find "$elsewhere" 2>/dev/null | head -5)" ""
+expect_eq "--uninstall, --libdir outside the prefix: left in the prefix" \
+  "$(find "$other" -mindepth 1 | head -5)" ""
 # An install over an earlier one leaves nothing of it behind: a tree without a shared library
 # (as a sanitizer build's) installed over one with it takes the shared library away too.
 if [[ $have_shared == true ]]; then
