@@ -2,15 +2,16 @@
 # SPDX-License-Identifier: BSD-2-Clause
 # //tests/docs:snippets_test: the documents' C++ blocks are real code.
 #
-#   snippets_test.sh SNIPPETS_CC DOC.md... -- PUBLIC_HEADERS...
+#   snippets_test.sh SOURCE.cc... -- DOC.md... -- PUBLIC_HEADERS...
 #
 # Every ```cpp (or ```c++) block of each DOC must follow a line "<!-- snippet NAME -->" and equal
-# the region "// [snippet NAME]" ... "// [end NAME]" of SNIPPETS_CC, less the region's common
-# indentation; every region must be shown by some document. Then SNIPPETS_CC must compile with
-# g++ and with clang++ (-std=c++20 -Wall -Wextra -Werror) against the public headers, as an
+# the region "// [snippet NAME]" ... "// [end NAME]" of one of the SOURCEs, less the region's
+# common indentation; every region must be shown by some document. Then each SOURCE must compile
+# with g++ and with clang++ (-std=c++20 -Wall -Wextra -Werror) against the public headers, as an
 # engine's build would. Exit code: 0 iff all of it holds.
 set -uo pipefail
-snippets=$1
+sources=()
+while [[ $1 != -- ]]; do sources+=("$1"); shift; done
 shift
 docs=()
 while [[ $1 != -- ]]; do docs+=("$1"); shift; done
@@ -36,7 +37,7 @@ region() {
         if (RLENGTH < indent) indent = RLENGTH
       }
       for (i = 0; i < n; i++) print (lines[i] ~ /^[ \t]*$/) ? "" : substr(lines[i], indent + 1)
-    }' "$snippets"
+    }' "${sources[@]}"
 }
 
 shown=()
@@ -50,12 +51,12 @@ for doc in "${docs[@]}"; do
     shown+=("$name")
     want=$(region "$name")
     if [[ -z $want ]]; then
-      fail "$(basename "$doc"):$line: no region '$name' in snippets.cc"
+      fail "$(basename "$doc"):$line: no region '$name' in ${sources[*]##*/}"
     elif ! diff <(echo "$want") "$work/$name.doc" >"$work/$name.diff"; then
-      fail "$(basename "$doc"):$line: block '$name' differs from snippets.cc:"
+      fail "$(basename "$doc"):$line: block '$name' differs from its source's region:"
       cat "$work/$name.diff"
     else
-      echo "ok: $(basename "$doc"):$line: '$name' is snippets.cc's"
+      echo "ok: $(basename "$doc"):$line: '$name' is its source's region"
     fi
   done < <(awk -v out="$work" '
     /^```(cpp|c\+\+)$/ {
@@ -68,17 +69,19 @@ for doc in "${docs[@]}"; do
     { prev = $0 }' "$doc")
 done
 while read -r name; do
-  [[ " ${shown[*]} " == *" $name "* ]] || fail "region '$name' of snippets.cc is shown by no document"
-done < <(sed -n 's|^[ \t]*// \[snippet \([a-z0-9-]*\)\]$|\1|p' "$snippets")
+  [[ " ${shown[*]} " == *" $name "* ]] || fail "region '$name' is shown by no document"
+done < <(sed -n 's|^[ \t]*// \[snippet \([a-z0-9-]*\)\]$|\1|p' "${sources[@]}")
 
-for cxx in g++ clang++-14; do
-  if "$cxx" -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$include" "$snippets" \
-       >"$work/$cxx.log" 2>&1; then
-    echo "ok: $cxx -std=c++20 -Wall -Wextra -Werror compiles every block"
-  else
-    cat "$work/$cxx.log"
-    fail "$cxx does not compile the blocks warning-free"
-  fi
+for source in "${sources[@]}"; do
+  for cxx in g++ clang++-14; do
+    if "$cxx" -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$include" "$source" \
+         >"$work/$cxx.log" 2>&1; then
+      echo "ok: $cxx -std=c++20 -Wall -Wextra -Werror compiles $(basename "$source")"
+    else
+      cat "$work/$cxx.log"
+      fail "$cxx does not compile $(basename "$source") warning-free"
+    fi
+  done
 done
 if (( failures > 0 )); then
   echo "snippets_test: $failures failure(s)"
