@@ -84,7 +84,11 @@ struct Flags {
   std::string out;
 };
 
+// A progress line, redrawn in place on a terminal; into a pipe or a file (a kept run's log) it
+// writes nothing, so the log holds the results only.
 void Progress(const std::string& line) {
+  static const bool terminal = isatty(STDERR_FILENO) == 1;
+  if (!terminal) return;
   fprintf(stderr, "\r%-100s", line.c_str());
   fflush(stderr);
 }

@@ -107,8 +107,10 @@ class CmHandler {
   virtual void OnCmEvent(const CmEvent& event) noexcept = 0;
 };
 
-/// Takes completions that no handler may receive: an unknown qp_num, or a QP unregistered while
-/// its completions were queued (so that, for example, SRQ receive buffers can be recycled). May be
+/// Takes completions that no handler may receive: an unknown qp_num, a QP unregistered while its
+/// completions were queued or still in its CQs, or a retired QP's completions polled after a new
+/// QP took its number (so that, for example, SRQ receive buffers can be recycled). A teardown's
+/// own marker work requests never reach it: the runtime takes them. May be
 /// called from any poller or consumer thread, concurrently: it must be thread-safe. On a poller it
 /// must not call the runtime: control calls there return FAILED_PRECONDITION and
 /// Registration::Unregister does nothing (hand such work to another thread).

@@ -72,7 +72,7 @@ struct ConsumerStats {
   int cpu = -1;               ///< pinned CPU (ConsumerOptions::cpu), -1 if not pinned
   int numa_node = -1;         ///< NUMA node whose CPUs auto_placement confined it to, or -1
   uint64_t delivered = 0;     ///< completions handed to handlers
-  uint64_t async_events = 0;  ///< async events handed to handlers
+  uint64_t async_events = 0;  ///< async and connection-manager events handed to handlers
   uint64_t queue_depth = 0;   ///< items handed over and not yet dispatched (their handlers done)
   uint64_t high_water = 0;    ///< most such items at once
   /// Spill: items pollers hold because the queue was full (summed over pollers; see
@@ -112,7 +112,7 @@ struct Stats {
   /// The CPUs auto_placement confined threads to, as a cpulist ("0-3,8-11"); empty if none.
   std::string placement_cpus{};
   uint64_t orphans = 0;       ///< completions given to the orphan handler (or dropped if none)
-  uint64_t async_events = 0;  ///< async events read from devices
+  uint64_t async_events = 0;  ///< async events read from devices (CM events: cm_events)
   /// Completion channel or async fds the event thread stopped watching because reading them kept
   /// failing (a device gone); the affected pollers then sleep in bounded steps.
   uint64_t failed_fds = 0;

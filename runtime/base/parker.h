@@ -65,7 +65,7 @@ class Parker {
     if (!sleeping_.exchange(false, std::memory_order_acq_rel)) return false;
     seq_.fetch_add(1, std::memory_order_release);
     if (event_fd_ >= 0) {
-      uint64_t one = 1;  // kWakeToken
+      uint64_t one = 1;  // any non-zero count makes the eventfd readable
       while (write(event_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
       }
     } else {

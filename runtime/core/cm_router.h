@@ -2,8 +2,8 @@
 // runtime/core/cm_router.h: connection-manager (librdmacm) events, read on the event thread and
 // routed.
 //
-// The event loop epolls each watched rdma_event_channel and calls Drain when it is readable.
-// Drain copies each event into an EventJoin (CmEvent), acks it at once (so the engine's
+// The event loop epolls each watched rdma_event_channel and calls Read when it is readable.
+// Read copies each event into an EventJoin (CmEvent), acks it at once (so the engine's
 // rdma_destroy_id never waits for the runtime), and routes it:
 //   - the id is bound (RegisterQp(rdma_cm_id*)) and its registration is live: to that QP's
 //     consumer through the pollers of its CQs, like an async event (so it arrives after every
@@ -128,7 +128,7 @@ class CmRouter {
   // watch's limit is reached (kFull: read again once it is below), or reading failed with
   // anything but EAGAIN/EINTR (kBroken: unwatch it).
   ReadResult Read(CmWatch& watch);
-  // Event thread: routes `join`, an event read from join->watch and counted there (Drain's
+  // Event thread: routes `join`, an event read from join->watch and counted there (Read's
   // second half; tests route made-up events with it).
   void RouteEvent(EventJoin* join);
 

@@ -22,8 +22,9 @@
 // size() = queue_capacity + spill_limit: the queue bound (depth, consumer.h) keeps the handed-over
 // part within queue_capacity, so the ring has room for the spill without the poller reading the
 // consumer's position. It reads `released` (acquire) only when its cached copy says the ring may
-// be full, which Shutdown's forced hand-over can bring about; in steady state that is once per
-// lap, so the line the consumer writes per batch rarely crosses back.
+// be full (which Shutdown's forced hand-over can bring about) and in TryRewind, once per
+// kRewindEvery entries past kRewindFrom, so the line the consumer writes per batch rarely
+// crosses back.
 //
 // Threading: tail, published and the spill stats belong to the poller thread (PurgeDead's Filter
 // too, between two passes). `released` is written by the one thread dispatching the consumer
