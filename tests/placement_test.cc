@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// NUMA placement and completion vectors (runtime/base/placement.h): cpulist and sysfs parsing on a
+// NUMA placement and completion vectors (runtime/core/placement.h): cpulist and sysfs parsing on a
 // fake sysfs tree, the placement decision with real threads, and what the runtime reports on the
 // simulated device (no NUMA node, one vector).
-#include "runtime/base/placement.h"
+#include "runtime/core/placement.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/base/placement.h: where the runtime's threads run and which completion vector a CQ uses.
+// runtime/core/placement.h: where the runtime's threads run and which completion vector a CQ uses.
 //
 // NUMA: devices are added after Runtime::Create has started the threads, so placement happens
 // when the first verbs device whose NUMA node sysfs knows is added
@@ -24,8 +24,8 @@
 // Threading: the free functions may be called from any thread. Placement's methods take its own
 // mutex and never call back into the runtime, so any thread may call them, GetStats included;
 // OnDeviceAdded and CompVector are called by the control path.
-#ifndef CQD_RUNTIME_BASE_PLACEMENT_H_
-#define CQD_RUNTIME_BASE_PLACEMENT_H_
+#ifndef CQD_RUNTIME_CORE_PLACEMENT_H_
+#define CQD_RUNTIME_CORE_PLACEMENT_H_
 
 #include <pthread.h>
 
@@ -119,4 +119,4 @@ class Placement {
 
 }  // namespace cqd::internal
 
-#endif  // CQD_RUNTIME_BASE_PLACEMENT_H_
+#endif  // CQD_RUNTIME_CORE_PLACEMENT_H_

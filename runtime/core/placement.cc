@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-2-Clause
-#include "runtime/base/placement.h"
+#include "runtime/core/placement.h"
 
 #include <sched.h>
 
