@@ -26,6 +26,22 @@ inline thread_local bool tls_runtime_thread = false;
 inline void MarkRuntimeThread() { tls_runtime_thread = true; }
 inline bool OnRuntimeThread() { return tls_runtime_thread; }
 
+// Makes this thread count as a runtime thread (`runtime` true: an engine thread driving a shard,
+// an OrphanHandler called on a poller) or not (a run-to-completion handler on a poller) for the
+// scope's life, then restores what it was.
+class RuntimeThreadScope {
+ public:
+  explicit RuntimeThreadScope(bool runtime) noexcept : was_(tls_runtime_thread) {
+    tls_runtime_thread = runtime;
+  }
+  ~RuntimeThreadScope() { tls_runtime_thread = was_; }
+  RuntimeThreadScope(const RuntimeThreadScope&) = delete;
+  RuntimeThreadScope& operator=(const RuntimeThreadScope&) = delete;
+
+ private:
+  const bool was_;
+};
+
 // Set while the engine's RuntimeOptions::log sink runs (log.cc): it may run under the runtime
 // mutex, so control calls and waits from it are refused.
 inline thread_local bool tls_in_log_sink = false;
@@ -61,6 +77,24 @@ inline thread_local WaitDuty tls_wait_duty;
 inline bool HasWaitDuty() { return tls_wait_duty.serve != nullptr; }
 // Returns true if this thread is `owner` serving run-to-completion handlers.
 inline bool ServingAs(const void* owner) { return tls_wait_duty.owner == owner; }
+// Run-to-completion handlers on a poller: for the scope's life this thread is no runtime thread
+// (the handlers may call the runtime) and its waits serve `owner`'s mailbox; then both are
+// restored.
+class HostedDispatchScope {
+ public:
+  HostedDispatchScope(void (*serve)(void* owner), const void* owner) noexcept
+      : runtime_(false), was_duty_(tls_wait_duty) {
+    tls_wait_duty = {serve, owner};
+  }
+  ~HostedDispatchScope() { tls_wait_duty = was_duty_; }
+  HostedDispatchScope(const HostedDispatchScope&) = delete;
+  HostedDispatchScope& operator=(const HostedDispatchScope&) = delete;
+
+ private:
+  const RuntimeThreadScope runtime_;
+  const WaitDuty was_duty_;
+};
+
 // One step of a wait: serve the duty, if any, then let others run.
 inline void WaitStep() {
   if (tls_wait_duty.serve != nullptr) {

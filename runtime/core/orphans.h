@@ -31,9 +31,8 @@ class OrphanSink {
     }
     // Dispatching run-to-completion handlers on a poller, where they may call the runtime: an
     // OrphanHandler on a poller may not (handler.h), so its calls are refused here as elsewhere.
-    tls_runtime_thread = true;
+    const RuntimeThreadScope runtime(true);
     handler_->OnOrphans(wcs);
-    tls_runtime_thread = false;
   }
   // Returns the number of orphans so far.
   uint64_t total() const { return count_.load(std::memory_order_relaxed); }

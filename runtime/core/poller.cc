@@ -108,10 +108,10 @@ void Poller::Release() noexcept {
 
 void Poller::ServeAndRelease() noexcept {
   do {
-    const bool was_runtime = tls_runtime_thread;
-    tls_runtime_thread = true;  // an OrphanHandler called from here must not call the runtime
-    mailbox_.RunPosted();
-    tls_runtime_thread = was_runtime;
+    {
+      const RuntimeThreadScope runtime(true);  // an OrphanHandler called here may not call in
+      mailbox_.RunPosted();
+    }
     parker_.Wake();  // the engine's next TrySleepShard arms what changed (a CQ added)
     driver_.store(0, std::memory_order_seq_cst);
   } while (mailbox_.pending() && TryDrive());
@@ -143,26 +143,26 @@ int Poller::Step(int budget) noexcept {
   if (driver_.load(std::memory_order_relaxed) == ThreadToken()) return -EBUSY;
   if (!TryDrive()) return 0;
   if (KickOtherSleeper()) return 0;
-  const bool was_runtime = tls_runtime_thread;
-  tls_runtime_thread = true;  // as on a poller thread: OrphanHandlers must not call the runtime
-  if (last_driver_.load(std::memory_order_relaxed) != ThreadToken()) {
-    last_driver_.store(ThreadToken(), std::memory_order_relaxed);
-  }
-  EndSleep();
   int work = 0;
-  if (mailbox_.pending()) mailbox_.RunPosted();
-  if (stopped_.load(std::memory_order_relaxed)) {
-    work = StepStopped();
-  } else {
-    if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
-      work += PlaceEvents() ? 1 : 0;
+  {
+    const RuntimeThreadScope runtime(true);  // as on a poller: OrphanHandlers may not call in
+    if (last_driver_.load(std::memory_order_relaxed) != ThreadToken()) {
+      last_driver_.store(ThreadToken(), std::memory_order_relaxed);
     }
-    if (!listed_.empty()) work += Flush(false) ? 1 : 0;
-    if (UnparkPending()) Unpark();
-    work += PollAll(budget);
-    if (!hosted_.empty()) work += RunHosted();
+    EndSleep();
+    if (mailbox_.pending()) mailbox_.RunPosted();
+    if (stopped_.load(std::memory_order_relaxed)) {
+      work = StepStopped();
+    } else {
+      if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
+        work += PlaceEvents() ? 1 : 0;
+      }
+      if (!listed_.empty()) work += Flush(false) ? 1 : 0;
+      if (UnparkPending()) Unpark();
+      work += PollAll(budget);
+      if (!hosted_.empty()) work += RunHosted();
+    }
   }
-  tls_runtime_thread = was_runtime;
   Release();
   return work;
 }
@@ -174,11 +174,11 @@ int Poller::StepStopped() noexcept {
     const Lane& lane = *lanes_[consumer->index()];
     if (lane.spill_empty() && consumer->CloseIfEmpty()) continue;
     for (int round = 0; round < 4; ++round) {
-      tls_runtime_thread = false;
-      tls_wait_duty = {&Poller::ServeMailbox, this};
-      const int n = DispatchHosted(*consumer);
-      tls_wait_duty = {};
-      tls_runtime_thread = true;
+      int n;
+      {
+        const HostedDispatchScope dispatching(&Poller::ServeMailbox, this);
+        n = DispatchHosted(*consumer);
+      }
       if (n == 0) break;
       work += n;
     }
@@ -204,21 +204,21 @@ int Poller::PrepareSleep() noexcept {
     // (the fd will be readable): sleeping stays safe; keep the bound of the first verdict.
     if (verdict != 0 && bounded_sleep_) verdict = 2;
   } else {
-    const bool was_runtime = tls_runtime_thread;
-    tls_runtime_thread = true;
-    parker_.Prepare();  // from here a Wake writes the fd
-    ChaosPoint();
     bool busy;
-    if (stopped_.load(std::memory_order_relaxed)) {
-      busy = HostedPending() || mailbox_.pending();
-    } else {
-      ArmAll();
-      // S6: completions that arrived before arming raise no event: poll once more. A full
-      // consumer writes the fd when it frees room (AskForRoom).
-      busy = AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
-             inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
+    {
+      const RuntimeThreadScope runtime(true);
+      parker_.Prepare();  // from here a Wake writes the fd
+      ChaosPoint();
+      if (stopped_.load(std::memory_order_relaxed)) {
+        busy = HostedPending() || mailbox_.pending();
+      } else {
+        ArmAll();
+        // S6: completions that arrived before arming raise no event: poll once more. A full
+        // consumer writes the fd when it frees room (AskForRoom).
+        busy = AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
+               inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
+      }
     }
-    tls_runtime_thread = was_runtime;
     if (busy) {
       if (!parker_.TryCancel()) wake_owed_ = true;
       verdict = 0;
@@ -243,8 +243,7 @@ void Poller::ServeMailbox(void* self) {
 
 int Poller::RunHosted() noexcept {
   // Handlers may call the runtime from here (thread_role.h).
-  tls_runtime_thread = false;
-  tls_wait_duty = {&Poller::ServeMailbox, this};
+  const HostedDispatchScope dispatching(&Poller::ServeMailbox, this);
   int worked = 0;
   for (Consumer* consumer : hosted_) {
     // A few batches per pass, so that polling goes on under a steady stream.
@@ -254,8 +253,6 @@ int Poller::RunHosted() noexcept {
       worked += n;
     }
   }
-  tls_wait_duty = {};
-  tls_runtime_thread = true;
   return worked;
 }
 

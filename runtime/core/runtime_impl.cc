@@ -7,6 +7,7 @@
 
 #include "runtime/base/chaos.h"
 #include "runtime/base/thread_role.h"
+#include "runtime/core/caller.h"
 
 namespace cqd::internal {
 namespace {
@@ -26,18 +27,12 @@ std::atomic<uint64_t> next_runtime_serial{1};
 
 }  // namespace
 
-Status RuntimeImpl::CheckCaller(const char* op) {
-  if (OnRuntimeThread()) {
-    return FailedPrecondition(std::string(op) +
-                              ": called from a cqd poller or event thread (an OrphanHandler or "
-                              "DeviceEventHandler), which must not call the runtime");
-  }
-  if (InLogSink()) {
-    return FailedPrecondition(std::string(op) +
-                              ": called from the RuntimeOptions::log sink, which may run under "
-                              "the runtime mutex");
-  }
-  return Status::Ok();
+Status RuntimeImpl::CheckCaller(const char* op, uint32_t refused) {
+  const char* reason = RefusalReason(CallerRoles(), refused);
+  if (reason == nullptr) return Status::Ok();
+  return FailedPrecondition(std::string(op) + ": " + reason +
+                            ", which must not make this call (runtime.h, \"Which threads may "
+                            "block\")");
 }
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
@@ -553,7 +548,7 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, CqR
 }
 
 bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
-  if (OnRuntimeThread() || InLogSink()) return false;  // see CQD_REFUSE_ON_RUNTIME_THREAD
+  if (CallerRoles() & kRefusedControlCallers) return false;  // as CQD_REFUSE_ON_RUNTIME_THREAD
   std::unique_lock<ControlMutex> lock(mu_);
   const BatchTicket batch = Retire(index, generation, nullptr);
   if (!batch.retired) return true;  // already gone
@@ -701,7 +696,7 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
 // would nest one poller's pass inside another's (or inside a consumer's batch), and a wait duty
 // serves one shard only.
 static bool InsideRuntimeCallback() noexcept {
-  return OnRuntimeThread() || HasWaitDuty() || Consumer::OnConsumerThread();
+  return (CallerRoles() & (kRoleRuntimeThread | kRoleWaitDuty | kRoleHandler)) != 0;
 }
 
 int RuntimeImpl::PollShard(int shard, int budget) noexcept {
@@ -767,7 +762,7 @@ Stats RuntimeImpl::GetStats() const {
   placement_.FillStats(stats);
   stats.registrations = live_registrations_.load(std::memory_order_relaxed);
   stats.max_registrations = options_.max_registrations;
-  if (OnRuntimeThread() || InLogSink()) return stats;  // the CQ part needs the mutex
+  if (CallerRoles() & kRefusedControlCallers) return stats;  // the CQ part needs the mutex
   std::lock_guard<ControlMutex> lock(mu_);
   cqs_.FillStats(stats);
   stats.orphans = orphans_.total();
@@ -778,13 +773,11 @@ Stats RuntimeImpl::GetStats() const {
 }
 
 Status RuntimeImpl::Shutdown() {
-  CQD_REFUSE_ON_RUNTIME_THREAD("Shutdown");
-  if (Consumer::OnConsumerThread()) {
-    return FailedPrecondition("Shutdown: called from a handler; it would wait for itself");
-  }
-  if (TeardownWorker::OnWorkerThread()) {
-    return FailedPrecondition(
-        "Shutdown: called from a teardown's on_done; it would wait for the thread running it");
+  // It joins every thread: a handler or on_done would wait for itself.
+  if (Status refused =
+          CheckCaller("Shutdown", kRefusedControlCallers | kRoleHandler | kRoleTeardownThread);
+      !refused.ok()) {
+    return refused;
   }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
   {

@@ -25,6 +25,7 @@
 #include "runtime/backend/device.h"
 #include "runtime/base/log.h"
 #include "runtime/base/thread_role.h"
+#include "runtime/core/caller.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/cq_table.h"
 #include "runtime/core/event_loop.h"
@@ -60,7 +61,12 @@ class RuntimeImpl final : private TeardownHost {
  public:
   // Returns kFailedPrecondition, naming `op`, on the threads no control call may come from (a
   // poller or the event thread: an OrphanHandler or DeviceEventHandler; the log sink), else OK.
-  static Status CheckCaller(const char* op);
+  // The callers every control call refuses: they may run where the call would wait for them
+  // (pollers, the event thread) or under the runtime mutex (the log sink).
+  static constexpr uint32_t kRefusedControlCallers = kRoleRuntimeThread | kRoleLogSink;
+  // Returns kFailedPrecondition naming `op` and the reason when the caller holds a role of
+  // `refused` (caller.h); else OK.
+  static Status CheckCaller(const char* op, uint32_t refused = kRefusedControlCallers);
   // `options` passed CheckOptions (options_check.h).
   explicit RuntimeImpl(const RuntimeOptions& options);
   ~RuntimeImpl();

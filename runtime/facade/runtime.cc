@@ -14,6 +14,7 @@
 #include "runtime/backend/sim/sim_device.h"
 #include "runtime/backend/verbs/verbs_device.h"
 #include "runtime/base/thread_role.h"
+#include "runtime/core/caller.h"
 #include "runtime/core/options_check.h"
 #include "runtime/core/runtime_impl.h"
 
@@ -226,21 +227,16 @@ Status Teardown::Wait() const {
   std::unique_lock<std::mutex> lock(state_->mu);
   if (state_->done) return state_->result;
   // The threads a teardown may need, or that others need while it runs (runtime.h, "Waiting").
-  const char* refused = nullptr;
-  if (internal::Consumer::OnConsumerThread()) {
-    refused = "called from a handler (its consumer, or one a teardown needs, would wait for it)";
-  } else if (internal::OnRuntimeThread()) {
-    refused = "called from a cqd poller or event thread (an OrphanHandler or DeviceEventHandler)";
-  } else if (internal::TeardownWorker::OnWorkerThread()) {
-    refused = "called from a teardown's on_done (the thread that ends teardowns)";
-  } else if (internal::InLogSink()) {
-    refused = "called from the RuntimeOptions::log sink (it may run under the runtime mutex)";
-  } else if (state_->drainer != nullptr &&
-             state_->drainer->load(std::memory_order_relaxed) == internal::ThreadToken()) {
+  const char* refused = internal::RefusalReason(
+      internal::CallerRoles(), internal::kRoleHandler | internal::kRoleRuntimeThread |
+                                   internal::kRoleTeardownThread | internal::kRoleLogSink);
+  if (refused == nullptr && state_->drainer != nullptr &&
+      state_->drainer->load(std::memory_order_relaxed) == internal::ThreadToken()) {
     refused =
         "called from the thread that drains the QP's engine-driven consumer (nothing "
         "would deliver its markers)";
-  } else {
+  }
+  if (refused == nullptr) {
     for (const std::atomic<uintptr_t>* driver : state_->shard_drivers) {
       if (driver != nullptr && driver->load(std::memory_order_relaxed) == internal::ThreadToken()) {
         refused =
@@ -257,11 +253,7 @@ Status Teardown::Wait() const {
   return state_->result;
 }
 
-bool Runtime::InCallback() noexcept {
-  return internal::Consumer::OnConsumerThread() || internal::OnRuntimeThread() ||
-         internal::HasWaitDuty() || internal::TeardownWorker::OnWorkerThread() ||
-         internal::InLogSink() || internal::InCallbackScope();
-}
+bool Runtime::InCallback() noexcept { return internal::CallerRoles() != 0; }
 
 int Runtime::Drain(ConsumerId consumer, int max) noexcept { return impl_->Drain(consumer, max); }
 int Runtime::PollShard(int shard, int budget) noexcept { return impl_->PollShard(shard, budget); }
