@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/poller.h: one poller thread, owning one CQ shard.
 //
+// Implemented in three files: poller.cc (the thread or the engine's drive of it, the pass, the
+// sleep and parking), poller_route.cc (the pass's data path: poll, route, hand over, place
+// events) and poller_control.cc (the control calls, run between two passes).
+//
 // The poller batch-polls its CQs round robin (at most poll_batch per CQ per pass, so one busy CQ
 // cannot starve the others) and routes each completion by qp_num through its device's QpTable to
 // the destination consumer's lane (lane.h). What becomes of each completion (a consumer, the
