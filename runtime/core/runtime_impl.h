@@ -6,6 +6,10 @@
 // Control-path calls serialize on `mu_`. They never hold it while waiting for a consumer (a
 // handler may itself be calling the control path), only while waiting for a poller or the event
 // thread, which never take it.
+//
+// Implemented by concern: runtime_impl.cc (the threads' lifetime, the caller check, the engine's
+// entry points, stats, Shutdown), runtime_cqs.cc (devices, CM channels, CQs and their
+// commitments) and runtime_qps.cc (registrations, their retirement and fences, teardowns).
 #ifndef CQD_RUNTIME_CORE_RUNTIME_IMPL_H_
 #define CQD_RUNTIME_CORE_RUNTIME_IMPL_H_
 
