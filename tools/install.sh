@@ -19,6 +19,8 @@
 #   PREFIX/include/cqd/*.h
 #   and the oneTBB layer, from cqd_tbb_dist beside DIST_DIR when there is one:
 #   LIBDIR/libcqd_tbb.a, LIBDIR/pkgconfig/cqd-tbb.pc, PREFIX/include/cqd/tbb.h
+#   and cqd_top, from tools/cqd_top beside DIST_DIR when it was built:
+#   PREFIX/bin/cqd_top, PREFIX/share/man/man1/cqd_top.1
 #   PREFIX/share/cqd/install_manifest.txt          (what --uninstall removes; not written with
 #                                                   --no-manifest: a package manager's install)
 # The version (X.Y.Z) comes from include/cqd/version.h. --from DIST_DIR skips the build and
@@ -109,7 +111,7 @@ fi
 if [[ -z $from ]]; then
   cd "$(dirname "${BASH_SOURCE[0]}")/.."
   read -r -a bazel <<<"${BAZEL:-bazel}"
-  "${bazel[@]}" build -c opt //:cqd_dist //:cqd_tbb_dist
+  "${bazel[@]}" build -c opt //:cqd_dist //:cqd_tbb_dist //tools:cqd_top
   from="$("${bazel[@]}" info -c opt bazel-bin)/cqd_dist"
 fi
 
@@ -190,6 +192,13 @@ if [[ -f $tbb_from/lib/libcqd_tbb.a ]]; then
   fill "$tbb_from/lib/pkgconfig/cqd-tbb.pc" "$libdir/pkgconfig/cqd-tbb.pc" \
     -e "s|^prefix=.*|prefix=$prefix|" -e "s|^libdir=.*|libdir=$libdir|"
   put 644 "$tbb_from/include/cqd/tbb.h" "$prefix/include/cqd/tbb.h"
+fi
+# cqd_top and its man page.
+top=$(dirname "$from")/tools/cqd_top
+if [[ -f $top ]]; then
+  put 755 "$top" "$prefix/bin/cqd_top"
+  man_page=$(dirname "${BASH_SOURCE[0]}")/man/cqd_top.1
+  [[ -f $man_page ]] && put 644 "$man_page" "$prefix/share/man/man1/cqd_top.1"
 fi
 if $manifest_wanted; then
   note_dirs "$manifest"

@@ -116,6 +116,14 @@ for h in "$prefix"/include/cqd/*.h; do
     "error: #error \"cqd needs C++20: compile with -std=c++20 (or -std=gnu++20, or later)\""
 done
 
+# ---- cqd_top and its man page. ----
+if [[ $("$prefix/bin/cqd_top" --version 2>&1) == "cqd_top (cqd) $version" ]]; then
+  echo "ok: bin/cqd_top --version"
+else
+  fail "bin/cqd_top is not installed, or --version says otherwise"
+fi
+[[ -f $prefix/share/man/man1/cqd_top.1 ]] || fail "share/man/man1/cqd_top.1 is not installed"
+
 # ---- The shared library: soname, links, and only the public API exported. ----
 major=$(sed -n 's/^#define CQD_VERSION_MAJOR \([0-9]*\)$/\1/p' "$prefix/include/cqd/version.h")
 minor=$(sed -n 's/^#define CQD_VERSION_MINOR \([0-9]*\)$/\1/p' "$prefix/include/cqd/version.h")
