@@ -7,7 +7,9 @@
 // sender's transport may retry for ever: rping connects with retry_count 7, the server's QP
 // inherits it, and rxe never counts it down. So the server does not wait for the transport to
 // give up: a probe left unanswered for kMissedPeriods periods, with no other completion of the
-// connection in that time, ends the connection.
+// connection in that time, ends the connection. The answer is the probe's completion reaching
+// the connection's handler, so a consumer backlogged for that long counts against the peer too:
+// --keepalive-ms sizes the patience (four periods) for both.
 //
 // Threading: Heard runs on the connection's handler thread, Check and Probed on the thread that
 // ticks the connections; the fields are relaxed atomics (each a moment, read on its own).

@@ -389,11 +389,13 @@ void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t gener
     DeliverCm(join, slot);
     return;
   }
-  if (RouteHere(ItemKind::kAsyncEvent, slot, generation) == Disposal::kReleaseEvent) {
+  // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
+  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
+  const RouteFacts facts{.kind = ItemKind::kAsyncEvent, .live = StateLiveAs(state, generation)};
+  if (Route(RouteStage::kConsumer, facts) == Disposal::kReleaseEvent) {
     delete join;  // unregistered after it was routed here (its last part)
     return;
   }
-  const uint64_t state = slot.state.load(std::memory_order_relaxed);  // live, read just now
   if (join->kind == EventJoin::Kind::kAsync) {
     slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
     CountEvent();

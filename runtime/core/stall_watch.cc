@@ -17,21 +17,25 @@ void StallWatch::Tick() {
     ConsumerStats stats;
     for (const auto& poller : pollers_) poller->AddSpillStats(consumer.index(), stats);
     Watched& w = watched_[i];
-    const bool new_stall = stats.stalls != w.last_stalls;
+    // Stalls begun since the last look, on any of the consumer's pollers.
+    w.since_warning += stats.stalls - w.last_stalls;
     w.last_stalls = stats.stalls;
-    if (w.reported && (stats.stall_ns == 0 || new_stall)) {
-      log_.Info("consumer " + std::to_string(i) + " (" + consumer.name() +
-                ") drains again: its pollers are no longer held back");
-      w.reported = false;
+    if (stats.stall_ns == 0) {  // no poller is held back for it now
+      if (w.reported) {
+        log_.Info("consumer " + std::to_string(i) + " (" + consumer.name() +
+                  ") drains again: its pollers are no longer held back");
+        w.reported = false;
+      }
+      continue;
     }
-    if (stats.stall_ns == 0 || w.reported) continue;
+    // A stall in progress (stall_ns counts from the oldest one of its pollers).
+    if (w.reported) continue;
     if (stats.stall_ns < static_cast<uint64_t>(std::chrono::nanoseconds(kReportAfter).count())) {
       continue;
     }
     if (w.last_warning != std::chrono::steady_clock::time_point{} &&
         now - w.last_warning < kQuietFor) {
-      if (new_stall) ++w.unreported;
-      continue;
+      continue;  // warned a moment ago: the next warning says how many came since
     }
     char seconds[32];
     std::snprintf(seconds, sizeof(seconds), "%.1f", static_cast<double>(stats.stall_ns) / 1e9);
@@ -41,12 +45,14 @@ void StallWatch::Tick() {
                        std::to_string(stats.spill_depth) +
                        "; its handlers are not returning, or its engine thread is not calling "
                        "Drain (CQs it shares wait in the CQ meanwhile)";
-    if (w.unreported > 0) {
-      line += " (" + std::to_string(w.unreported) + " shorter stalls since the last warning)";
+    if (w.last_warning != std::chrono::steady_clock::time_point{} && w.since_warning > 1) {
+      line += " (" + std::to_string(w.since_warning - 1) +
+              " more stalls began since the last "
+              "warning)";
     }
     log_.Warning(line);
     w.reported = true;
-    w.unreported = 0;
+    w.since_warning = 0;
     w.last_warning = now;
   }
 }

@@ -5,8 +5,9 @@
 // stall, ConsumerStats::stall_ns). The pollers cannot log (the data path never does), so the
 // event thread looks once a second (EventLoop's tick, only while a log sink is set): a stall
 // that has lasted kReportAfter is logged once as a warning, naming the consumer, how long, and
-// its queue's fill; its end is logged once at info. A consumer whose stalls come and go is
-// warned about at most once per kQuietFor: the episodes in between are counted in the next line.
+// its queue's fill; its end (no poller held back any more) is logged once at info. A consumer
+// whose stalls come and go is warned about at most once per kQuietFor: the stalls begun in
+// between are counted in the next warning.
 //
 // Threading: Tick runs on the event thread only; it reads the pollers' spill counters as
 // GetStats does (relaxed loads).
@@ -37,9 +38,9 @@ class StallWatch {
 
  private:
   struct Watched {
-    bool reported = false;     // this stall was warned about
-    uint64_t unreported = 0;   // stalls left out by kQuietFor since the last warning
-    uint64_t last_stalls = 0;  // ConsumerStats::stalls at the last look
+    bool reported = false;       // the stall in progress was warned about
+    uint64_t since_warning = 0;  // stalls begun (on any poller) since the last warning
+    uint64_t last_stalls = 0;    // ConsumerStats::stalls at the last look
     std::chrono::steady_clock::time_point last_warning{};
   };
 
