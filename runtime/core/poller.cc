@@ -150,17 +150,7 @@ int Poller::Step(int budget) noexcept {
     }
     EndSleep();
     if (mailbox_.pending()) mailbox_.RunPosted();
-    if (stopped_.load(std::memory_order_relaxed)) {
-      work = StepStopped();
-    } else {
-      if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
-        work += PlaceEvents() ? 1 : 0;
-      }
-      if (!listed_.empty()) work += Flush(false) ? 1 : 0;
-      if (UnparkPending()) Unpark();
-      work += PollAll(budget);
-      if (!hosted_.empty()) work += RunHosted();
-    }
+    work = stopped_.load(std::memory_order_relaxed) ? StepStopped() : Pass(budget);
   }
   Release();
   return work;
@@ -208,15 +198,8 @@ int Poller::PrepareSleep() noexcept {
       const RuntimeThreadScope runtime(true);
       parker_.Prepare();  // from here a Wake writes the fd
       ChaosPoint();
-      if (stopped_.load(std::memory_order_relaxed)) {
-        busy = HostedPending() || mailbox_.pending();
-      } else {
-        ArmAll();
-        // S6: completions that arrived before arming raise no event: poll once more. A full
-        // consumer writes the fd when it frees room (AskForRoom).
-        busy = AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
-               inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
-      }
+      busy = stopped_.load(std::memory_order_relaxed) ? HostedPending() || mailbox_.pending()
+                                                      : ArmAndRecheck();
     }
     if (busy) {
       if (!parker_.TryCancel()) wake_owed_ = true;
@@ -224,7 +207,7 @@ int Poller::PrepareSleep() noexcept {
     } else {
       // As the thread's bounded sleeps: a failed arm or channel (no event may come). The fd
       // still wakes it earlier.
-      bounded_sleep_ = arm_failed_ || notifications_broken_.load(std::memory_order_relaxed);
+      bounded_sleep_ = SleepMustBeBounded();
       sleep_prepared_ = true;
       sleeper_ = ThreadToken();
       verdict = bounded_sleep_ ? 2 : 1;
@@ -288,15 +271,7 @@ void Poller::Run() {
   for (;;) {
     if (mailbox_.pending()) mailbox_.RunPosted();
     if (stop_.load(std::memory_order_acquire)) break;
-    bool worked = false;
-    if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
-      worked |= PlaceEvents();
-    }
-    if (!listed_.empty()) worked |= Flush(false);
-    if (UnparkPending()) Unpark();
-    if (PollAll() > 0) worked = true;
-    if (!hosted_.empty()) worked |= RunHosted() > 0;
-    if (worked) {
+    if (Pass(INT32_MAX) > 0) {
       idle = false;
       continue;
     }
@@ -356,20 +331,40 @@ bool Poller::AskForRoom() noexcept {
   return Flush(false) || (!deferred_.empty() && PlaceEvents());
 }
 
+int Poller::Pass(int budget) noexcept {
+  int work = 0;
+  if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
+    work += PlaceEvents() ? 1 : 0;  // events, each behind its catch-up
+  }
+  if (!listed_.empty()) work += Flush(false) ? 1 : 0;  // spills to their consumers
+  if (UnparkPending()) Unpark();                       // parked CQs whose event came
+  work += PollAll(budget);                             // the polled CQs
+  if (!hosted_.empty()) work += RunHosted();           // run-to-completion consumers
+  return work;
+}
+
+bool Poller::ArmAndRecheck() noexcept {
+  ArmAll();
+  // S6: completions that arrived before arming raise no event: poll once more. A full consumer
+  // wakes the sleeper when it frees room (AskForRoom), so the sleep need not be bounded for it.
+  return AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
+         inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
+}
+
+bool Poller::SleepMustBeBounded() const noexcept {
+  // No event may come: an arm failed, or the channel did.
+  return arm_failed_ || notifications_broken_.load(std::memory_order_relaxed);
+}
+
 void Poller::TrySleep() noexcept {
   uint32_t ticket = parker_.Prepare();
   ChaosPoint();  // announced, not yet re-checked
-  ArmAll();
-  // S6: completions that arrived before arming raise no event: poll once more. A full consumer
-  // wakes this thread when it frees room (AskForRoom), so the sleep need not be bounded for it.
-  if (AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
-      inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending() ||
-      stop_.load(std::memory_order_seq_cst)) {
+  if (ArmAndRecheck() || stop_.load(std::memory_order_seq_cst)) {
     parker_.Cancel();
     return;
   }
   Count(sleeps_, 1);
-  if (arm_failed_ || notifications_broken_.load(std::memory_order_relaxed)) {
+  if (SleepMustBeBounded()) {
     parker_.ParkFor(ticket, kRecheckUnarmed);
   } else {
     parker_.Park(ticket);

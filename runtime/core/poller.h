@@ -302,6 +302,17 @@ class Poller {
   bool HostedPending() const noexcept;
   static void ServeMailbox(void* self);  // the wait duty of RunHosted's handlers
   void TrySleep() noexcept;
+  // One pass of the shard, the same for both drivers (Run's loop, the engine's Step): events
+  // placed behind their catch-up, spills handed over, parked CQs whose event came brought back,
+  // the CQs polled (up to `budget` completions), the run-to-completion consumers run. Returns
+  // the work done (0: idle). The mailbox runs before it, in each driver.
+  int Pass(int budget) noexcept;
+  // The sleep protocol's second half, the same for both drivers (TrySleep, PrepareSleep): after
+  // the sleep was announced, arms every CQ, asks full consumers to wake it, and polls once more
+  // (S6). Returns true if there is work after all: the sleep must not happen.
+  bool ArmAndRecheck() noexcept;
+  // True when no event may wake the sleep (an arm or the channel failed): it must be bounded.
+  bool SleepMustBeBounded() const noexcept;
   // Before a sleep: asks the consumers this poller holds entries or events for to wake it when
   // they free room (Lane::wants_room); returns true if room came meanwhile and something moved.
   bool AskForRoom() noexcept;
