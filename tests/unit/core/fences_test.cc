@@ -6,7 +6,7 @@
 #include "runtime/core/fences.h"
 
 #include "gtest/gtest.h"
-#include "tests/unit/fake_cq.h"
+#include "tests/unit/core/fake_cq.h"
 
 namespace cqd::internal {
 namespace {

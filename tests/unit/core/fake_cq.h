@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// tests/unit/fake_cq.h: a backend::Cq that holds nothing, for unit tests of the pieces that only
-// read a CQ's depth (fences, routing).
-#ifndef CQD_TESTS_UNIT_FAKE_CQ_H_
-#define CQD_TESTS_UNIT_FAKE_CQ_H_
+// tests/unit/core/fake_cq.h: a backend::Cq that holds nothing, for unit tests of the pieces that
+// only read a CQ's depth (fences, routing).
+#ifndef CQD_TESTS_UNIT_CORE_FAKE_CQ_H_
+#define CQD_TESTS_UNIT_CORE_FAKE_CQ_H_
 
 #include "runtime/backend/device.h"
 
@@ -23,4 +23,4 @@ class FakeCq : public backend::Cq {
 
 }  // namespace cqd::internal
 
-#endif  // CQD_TESTS_UNIT_FAKE_CQ_H_
+#endif  // CQD_TESTS_UNIT_CORE_FAKE_CQ_H_

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/unit/fake_cq.h"
+#include "tests/unit/core/fake_cq.h"
 
 namespace cqd::internal {
 namespace {
