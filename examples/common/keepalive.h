@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace cqd::examples {
 
@@ -55,6 +56,16 @@ class Keepalive {
     } else if (probe_since_.load(std::memory_order_relaxed) != 0) {
       probe_since_.store(Ticks(now), std::memory_order_relaxed);  // its wait starts again
     }
+  }
+  // Check, carried out by the thread that serializes the connection (it also runs Heard): posts
+  // a probe with `post()` (true if the post succeeded) when one is due. Returns the reason the
+  // connection must end ("keepalive unanswered for N ms"), or an empty string.
+  template <typename Post>
+  std::string Tick(Clock::time_point now, std::chrono::milliseconds period, Post&& post) {
+    const Due due = Check(now, period);
+    if (due == Due::kProbe) Probed(now, post());
+    if (due != Due::kGiveUp) return {};
+    return "keepalive unanswered for " + std::to_string(WaitedMs(now)) + " ms";
   }
   // Milliseconds the probe now out has waited; 0 if none is out.
   int64_t WaitedMs(Clock::time_point now) const noexcept {

@@ -192,20 +192,9 @@ void Conn::Tick(Clock::time_point now, std::unique_lock<std::mutex>* held) noexc
     if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s", held);
     return;
   }
-  switch (keepalive_.Check(now, server_.keepalive)) {
-    case Keepalive::Due::kProbe:
-      keepalive_.Probed(now, EchoSlots::PostKeepalive(id_->qp));
-      break;
-    case Keepalive::Due::kGiveUp: {
-      char reason[64];
-      snprintf(reason, sizeof(reason), "keepalive unanswered for %lld ms",
-               static_cast<long long>(keepalive_.WaitedMs(now)));
-      End(reason, held);
-      break;
-    }
-    case Keepalive::Due::kNothing:
-      break;
-  }
+  const std::string reason =
+      keepalive_.Tick(now, server_.keepalive, [&] { return EchoSlots::PostKeepalive(id_->qp); });
+  if (!reason.empty()) End(reason.c_str(), held);
 }
 
 void Conn::Reap(Totals& totals) {

@@ -337,20 +337,9 @@ void Conn::Tick(Clock::time_point now) noexcept {
     if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s");
     return;
   }
-  switch (keepalive_.Check(now, reactor_.server().keepalive)) {
-    case Keepalive::Due::kProbe:
-      keepalive_.Probed(now, EchoSlots::PostKeepalive(id_->qp));
-      break;
-    case Keepalive::Due::kGiveUp: {
-      char reason[64];
-      snprintf(reason, sizeof(reason), "keepalive unanswered for %lld ms",
-               static_cast<long long>(keepalive_.WaitedMs(now)));
-      End(reason);
-      break;
-    }
-    case Keepalive::Due::kNothing:
-      break;
-  }
+  const std::string reason = keepalive_.Tick(now, reactor_.server().keepalive,
+                                             [&] { return EchoSlots::PostKeepalive(id_->qp); });
+  if (!reason.empty()) End(reason.c_str());
 }
 
 void Conn::Reap(Totals& totals) {
