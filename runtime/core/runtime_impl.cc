@@ -20,8 +20,7 @@ Status RuntimeImpl::CheckCaller(const char* op, uint32_t refused) {
   const char* reason = RefusalReason(CallerRoles(), refused);
   if (reason == nullptr) return Status::Ok();
   return FailedPrecondition(std::string(op) + ": " + reason +
-                            ", which must not make this call (runtime.h, \"Which threads may "
-                            "block\")");
+                            ", which must not make this call (runtime.h, \"Waiting\")");
 }
 
 RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
