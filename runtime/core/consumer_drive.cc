@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: BSD-2-Clause
+// Consumer (consumer.h): how a consumer is driven and how it ends. Its owned thread's loop (Run),
+// the engine's Drain with its notify fd, and Shutdown's side: closing (CloseIfEmpty) and handing
+// what is left to the orphan sink. The dispatch itself is in consumer.cc.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include "runtime/base/pinning.h"
+#include "runtime/base/thread_role.h"
+#include "runtime/core/consumer.h"
+
+namespace cqd::internal {
+
+Status Consumer::Start() {
+  if (options_.kind == ConsumerKind::kRunToCompletion) return Status::Ok();  // its poller runs it
+  if (options_.kind == ConsumerKind::kEngineDriven) {
+    if (notify_fd_ < 0) return ErrnoStatus("consumer " + options_.name + ": eventfd", errno);
+    return Status::Ok();
+  }
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void Consumer::Stop() {
+  if (!thread_.joinable()) return;
+  stop_.store(true, std::memory_order_seq_cst);
+  parker_.Wake();
+  thread_.join();
+}
+
+void Consumer::Run() {
+  PinAndNameThread(options_.cpu, "cqd-" + options_.name);
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point idle_since;
+  uint32_t idle_loops = 0;  // the clock is read once per 64 idle loops
+  for (;;) {
+    if (Dispatch(options_.dispatch_batch) > 0) {
+      idle_loops = 0;
+      continue;
+    }
+    if (stop_.load(std::memory_order_acquire)) {
+      if (CloseIfEmpty()) return;
+      continue;  // items reserved but not yet visible: they are about to be
+    }
+    if (idle_loops++ % 64 != 0) {
+      CpuRelax();
+      continue;
+    }
+    Clock::time_point now = Clock::now();
+    if (idle_loops == 1) {
+      idle_since = now;
+      continue;
+    }
+    if (now - idle_since < options_.idle_spin) continue;
+    uint32_t ticket = parker_.Prepare();
+    if (depth_.load(std::memory_order_seq_cst) > 0 || stop_.load(std::memory_order_seq_cst)) {
+      parker_.Cancel();
+    } else {
+      parker_.Park(ticket);
+    }
+    idle_loops = 0;
+  }
+}
+
+bool Consumer::CloseIfEmpty() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (depth_.load(std::memory_order_seq_cst) != 0) return false;
+  closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
+  return true;
+}
+
+// The notify fd counts two kinds of writes: a producer's Wake adds 1 (after taking the parker's
+// sleeping flag), the consumer's own Signal adds kSelfToken. Drain knows which writes it is owed
+// and reads the fd only then, after dispatching, so an engine spinning on Drain makes no system
+// call until work arrives and none before handing that work to its handlers. It re-arms the
+// parker only once it has read every write it is owed; re-arming earlier could leave a late
+// write behind, a readable fd with nothing queued, and a level-triggered epoll spinning on it.
+namespace {
+constexpr uint64_t kSelfToken = uint64_t{1} << 32;
+}  // namespace
+
+void Consumer::Signal() noexcept {
+  if (self_signaled_) return;
+  uint64_t token = kSelfToken;
+  while (write(notify_fd_, &token, sizeof(token)) < 0 && errno == EINTR) {
+  }
+  self_signaled_ = true;
+}
+
+int Consumer::Drain(int max) noexcept {
+  if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
+    last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
+  }
+  int n = Dispatch(max);
+  if (notify_armed_ && !parker_.sleeping()) {  // a producer took the arm: its write is owed
+    notify_armed_ = false;
+    wake_owed_ = true;
+  }
+  if (wake_owed_ || self_signaled_) {
+    uint64_t value = 0;
+    ssize_t got;
+    while ((got = read(notify_fd_, &value, sizeof(value))) < 0 && errno == EINTR) {
+    }
+    if (got == sizeof(value)) {
+      if (value % kSelfToken != 0) wake_owed_ = false;
+      if (value / kSelfToken != 0) self_signaled_ = false;
+    }
+  }
+  if (depth_.load(std::memory_order_seq_cst) > 0) {
+    Signal();  // more is queued: keep the fd readable
+    return n;
+  }
+  if (!notify_armed_ && !wake_owed_) {
+    parker_.Prepare();  // from here a producer's Wake writes the fd
+    notify_armed_ = true;
+    if (depth_.load(std::memory_order_seq_cst) > 0) {
+      notify_armed_ = false;
+      if (!parker_.TryCancel()) wake_owed_ = true;  // a producer's Wake beat the cancel
+      Signal();
+    }
+  }
+  return n;
+}
+
+void Consumer::OrphanRemaining() noexcept {
+  for (;;) {
+    Item* item = NextItem();
+    if (item == nullptr) return;
+    if (item->kind == ItemKind::kLaneRun) {
+      Lane& lane = *lanes_[item->run.lane];
+      for (uint32_t k = run_done_; k < item->run.count; ++k) {
+        OrphanLane(lane, lane.IndexOf(item->run.begin + k), 1);
+      }
+    } else if (CarriesEvent(item->kind)) {
+      Discard(item->kind, nullptr, item->join);
+    } else {
+      Discard(item->kind, &item->wc, nullptr);
+    }
+    ++item_next_;
+    run_done_ = 0;
+  }
+}
+
+void Consumer::OrphanLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
+  for (uint32_t i = at; i < at + n; ++i) {
+    const ItemKind kind = lane.meta(i).kind;
+    Discard(kind, &lane.wc(i), CarriesEvent(kind) ? lane.join(i) : nullptr);
+  }
+}
+
+void Consumer::Discard(ItemKind kind, const ibv_wc* wc, EventJoin* join) noexcept {
+  switch (Route(RouteStage::kNoConsumer, {.kind = kind})) {
+    case Disposal::kOrphan:
+      orphans_.Take({wc, 1});
+      break;
+    case Disposal::kReleaseEvent:
+      if (kind == ItemKind::kListenerEvent) {
+        EventJoin::ReleaseHold(join);
+      } else {
+        ReleaseEventPart(join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+      }
+      break;
+    default:
+      break;  // a teardown marker is the runtime's own
+  }
+}
+
+}  // namespace cqd::internal
