@@ -316,39 +316,94 @@ void Poller::HandOverAll() {
   inbox_open_ = false;
 }
 
-bool Poller::AskForRoom() noexcept {
-  for (uint32_t consumer : listed_) {
-    lanes_[consumer]->wants_room.store(true, std::memory_order_seq_cst);
+// The stages of a pass, in order. Events go first, so that each is placed behind its catch-up
+// before more is polled; spills next, so that room freed since the last pass is used before the
+// CQs are polled for more; parked CQs whose event came rejoin the passes before them; the hosted
+// consumers last, dispatching what this pass polled.
+const Poller::Stage Poller::kStages[kStageCount] = {
+    {"events", &Poller::PollEvents, &Poller::EventsMayIdle},
+    {"spills", &Poller::PollSpills, &Poller::SpillsMayIdle},
+    {"parked", &Poller::PollParked, &Poller::ParkedMayIdle},
+    {"cqs", &Poller::PollCqs, &Poller::CqsMayIdle},
+    {"hosted", &Poller::PollHosted, &Poller::HostedMayIdle},
+};
+
+int Poller::Pass(int budget) noexcept {
+  int work = 0;
+  for (const Stage& stage : kStages) work += (this->*stage.poll)(budget);
+  return work;
+}
+
+bool Poller::ArmAndRecheck() noexcept {
+  for (const Stage& stage : kStages) {
+    if (!(this->*stage.may_idle)()) return true;
   }
+  return mailbox_.pending();
+}
+
+int Poller::PollEvents(int) noexcept {
+  if (!inbox_pending_.load(std::memory_order_acquire) && deferred_.empty()) return 0;
+  return PlaceEvents() ? 1 : 0;  // events, each behind its catch-up
+}
+
+bool Poller::EventsMayIdle() noexcept {
+  // Posted since the last pass (the event thread sets the flag before it wakes the parker): the
+  // next pass places it.
+  if (inbox_pending_.load(std::memory_order_seq_cst)) return false;
+  if (deferred_.empty()) return true;
+  // An event held back for want of lane room: its consumer wakes the sleeper when it frees room.
   for (const PostedEvent& posted : deferred_) {
     lanes_[posted.consumer]->wants_room.store(true, std::memory_order_seq_cst);
   }
   ChaosPoint();  // asked, not yet looked again
   // Room freed before the stores above was not woken for: look for it now. The fence orders the
-  // stores before the loads of the consumers' depth and released positions (Dekker, with the
-  // consumer's seq_cst release of room and its load of wants_room).
+  // stores before the loads of the consumers' released positions (Dekker, with the consumer's
+  // seq_cst release of room and its load of wants_room). A catch-up that polls here lists its
+  // lanes before the spill stage asks for their room.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  return Flush(false) || (!deferred_.empty() && PlaceEvents());
+  return !PlaceEvents();
 }
 
-int Poller::Pass(int budget) noexcept {
-  int work = 0;
-  if (inbox_pending_.load(std::memory_order_acquire) || !deferred_.empty()) {
-    work += PlaceEvents() ? 1 : 0;  // events, each behind its catch-up
+int Poller::PollSpills(int) noexcept {
+  if (listed_.empty()) return 0;
+  return Flush(false) ? 1 : 0;  // spills to their consumers
+}
+
+bool Poller::SpillsMayIdle() noexcept {
+  if (listed_.empty()) return true;
+  // A spill a full consumer holds back: as EventsMayIdle, the consumer's next batch that frees
+  // room wakes the sleeper, so the sleep need not be bounded for it.
+  for (uint32_t consumer : listed_) {
+    lanes_[consumer]->wants_room.store(true, std::memory_order_seq_cst);
   }
-  if (!listed_.empty()) work += Flush(false) ? 1 : 0;  // spills to their consumers
-  if (UnparkPending()) Unpark();                       // parked CQs whose event came
-  work += PollAll(budget);                             // the polled CQs
-  if (!hosted_.empty()) work += RunHosted();           // run-to-completion consumers
-  return work;
+  ChaosPoint();                                         // asked, not yet looked again
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // as in EventsMayIdle
+  return !Flush(false);
 }
 
-bool Poller::ArmAndRecheck() noexcept {
+int Poller::PollParked(int) noexcept {
+  if (UnparkPending()) Unpark();  // parked CQs whose event came
+  return 0;
+}
+
+bool Poller::ParkedMayIdle() noexcept {
+  // The event thread bumps cq_events_ (seq_cst) before it wakes the parker.
+  return !UnparkPending();
+}
+
+int Poller::PollCqs(int budget) noexcept { return PollAll(budget); }
+
+bool Poller::CqsMayIdle() noexcept {
   ArmAll();
-  // S6: completions that arrived before arming raise no event: poll once more. A full consumer
-  // wakes the sleeper when it frees room (AskForRoom), so the sleep need not be bounded for it.
-  return AskForRoom() || PollAll() > 0 || mailbox_.pending() ||
-         inbox_pending_.load(std::memory_order_seq_cst) || HostedPending() || UnparkPending();
+  // S6: completions that arrived before arming raise no event: poll once more.
+  return PollAll() == 0;
+}
+
+int Poller::PollHosted(int) noexcept { return hosted_.empty() ? 0 : RunHosted(); }
+
+bool Poller::HostedMayIdle() noexcept {
+  // Producers wake this poller, not the hosted consumers (Consumer::RunOnPoller).
+  return !HostedPending();
 }
 
 bool Poller::SleepMustBeBounded() const noexcept {

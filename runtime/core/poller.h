@@ -43,14 +43,20 @@
 // A failed arm keeps the CQ in the passes; a failed channel (NotificationsBroken) or device
 // (UnparkAll) brings every parked CQ back and stops parking.
 //
-// Idle: after `idle_budget` without work it arms every CQ not already armed (S7), polls once
-// more (S6) and sleeps only if that found nothing. The event thread clears `armed` and calls
-// CqEvents() for each event; Parker orders the sleep against the wake. A spill that holds entries
-// (or an event held back) for a full consumer does not keep it awake: before it sleeps it sets
-// the lane's wants_room and looks once more for room (AskForRoom), and the consumer's next batch
-// that frees room wakes it (consumer.h), so a stuck consumer costs its poller nothing. The sleep
-// is bounded only while an arm failed or the shard's channel failed (kRecheckUnarmed: no event may
-// come), so a missing notification costs latency, never a hang.
+// The pass is five stages (poller.cc's kStages, in order): events placed, spills handed over,
+// parked CQs brought back, CQs polled, run-to-completion consumers dispatched. Each stage says
+// whether it did work (`poll`) and, before a sleep, whether it may sleep (`may_idle`: it arms
+// what will wake the sleeper for its work, then looks once more), as Seastar's pollers do. Both
+// drivers (the thread's Run, the engine's Step and PrepareSleep) run the same table.
+//
+// Idle: after `idle_budget` without work it announces the sleep (the parker), then asks every
+// stage. The CQ stage arms every CQ not already armed (S7) and polls once more (S6); the event
+// thread clears `armed` and calls CqEvents() for each event; Parker orders the sleep against the
+// wake. A spill that holds entries (or an event held back) for a full consumer does not keep it
+// awake: its stage sets the lane's wants_room and looks once more for room, and the consumer's
+// next batch that frees room wakes it (consumer.h), so a stuck consumer costs its poller nothing.
+// The sleep is bounded only while an arm failed or the shard's channel failed (kRecheckUnarmed:
+// no event may come), so a missing notification costs latency, never a hang.
 //
 // Run-to-completion consumers of this shard (ConsumerKind::kRunToCompletion) are dispatched by
 // this thread once per pass, after polling, with the wait duty of thread_role.h set: their
@@ -302,20 +308,44 @@ class Poller {
   bool HostedPending() const noexcept;
   static void ServeMailbox(void* self);  // the wait duty of RunHosted's handlers
   void TrySleep() noexcept;
-  // One pass of the shard, the same for both drivers (Run's loop, the engine's Step): events
-  // placed behind their catch-up, spills handed over, parked CQs whose event came brought back,
-  // the CQs polled (up to `budget` completions), the run-to-completion consumers run. Returns
-  // the work done (0: idle). The mailbox runs before it, in each driver.
+  // A stage of the pass (Seastar's pollers). `poll` does the stage's work (the CQ stage takes up
+  // to `budget` completions) and returns how much it did, 0 for none. `may_idle` is the stage's
+  // half of the sleep protocol, asked after the sleep was announced (the parker prepared): it
+  // arms whatever will wake the sleeper when this stage has work (a CQ's notification, a full
+  // consumer's wants_room), looks once more, and returns false if there is work after all. The
+  // stages are asked in order and the first false cancels the sleep.
+  struct Stage {
+    const char* name;
+    int (Poller::*poll)(int budget) noexcept;
+    bool (Poller::*may_idle)() noexcept;
+  };
+  static constexpr int kStageCount = 5;
+  static const Stage kStages[kStageCount];
+  // Placed events (each behind its catch-up); the lanes of events held back ask for room.
+  int PollEvents(int budget) noexcept;
+  bool EventsMayIdle() noexcept;
+  // Spills handed to their consumers; the lanes of spills held back ask for room.
+  int PollSpills(int budget) noexcept;
+  bool SpillsMayIdle() noexcept;
+  // Parked CQs whose event came back into the passes (no work counted).
+  int PollParked(int budget) noexcept;
+  bool ParkedMayIdle() noexcept;
+  // The CQs in the passes polled; armed (S7) and polled once more (S6) before a sleep.
+  int PollCqs(int budget) noexcept;
+  bool CqsMayIdle() noexcept;
+  // The run-to-completion consumers dispatched.
+  int PollHosted(int budget) noexcept;
+  bool HostedMayIdle() noexcept;
+  // One pass of the shard, the same for both drivers (Run's loop, the engine's Step): every
+  // stage's poll, in order. Returns the work done (0: idle). The mailbox runs before it, in each
+  // driver.
   int Pass(int budget) noexcept;
-  // The sleep protocol's second half, the same for both drivers (TrySleep, PrepareSleep): after
-  // the sleep was announced, arms every CQ, asks full consumers to wake it, and polls once more
-  // (S6). Returns true if there is work after all: the sleep must not happen.
+  // The sleep protocol's second half, the same for both drivers (TrySleep, PrepareSleep): every
+  // stage's may_idle, then the mailbox. Returns true if there is work after all: the sleep must
+  // not happen.
   bool ArmAndRecheck() noexcept;
   // True when no event may wake the sleep (an arm or the channel failed): it must be bounded.
   bool SleepMustBeBounded() const noexcept;
-  // Before a sleep: asks the consumers this poller holds entries or events for to wake it when
-  // they free room (Lane::wants_room); returns true if room came meanwhile and something moved.
-  bool AskForRoom() noexcept;
   void Count(std::atomic<uint64_t>& counter, uint64_t n) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   }
