@@ -106,18 +106,26 @@ class RxeFaults : public Rxe {
 
   uint64_t next_id_ = 1;
   std::map<Pair*, std::vector<uint64_t>> recvs_, sends_;
+  // Handlers given to the runtime must outlive it (runtime.h): rt_ lives until Rxe::TearDown,
+  // after the test body's locals are gone, and its event thread and pollers may call them until
+  // then (a late port event on the event thread, an orphan in DestroyCq).
+  DeviceEvents events_;
+  testing::CountingOrphans orphans_;
 };
 
 // The link goes down and comes back while traffic flows: the device handler hears PORT_ERR and
 // PORT_ACTIVE, every posted work request completes exactly once (successfully or with an error),
 // and the runtime keeps serving: traffic after the link is back succeeds on a fresh pair.
 TEST_F(RxeFaults, LinkDownAndUpUnderTraffic) {
-  DeviceEvents events;
   RuntimeOptions options = testing::OwnedConsumers(2, 2);
-  ASSERT_NO_FATAL_FAILURE(Start(options, &events));
+  ASSERT_NO_FATAL_FAILURE(Start(options, &events_));
   CqHandle cq[2] = {MakeCq(0), MakeCq(1)};
   std::vector<Pair*> pairs;
   for (int i = 0; i < 4; ++i) pairs.push_back(MakePair(cq[i % 2], cq[(i + 1) % 2], i % 2, 1));
+  // A failed assertion between rounds 4 and 8 must not leave the link down for the tests after.
+  struct LinkBackUp {
+    ~LinkBackUp() { (void)rxe::SetLinkUp(true); }
+  } link_back_up;
   for (int round = 0; round < 12; ++round) {
     if (round == 4) CQD_ASSERT_OK(rxe::SetLinkUp(false));
     if (round == 8) CQD_ASSERT_OK(rxe::SetLinkUp(true));
@@ -125,8 +133,8 @@ TEST_F(RxeFaults, LinkDownAndUpUnderTraffic) {
     for (Pair* p : pairs)
       ASSERT_TRUE(SendsCompleted(p)) << "round " << round << ": " << Progress(p);
   }
-  EXPECT_TRUE(WaitFor([&] { return events.Saw(IBV_EVENT_PORT_ERR); }));
-  EXPECT_TRUE(WaitFor([&] { return events.Saw(IBV_EVENT_PORT_ACTIVE); }));
+  EXPECT_TRUE(WaitFor([&] { return events_.Saw(IBV_EVENT_PORT_ERR); }));
+  EXPECT_TRUE(WaitFor([&] { return events_.Saw(IBV_EVENT_PORT_ACTIVE); }));
   for (Pair* p : pairs) ASSERT_NO_FATAL_FAILURE(TearDownAndCheck(p));
 
   Pair* fresh = MakePair(cq[0], cq[1], 0, 1);
@@ -321,9 +329,8 @@ TEST_F(RxeFaults, RegisterGrowsTheCqOrRefuses) {
 // the torn-down QP reaches its handler after the teardown, and no marker reaches the orphan
 // handler.
 TEST_F(RxeFaults, DeadlineEndedTeardownOnASharedCqGivesItsCommitmentBackOnceBothMarkersArePolled) {
-  testing::CountingOrphans orphans;
   RuntimeOptions options = testing::OwnedConsumers(1, 2);
-  options.orphan_handler = &orphans;
+  options.orphan_handler = &orphans_;
   options.consumers[1].kind = ConsumerKind::kEngineDriven;  // held back until drained below
   options.consumers[1].queue_capacity = 2;
   options.consumers[1].spill_capacity = 2;
@@ -350,11 +357,11 @@ TEST_F(RxeFaults, DeadlineEndedTeardownOnASharedCqGivesItsCommitmentBackOnceBoth
   ASSERT_TRUE(WaitFor([&] {
     while (rt_->Drain(1, 64) > 0) {
     }
-    return rt_->GetStats().consumers[1].spill_depth == 0 && orphans.count.load() >= 4 + 16;
+    return rt_->GetStats().consumers[1].spill_depth == 0 && orphans_.count.load() >= 4 + 16;
   })) << "orphans "
-      << orphans.count.load();
+      << orphans_.count.load();
   EXPECT_EQ(p->a_handler.count(), delivered);  // nothing after the teardown ended
-  for (uint64_t id : orphans.wr_ids()) {
+  for (uint64_t id : orphans_.wr_ids()) {
     EXPECT_LT(id, next_id_) << "a teardown marker (wr_id " << id << ") reached the orphan handler";
   }
   // Everything of the old QP is back: a QP that declares all of the CQ fits.
