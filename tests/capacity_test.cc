@@ -9,24 +9,22 @@
 namespace cqd {
 namespace {
 
-struct Bed {
-  std::unique_ptr<Runtime> rt = Runtime::Create({}).value();
-  std::shared_ptr<SimDevice> sim = SimDevice::Create();
-  DeviceId dev = rt->AddSimDevice(sim).value();
+struct Bed : testing::SimBed {
   testing::SequenceHandler handler;
 
+  Bed() { EXPECT_TRUE(Start().ok()); }
   CqHandle Cq(int depth, bool grow) {
     CqOptions options;
     options.depth = depth;
     options.grow = grow;
-    return rt->CreateCq(dev, 0, options).value();
+    return SimBed::Cq(0, options);
   }
   SimQp* Qp(CqHandle cq, int send, int recv, bool srq = false) {
     SimQpOptions options;
     options.max_send_wr = send;
     options.max_recv_wr = recv;
     options.srq = srq;
-    return sim->CreateQp(cq.sim(), cq.sim(), options).value();
+    return SimBed::Qp(cq, options);
   }
 };
 

@@ -46,21 +46,18 @@ constexpr uint64_t kOld = 100;  // wr_ids of the retired QP's completions
 // Consumer 0 (owned) serves the QPs under test; consumer 1 (engine-driven, never drained, queue
 // and spill of 2) serves a blocker QP on the receive CQ whose completions fill it, so that the
 // receive CQ is not polled until the blocker is unregistered.
-class Bed {
+class Bed : public testing::SimBed {
  public:
   explicit Bed(Shape shape, SimDeviceOptions device = {}) : shape_(shape) {
-    sim = SimDevice::Create(device);
     RuntimeOptions options;
     options.pollers = 1;
-    options.orphan_handler = &orphans;
     options.consumers.assign(2, ConsumerOptions{});
     options.consumers[1].kind = ConsumerKind::kEngineDriven;
     options.consumers[1].queue_capacity = 2;
     options.consumers[1].spill_capacity = 2;
     if (shape.engine_shard) options.engine_shards = {0};
-    rt = Runtime::Create(options).value();
+    EXPECT_TRUE(Start(options, device).ok());
     if (shape.engine_shard) loop = std::make_unique<EngineLoop>(*rt, 0);
-    dev = rt->AddSimDevice(sim).value();
     CqOptions fixed;
     fixed.depth = kDepth;
     fixed.grow = false;
@@ -104,11 +101,7 @@ class Bed {
   }
 
   Shape shape_;
-  CountingOrphans orphans;
-  std::shared_ptr<SimDevice> sim;
-  std::unique_ptr<Runtime> rt;
   std::unique_ptr<EngineLoop> loop;
-  DeviceId dev = 0;
   CqHandle recv_cq;
   CqHandle send_cq;
   SimQp* blocker = nullptr;

@@ -61,10 +61,7 @@ class GuardedHandler : public SequenceHandler {
 };
 
 // `engine` engine-driven consumers (0..engine-1) and one owned consumer after them.
-struct Bed {
-  std::unique_ptr<Runtime> rt;
-  std::shared_ptr<SimDevice> sim = SimDevice::Create();
-  DeviceId dev = 0;
+struct Bed : testing::SimBed {
   std::vector<CqHandle> cqs;
   std::vector<SimQp*> qps;
   std::vector<std::unique_ptr<DrainerGuard>> guards;
@@ -77,12 +74,7 @@ struct Bed {
     options.pollers = 2;
     options.consumers.assign(engine + 1, ConsumerOptions{});
     for (int i = 0; i < engine; ++i) options.consumers[i].kind = ConsumerKind::kEngineDriven;
-    auto runtime = Runtime::Create(options);
-    if (!runtime.ok()) return runtime.status();
-    rt = std::move(runtime).value();
-    auto d = rt->AddSimDevice(sim);
-    if (!d.ok()) return d.status();
-    dev = *d;
+    if (Status s = Start(options); !s.ok()) return s;
     for (int i = 0; i < num_cqs; ++i) {
       auto cq = rt->CreateCq(dev, i % 2);
       if (!cq.ok()) return cq.status();

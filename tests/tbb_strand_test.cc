@@ -38,26 +38,16 @@ using testing::WaitForPollersAsleep;
 }
 
 // A runtime with consumer 0 engine-driven and `cqs` CQs on a simulated device.
-struct Bed {
-  CountingOrphans rt_orphans;
-  std::unique_ptr<Runtime> rt;
-  std::shared_ptr<SimDevice> sim = SimDevice::Create();
-  DeviceId dev = 0;
+struct Bed : testing::SimBed {
   std::vector<CqHandle> cqs;
 
   Status Build(int num_cqs, bool solicited_only = false, int pollers = 1) {
     (void)Parallelism();
     RuntimeOptions options;
     options.pollers = pollers;
-    options.orphan_handler = &rt_orphans;
     options.consumers.assign(2, ConsumerOptions{});
     options.consumers[0].kind = ConsumerKind::kEngineDriven;
-    auto runtime = Runtime::Create(options);
-    if (!runtime.ok()) return runtime.status();
-    rt = std::move(runtime).value();
-    auto d = rt->AddSimDevice(sim);
-    if (!d.ok()) return d.status();
-    dev = *d;
+    if (Status s = Start(options); !s.ok()) return s;
     for (int i = 0; i < num_cqs; ++i) {
       CqOptions cq_options;
       cq_options.solicited_only = solicited_only;
@@ -137,7 +127,7 @@ TEST(StrandConsumer, ExactlyOnceInOrderPerQpUnderManyQps) {
   EXPECT_EQ(stats.orphans, 0u);
   EXPECT_EQ(stats.strands, static_cast<uint64_t>(kQps));
   EXPECT_GT(stats.drain.drain_tasks, 0u);
-  EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
   for (auto& r : regs) r.Unregister();
   EXPECT_EQ(strands->GetStats().strands, 0u);
   EXPECT_EQ(bed.rt->GetStats().registrations, 0u);
@@ -222,7 +212,7 @@ TEST(StrandConsumer, UnregisterFromAnotherThreadWaitsAndOrphansTheQueue) {
   EXPECT_EQ(strand_orphans.count.load(), 50u);
   EXPECT_EQ(strands->GetStats().orphans, 50u);
   ASSERT_TRUE(InjectRecvs(qp, 51, 5));  // after Unregister: the runtime's orphans
-  ASSERT_TRUE(WaitFor([&] { return bed.rt_orphans.count.load() == 5; }));
+  ASSERT_TRUE(WaitFor([&] { return bed.orphans.count.load() == 5; }));
   EXPECT_EQ(handler.calls.load(), 1u);
   EXPECT_EQ(strands->GetStats().strands, 0u);
 }
@@ -259,7 +249,7 @@ TEST(StrandConsumer, UnregisterFromItsOwnHandler) {
   ::tbb::task_arena arena(2, 0);
   CQD_ASSERT_OK_AND_ASSIGN(
       strands,
-      StrandConsumer::Create(*bed.rt, arena, {.consumer = 0, .orphan_handler = &bed.rt_orphans}));
+      StrandConsumer::Create(*bed.rt, arena, {.consumer = 0, .orphan_handler = &bed.orphans}));
   SelfUnregistering handler;
   CQD_ASSERT_OK_AND_ASSIGN(qp, bed.Qp(0));
   CQD_ASSERT_OK_AND_ASSIGN(reg, strands->RegisterQp(*qp, handler));
@@ -268,10 +258,9 @@ TEST(StrandConsumer, UnregisterFromItsOwnHandler) {
   // Every completion ends up either with the handler or with an orphan handler (the runtime's for
   // what it still held, the strand's for what was queued in it: the same counter here).
   ASSERT_TRUE(WaitFor([&] {
-    return handler.unregistered.load() &&
-           handler.received.load() + bed.rt_orphans.count.load() == 100;
+    return handler.unregistered.load() && handler.received.load() + bed.orphans.count.load() == 100;
   })) << handler.received.load()
-      << " + " << bed.rt_orphans.count.load();
+      << " + " << bed.orphans.count.load();
   EXPECT_TRUE(handler.unregistered.load());
   EXPECT_EQ(handler.calls_after.load(), 0u);
   EXPECT_EQ(handler.out_of_order.load(), 0u);
@@ -320,7 +309,7 @@ TEST(StrandConsumer, TeardownEndsOnlyAfterTheUserHandlerSawEverything) {
   CQD_ASSERT_OK(done_status.get_future().get());
   EXPECT_EQ(seen_at_done.load(), 25u);
   EXPECT_EQ(on_done_calls.load(), 1);
-  EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
   EXPECT_EQ(strands->GetStats().strands, 0u);
   CQD_ASSERT_OK(bed.sim->DestroyQp(qp));
 }
@@ -416,7 +405,7 @@ TEST(StrandConsumer, ShutdownThenStopLosesNothing) {
     EXPECT_EQ(h->out_of_order(), 0u);
   }
   EXPECT_EQ(strands->GetStats().orphans, 0u);
-  EXPECT_EQ(bed.rt_orphans.count.load(), 0u);
+  EXPECT_EQ(bed.orphans.count.load(), 0u);
   CQD_ASSERT_OK(strands->Stop());  // idempotent
   auto late = strands->RegisterQp(*qps[0], *handlers[0]);
   EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition) << late.status().ToString();

@@ -22,6 +22,7 @@ namespace {
 using testing::CountingOrphans;
 using testing::InjectRecvs;
 using testing::RecordingHandler;
+using testing::SimBed;
 using testing::WaitFor;
 
 // A handler that runs `on_first` (once) on its first completion.
@@ -60,22 +61,8 @@ RuntimeOptions OwnedAndEngine() {
   return options;
 }
 
-struct Sim {
-  CountingOrphans orphans;
-  std::unique_ptr<Runtime> rt;
-  std::shared_ptr<SimDevice> sim = SimDevice::Create();
-  DeviceId dev = 0;
-  void Build(RuntimeOptions options) {
-    options.orphan_handler = &orphans;
-    rt = Runtime::Create(options).value();
-    dev = rt->AddSimDevice(sim).value();
-  }
-  CqHandle Cq(int shard, CqOptions options = {}) {
-    return rt->CreateCq(dev, shard, options).value();
-  }
-  SimQp* Qp(CqHandle cq, SimQpOptions options = {}) {
-    return sim->CreateQp(cq.sim(), cq.sim(), options).value();
-  }
+struct Sim : SimBed {
+  void Build(RuntimeOptions options) { CQD_ASSERT_OK(Start(options)); }
 };
 
 // 1. A run-to-completion handler that waits for the teardown of a QP on its own poller is
@@ -455,11 +442,7 @@ TEST(TeardownWaits, InCallbackIsTrueInEveryCallbackAndOnlyThere) {
 
 // A CQ held back by a stalled consumer, and a teardown that ends at its deadline while its QP's
 // completions and markers are still in it.
-struct HeldBack {
-  CountingOrphans orphans;
-  std::unique_ptr<Runtime> rt;
-  std::shared_ptr<SimDevice> sim = SimDevice::Create();
-  DeviceId dev = 0;
+struct HeldBack : SimBed {
   CqHandle cq;
   SimQp* blocker = nullptr;
   RecordingHandler blocker_handler;
@@ -467,18 +450,16 @@ struct HeldBack {
 
   void Build(int depth) {
     RuntimeOptions options;
-    options.orphan_handler = &orphans;
     options.consumers.assign(2, ConsumerOptions{});
     options.consumers[0].kind = ConsumerKind::kEngineDriven;  // never drained
     options.consumers[0].queue_capacity = 2;
     options.consumers[0].spill_capacity = 2;
-    rt = Runtime::Create(options).value();
-    dev = rt->AddSimDevice(sim).value();
+    CQD_ASSERT_OK(Start(options));
     CqOptions cq_options;
     cq_options.depth = depth;
     cq_options.grow = false;
-    cq = rt->CreateCq(dev, 0, cq_options).value();
-    blocker = sim->CreateQp(cq.sim(), cq.sim()).value();
+    cq = Cq(0, cq_options);
+    blocker = Qp(cq);
     blocker_reg = rt->RegisterQp(*blocker, blocker_handler, 0).value();
     ASSERT_TRUE(InjectRecvs(blocker, 0, 10));  // fills consumer 0's queue and spill
     ASSERT_TRUE(WaitFor([&] { return rt->GetStats().consumers[0].spill_depth == 2; }));

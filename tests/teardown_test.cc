@@ -17,30 +17,24 @@ namespace {
 using testing::CountingOrphans;
 using testing::InjectRecvs;
 using testing::RecordingHandler;
+using testing::SimBed;
 using testing::WaitFor;
 using testing::WaitForPollersAsleep;
 
-struct Bed {
-  CountingOrphans orphans;
-  std::unique_ptr<Runtime> rt;
-  std::shared_ptr<SimDevice> sim;
-  DeviceId dev = 0;
+struct Bed : SimBed {
   CqHandle cq;
 
   // One CQ; consumer 0 as `kind`.
   void Build(ConsumerKind kind = ConsumerKind::kOwnedThread, bool last_wqe_reached = true,
              bool solicited_only = true) {
     RuntimeOptions options;
-    options.orphan_handler = &orphans;
     options.consumers[0].kind = kind;
-    rt = Runtime::Create(options).value();
     SimDeviceOptions sim_options;
     sim_options.last_wqe_reached = last_wqe_reached;
-    sim = SimDevice::Create(sim_options);
-    dev = rt->AddSimDevice(sim).value();
+    CQD_ASSERT_OK(Start(options, sim_options));
     CqOptions cq_options;
     cq_options.solicited_only = solicited_only;  // pending completions stay in the CQ
-    cq = rt->CreateCq(dev, 0, cq_options).value();
+    cq = Cq(0, cq_options);
   }
   // An SRQ-attached QP on the one CQ.
   Result<SimQp*> CreateSrqQp() {

@@ -151,6 +151,39 @@ inline bool DrainUntil(Runtime& rt, ConsumerId consumer, const std::function<boo
   });
 }
 
+// A runtime on one simulated device, with a counting orphan handler: the bed the scenario tests
+// build theirs on (a test's bed derives from it and adds its CQs, QPs and helpers). Declare
+// registrations after it: they must go first.
+struct SimBed {
+  CountingOrphans orphans;
+  std::unique_ptr<Runtime> rt;
+  std::shared_ptr<SimDevice> sim;
+  DeviceId dev = 0;
+
+  // Creates the runtime (its orphan handler `orphans` unless `options` names one) and adds a
+  // simulated device made with `device`. Returns the first failure.
+  Status Start(RuntimeOptions options = {}, const SimDeviceOptions& device = {}) {
+    if (options.orphan_handler == nullptr) options.orphan_handler = &orphans;
+    auto runtime = Runtime::Create(options);
+    if (!runtime.ok()) return runtime.status();
+    rt = std::move(runtime).value();
+    sim = SimDevice::Create(device);
+    auto d = rt->AddSimDevice(sim);
+    if (!d.ok()) return d.status();
+    dev = *d;
+    return Status::Ok();
+  }
+  // A CQ on `shard` (the bed's requests are valid: a failure ends the test binary).
+  CqHandle Cq(int shard = 0, const CqOptions& options = {}) {
+    return rt->CreateCq(dev, shard, options).value();
+  }
+  // A QP whose queues both use `cq`, or `send` and `recv`.
+  SimQp* Qp(CqHandle cq, const SimQpOptions& options = {}) { return Qp(cq, cq, options); }
+  SimQp* Qp(CqHandle send, CqHandle recv, const SimQpOptions& options = {}) {
+    return sim->CreateQp(send.sim(), recv.sim(), options).value();
+  }
+};
+
 // A runtime on a simulated device with `cqs` CQs (round robin over the shards) and `qps` QPs
 // (round robin over the CQs and the consumers), each registered with a SequenceHandler.
 struct SimTopology {
