@@ -95,17 +95,17 @@ void Poller::RunSync(const std::function<void()>& fn) {
 
 void Poller::ServeIfFree() noexcept {
   if (!mailbox_.pending() || !TryDrive()) return;
-  ServeAndRelease();
+  ServeAndGiveBack();
 }
 
-void Poller::Release() noexcept {
+void Poller::GiveBackDriver() noexcept {
   driver_.store(0, std::memory_order_seq_cst);
   ChaosPoint();  // let go, mailbox not yet checked
   // A control call that found the driver taken relies on this check (the header comment).
-  if (mailbox_.pending() && TryDrive()) ServeAndRelease();
+  if (mailbox_.pending() && TryDrive()) ServeAndGiveBack();
 }
 
-void Poller::ServeAndRelease() noexcept {
+void Poller::ServeAndGiveBack() noexcept {
   do {
     {
       const RuntimeThreadScope runtime(true);  // an OrphanHandler called here may not call in
@@ -134,7 +134,7 @@ bool Poller::KickOtherSleeper() noexcept {
   // Another thread sleeps on the fd: wake it (one write, unless a Wake already made it) and
   // leave the announcement and the fd to it, so that nothing it relies on is taken from it.
   parker_.Wake();
-  Release();
+  GiveBackDriver();
   return true;
 }
 
@@ -152,7 +152,7 @@ int Poller::Step(int budget) noexcept {
     if (mailbox_.pending()) mailbox_.RunPosted();
     work = stopped_.load(std::memory_order_relaxed) ? StepStopped() : Pass(budget);
   }
-  Release();
+  GiveBackDriver();
   return work;
 }
 
@@ -214,7 +214,7 @@ int Poller::PrepareSleep() noexcept {
       Count(sleeps_, 1);
     }
   }
-  Release();
+  GiveBackDriver();
   return verdict;
 }
 

@@ -73,10 +73,10 @@
 // thread holds `driver_` (a compare-and-swap from 0 to its ThreadToken, seq_cst): the engine
 // inside Step or PrepareSleep, or a control thread. A control call posts its part to the mailbox
 // and then tries to take the driver itself and run it (ServeIfFree); if the engine holds it, the
-// engine runs it before it lets go: Release stores 0 and then checks the mailbox (both seq_cst),
-// so either the control thread's CAS sees the driver free or the engine sees the post. A handler
-// of the shard waiting for the runtime serves the mailbox as on a thread (the wait duty). So no
-// control call waits for the engine to come back, only for a Step in progress. Every control
+// engine runs it before it lets go: GiveBackDriver stores 0 and then checks the mailbox (both
+// seq_cst), so either the control thread's CAS sees the driver free or the engine sees the post. A
+// handler of the shard waiting for the runtime serves the mailbox as on a thread (the wait duty).
+// So no control call waits for the engine to come back, only for a Step in progress. Every control
 // part run this way, and Stop, writes the fd if the engine prepared to sleep: a CQ added
 // meanwhile is armed by the next PrepareSleep. Where the thread would sleep only briefly (a
 // failed arm, broken notifications) PrepareSleep says so (2). One thread sleeps at a
@@ -229,12 +229,12 @@ class Poller {
     uintptr_t none = 0;
     return driver_.compare_exchange_strong(none, ThreadToken(), std::memory_order_seq_cst);
   }
-  void Release() noexcept;
+  void GiveBackDriver() noexcept;
   // Any thread: runs what was posted to the mailbox if nobody drives the shard.
   void ServeIfFree() noexcept;
   // The driver: runs what was posted and gives the driver back, again while more is posted and
   // the driver is free.
-  void ServeAndRelease() noexcept;
+  void ServeAndGiveBack() noexcept;
   // The driver: a sleep PrepareSleep allowed is over; reads the fd if a write is owed.
   void EndSleep() noexcept;
   // The driver: if another thread sleeps on the shard, wakes it, gives the driver back and
