@@ -408,7 +408,7 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
 // the arrival time, SimCq::Replay with a rate). One consumer thread calls it for every QP.
 class SampledLatencyHandler : public QpHandler {
  public:
-  SampledLatencyHandler(uint64_t stride, size_t max) : stride_(stride), samples(max) {}
+  SampledLatencyHandler(uint64_t stride, size_t max) : samples(max), stride_(stride) {}
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
     for (const ibv_wc& wc : wcs) {
       if (seen_++ % stride_ == 0 && taken < samples.size()) samples[taken++] = NowNs() - wc.wr_id;

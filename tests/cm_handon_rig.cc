@@ -49,7 +49,7 @@ HandOnRig::HandOnRig(const Options& options) : options_(options) {
   }
   router_ = std::make_unique<CmRouter>(slots_, poller_ptrs_);
   for (auto& c : consumers_) (void)c->Start();
-  for (auto& p : pollers_) p->Start();
+  for (auto& p : pollers_) (void)p->Start();
   watch_ = router_->AddWatch(nullptr, &listener_, kListener, int64_t{1} << 40);
   ids_.resize(options_.ids);
 }

@@ -202,7 +202,8 @@ TEST(EngineShard, ASleepingReactorAlwaysWakes) {
     ASSERT_TRUE(WaitFor([&] { return loop.asleep(); })) << round;
     if (round % 4 == 3) {
       CQD_ASSERT_OK(one.sim->RaiseQpEvent(one.qp, IBV_EVENT_COMM_EST));
-      ASSERT_TRUE(WaitFor([&] { return handler.events() == (round + 1) / 4; })) << round;
+      ASSERT_TRUE(WaitFor([&] { return handler.events() == static_cast<uint64_t>(round + 1) / 4; }))
+          << round;
     } else {
       const uint64_t before = handler.completions();
       ASSERT_TRUE(InjectRecvs(one.qp, round, 1));
@@ -274,7 +275,9 @@ TEST(EngineShard, ReactorsAndAnOwnedConsumerDeliverExactlyOnceInOrder) {
     EXPECT_EQ(handlers[i]->received(), static_cast<uint64_t>(kPerQp)) << i;
     EXPECT_EQ(handlers[i]->out_of_order(), 0u) << i;
     EXPECT_EQ(handlers[i]->concurrent_calls(), 0u) << i;
-    if (i < 4) EXPECT_EQ(handlers[i]->wrong_thread.load(), 0u) << i;
+    if (i < 4) {
+      EXPECT_EQ(handlers[i]->wrong_thread.load(), 0u) << i;
+    }
   }
   for (auto& loop : loops) {
     loop->Stop();

@@ -1327,9 +1327,7 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   const bool srq = q->opts.srq;
   CqEnt& scq = st.cqs[q->send_cq];
   CqEnt& rcq = st.cqs[q->recv_cq];
-  const bool same = q->send_cq == q->recv_cq;
   const int send_room = scq.sim->depth() - scq.sim->size();
-  const int recv_room = rcq.sim->depth() - rcq.sim->size();
   // The send marker flushes inside its post; the receive marker, at the move to error after it,
   // waits in the receive queue if the CQ has no room for it then.
   const bool send_fits = !scq.sim->failed() && send_room >= 1;

@@ -51,7 +51,7 @@ class ConsumerTest : public ::testing::Test {
     lane.PopFront(static_cast<uint32_t>(tags.size()));
     Item item;
     item.kind = ItemKind::kLaneRun;
-    item.run = {begin, static_cast<uint32_t>(tags.size()), 0};
+    item.run = {begin, static_cast<uint32_t>(tags.size()), 0, false};
     consumer_->Reserve(tags.size());
     consumer_->Push(*token_, &item, 1);
   }

@@ -173,7 +173,9 @@ TEST(RouteTest, TheGuaranteesHoldOverTheWholeSpaceOfFacts) {
     RouteFacts bare{.kind = f.kind, .live = f.live};
     EXPECT_EQ(d, Route(stage, bare)) << at;
     EXPECT_NE(d, Disposal::kFenceTaken) << at;
-    if (stage == Stage::kNoConsumer) EXPECT_FALSE(Runs(d)) << at;
+    if (stage == Stage::kNoConsumer) {
+      EXPECT_FALSE(Runs(d)) << at;
+    }
     switch (f.kind) {
       case ItemKind::kCompletion:  // a handler or the OrphanHandler, by liveness
         EXPECT_EQ(d, stage == Stage::kConsumer && f.live ? Disposal::kDeliver : Disposal::kOrphan)
