@@ -99,7 +99,7 @@ CmEventGate::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexc
   std::lock_guard<std::mutex> lock(mu_);
   if (join->left) return Arrival::kDone;  // handed on already: this was a stale part
   const bool live = !ended_ && slot != nullptr && LiveIn(*slot);
-  if (Route(RouteStage::kConsumer, {.kind = ItemKind::kAsyncEvent, .live = live}) ==
+  if (Route(RouteStage::kConsumer, {.kind = EntryKind::kEventPart, .live = live}) ==
       Disposal::kDeliver) {
     // Every event listed before it arrived before it (same route, FIFO per poller) and left.
     Unlink(join);

@@ -136,7 +136,7 @@ int Consumer::Dispatch(int max) noexcept {
     if (holds_items && item_next_ == item_count_) break;
     Item* item = NextItem();
     if (item == nullptr) break;
-    if (item->kind != ItemKind::kLaneRun) {
+    if (item->kind != EntryKind::kLaneRun) {
       pieces_[pieces++] = {nullptr, item, 0, 1, 0};
       holds_items = true;
       ++entries;
@@ -202,9 +202,9 @@ void Consumer::RunBatch(size_t pieces) noexcept {
     for (size_t k = 0; k < pieces; ++k) {
       const Piece& piece = pieces_[k];
       if (piece.lane != nullptr) {
-        latency_->RecordBatch(&piece.lane->meta(piece.at), piece.n, ItemKind::kCompletion);
+        latency_->RecordBatch(&piece.lane->meta(piece.at), piece.n, EntryKind::kCompletion);
       } else {
-        latency_->RecordBatch(piece.item, 1, ItemKind::kCompletion);
+        latency_->RecordBatch(piece.item, 1, EntryKind::kCompletion);
       }
     }
   }
@@ -228,7 +228,7 @@ void Consumer::RunBatch(size_t pieces) noexcept {
     for (uint32_t i = piece.at, end = piece.at + piece.n; i < end;) {
       const EntryMeta& meta = piece.lane->meta(i);
       list(meta.slot);
-      i += meta.kind == ItemKind::kCompletion ? std::min<uint32_t>(meta.run, end - i) : 1;
+      i += meta.kind == EntryKind::kCompletion ? std::min<uint32_t>(meta.run, end - i) : 1;
     }
   }
   batch_slot_count_.store(listed, std::memory_order_release);
@@ -258,13 +258,13 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   uint32_t i = at;
   while (i < end) {
     const EntryMeta& first = lane.meta(i);
-    if (first.kind == ItemKind::kCompletion) [[likely]] {
+    if (first.kind == EntryKind::kCompletion) [[likely]] {
       uint32_t len = std::min<uint32_t>(first.run, end - i);
       // Runs of one registration that follow each other (routed by different polls, or one
       // entry at a time by the general path) reach the handler as one span.
       while (i + len < end) {
         const EntryMeta& next = lane.meta(i + len);
-        if (next.kind != ItemKind::kCompletion || next.slot != first.slot ||
+        if (next.kind != EntryKind::kCompletion || next.slot != first.slot ||
             next.generation != first.generation) {
           break;
         }
@@ -274,9 +274,9 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
       i += len;
       continue;
     }
-    if (first.kind == ItemKind::kAsyncEvent) {
+    if (first.kind == EntryKind::kEventPart) {
       DeliverEvent(lane.join(i), first.slot, first.generation);
-    } else if (first.kind == ItemKind::kListenerEvent) {
+    } else if (first.kind == EntryKind::kListenerEvent) {
       DeliverListenerEvent(lane.join(i));
     } else {
       DeliverMarker(first.slot, first.generation, lane.wc(i));
@@ -287,24 +287,25 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
 
 void Consumer::RunItem(const Item& item) noexcept {
   switch (item.kind) {
-    case ItemKind::kCompletion:
+    case EntryKind::kCompletion:
       DeliverRun(&item.wc, 1, item.slot, item.generation);
       break;
-    case ItemKind::kAsyncEvent:
+    case EntryKind::kEventPart:
       DeliverEvent(item.join, item.slot, item.generation);
       break;
-    case ItemKind::kListenerEvent:
+    case EntryKind::kListenerEvent:
       DeliverListenerEvent(item.join);
       break;
-    case ItemKind::kTeardownMarker:
+    case EntryKind::kTeardownMarker:
       DeliverMarker(item.slot, item.generation, item.wc);
       break;
-    case ItemKind::kLaneRun:
+    case EntryKind::kLaneRun:
       break;  // gathered as lane pieces, never run as an item
   }
 }
 
-inline Disposal Consumer::RouteHere(ItemKind kind, const Slot& slot, uint32_t generation) noexcept {
+inline Disposal Consumer::RouteHere(EntryKind kind, const Slot& slot,
+                                    uint32_t generation) noexcept {
   // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
   const uint64_t state = slot.state.load(std::memory_order_seq_cst);
   return Route(RouteStage::kConsumer, {.kind = kind, .live = StateLiveAs(state, generation)});
@@ -313,7 +314,7 @@ inline Disposal Consumer::RouteHere(ItemKind kind, const Slot& slot, uint32_t ge
 void Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
                           uint32_t generation) noexcept {
   Slot& slot = slots_.slot(slot_index);
-  if (RouteHere(ItemKind::kCompletion, slot, generation) == Disposal::kDeliver) {
+  if (RouteHere(EntryKind::kCompletion, slot, generation) == Disposal::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
   } else {
@@ -330,7 +331,7 @@ void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t gener
   }
   // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
   const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  const RouteFacts facts{.kind = ItemKind::kAsyncEvent, .live = StateLiveAs(state, generation)};
+  const RouteFacts facts{.kind = EntryKind::kEventPart, .live = StateLiveAs(state, generation)};
   if (Route(RouteStage::kConsumer, facts) == Disposal::kReleaseEvent) {
     delete join;  // unregistered after it was routed here (its last part)
     return;
@@ -390,7 +391,7 @@ void Consumer::CountEvent() noexcept {
 
 void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(slot_index);
-  if (RouteHere(ItemKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker) return;
+  if (RouteHere(EntryKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker) return;
   // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
   // which nulls the pointer and then waits for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);

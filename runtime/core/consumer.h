@@ -163,9 +163,9 @@ class Consumer {
   void CountEvent() noexcept;
   void DeliverMarker(uint32_t slot, uint32_t generation, const ibv_wc& wc) noexcept;
   // What becomes of an entry of `kind` for `slot` as of now (route.h, stage kConsumer).
-  static Disposal RouteHere(ItemKind kind, const Slot& slot, uint32_t generation) noexcept;
+  static Disposal RouteHere(EntryKind kind, const Slot& slot, uint32_t generation) noexcept;
   // Carries out the no-consumer disposal of one entry: its completion `wc` or its event `join`.
-  void Discard(ItemKind kind, const ibv_wc* wc, EventJoin* join) noexcept;
+  void Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexcept;
   // The next dequeued item not yet dispatched (refilling from the queue), or null.
   Item* NextItem() noexcept;
   // Hands what `n` entries of lane `l` from `at` hold to the orphan sink and releases events.

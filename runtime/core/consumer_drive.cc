@@ -129,7 +129,7 @@ void Consumer::OrphanRemaining() noexcept {
   for (;;) {
     Item* item = NextItem();
     if (item == nullptr) return;
-    if (item->kind == ItemKind::kLaneRun) {
+    if (item->kind == EntryKind::kLaneRun) {
       Lane& lane = *lanes_[item->run.lane];
       for (uint32_t k = run_done_; k < item->run.count; ++k) {
         OrphanLane(lane, lane.IndexOf(item->run.begin + k), 1);
@@ -146,18 +146,18 @@ void Consumer::OrphanRemaining() noexcept {
 
 void Consumer::OrphanLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   for (uint32_t i = at; i < at + n; ++i) {
-    const ItemKind kind = lane.meta(i).kind;
+    const EntryKind kind = lane.meta(i).kind;
     Discard(kind, &lane.wc(i), CarriesEvent(kind) ? lane.join(i) : nullptr);
   }
 }
 
-void Consumer::Discard(ItemKind kind, const ibv_wc* wc, EventJoin* join) noexcept {
+void Consumer::Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexcept {
   switch (Route(RouteStage::kNoConsumer, {.kind = kind})) {
     case Disposal::kOrphan:
       orphans_.Take({wc, 1});
       break;
     case Disposal::kReleaseEvent:
-      if (kind == ItemKind::kListenerEvent) {
+      if (kind == EntryKind::kListenerEvent) {
         EventJoin::ReleaseHold(join);
       } else {
         ReleaseEventPart(join, /*hand_on=*/false);  // no thread is left to run a CmHandler

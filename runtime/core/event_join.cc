@@ -21,7 +21,7 @@ void PostToListener(EventJoin* join) noexcept {
   Item item;
   item.join = join;
   item.slot = kNoSlot;
-  item.kind = ItemKind::kListenerEvent;
+  item.kind = EntryKind::kListenerEvent;
   CmWatch* watch = join->watch;
   if (!watch->poller->PostEvent(watch->consumer, item, 0, 0)) watch->held->Push(join);
 }
@@ -109,7 +109,7 @@ void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Polle
   item.join = join;
   item.slot = r.slot;
   item.generation = r.generation;
-  item.kind = ItemKind::kAsyncEvent;
+  item.kind = EntryKind::kEventPart;
   if (one) {
     if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq,
                                           r.recv_cq == r.send_cq ? 0 : r.recv_cq)) {

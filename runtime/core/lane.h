@@ -48,28 +48,28 @@ namespace cqd::internal {
 struct EventJoin;
 
 // kCompletion: a work completion for a registration.
-// kAsyncEvent: a part of an EventJoin for a registration (async, fence or CM event).
+// kEventPart: a part of an EventJoin for a registration (async, fence or CM event).
 // kTeardownMarker: a completion of a TeardownQp marker work request (teardown.h).
 // kListenerEvent: a CM event for a channel's CmHandler (EventJoin kind kListener; slot kNoSlot).
 // kLaneRun: (queue items only) a range of a lane's entries.
-enum class ItemKind : uint16_t {
+enum class EntryKind : uint16_t {
   kCompletion,
-  kAsyncEvent,
+  kEventPart,
   kTeardownMarker,
   kListenerEvent,
   kLaneRun
 };
 inline constexpr uint32_t kNoSlot = ~uint32_t{0};
 // True for the kinds whose entry carries an EventJoin in its wc's place.
-constexpr bool CarriesEvent(ItemKind kind) noexcept {
-  return kind == ItemKind::kAsyncEvent || kind == ItemKind::kListenerEvent;
+constexpr bool CarriesEvent(EntryKind kind) noexcept {
+  return kind == EntryKind::kEventPart || kind == EntryKind::kListenerEvent;
 }
 
 // What the runtime knows of one lane entry besides its ibv_wc.
 struct EntryMeta {
   uint32_t slot;
   uint32_t generation;
-  ItemKind kind;
+  EntryKind kind;
   // Completions: how many entries from this one on (this one included) are completions of the
   // same registration, routed by one poll; at least 1. The consumer hands each run to its
   // handler in one call and lists the batch's slots run by run, not entry by entry.
@@ -96,12 +96,12 @@ struct Item {
   Item() : wc{} {}
   union {
     ibv_wc wc;        // kCompletion, kTeardownMarker
-    EventJoin* join;  // kAsyncEvent, kListenerEvent
+    EventJoin* join;  // kEventPart, kListenerEvent
     LaneRun run;      // kLaneRun
   };
   uint32_t slot = 0;
   uint32_t generation = 0;
-  ItemKind kind = ItemKind::kCompletion;
+  EntryKind kind = EntryKind::kCompletion;
   uint32_t stamp = 0;
 };
 static_assert(sizeof(Item) == 64, "an Item is one cache line");
@@ -123,7 +123,7 @@ class Lane {
   uint32_t IndexOf(uint64_t pos) const noexcept { return static_cast<uint32_t>(pos % size_); }
   ibv_wc& wc(uint32_t at) noexcept { return wcs_[at]; }
   EntryMeta& meta(uint32_t at) noexcept { return metas_[at]; }
-  // The event part an entry of kind kAsyncEvent or kListenerEvent carries in its wc's place.
+  // The event part an entry of kind kEventPart or kListenerEvent carries in its wc's place.
   EventJoin* join(uint32_t at) const noexcept {
     EventJoin* join;
     std::memcpy(&join, &wcs_[at], sizeof(join));
@@ -191,8 +191,8 @@ class Lane {
       uint16_t next = 0;
       for (uint64_t pos = tail_; pos-- != published_;) {
         EntryMeta& meta = metas_[IndexOf(pos)];
-        const bool joins = next > 0 && meta.kind == ItemKind::kCompletion &&
-                           metas_[IndexOf(pos + 1)].kind == ItemKind::kCompletion &&
+        const bool joins = next > 0 && meta.kind == EntryKind::kCompletion &&
+                           metas_[IndexOf(pos + 1)].kind == EntryKind::kCompletion &&
                            metas_[IndexOf(pos + 1)].slot == meta.slot &&
                            metas_[IndexOf(pos + 1)].generation == meta.generation &&
                            next < UINT16_MAX;

@@ -186,7 +186,7 @@ class Poller {
   // their commitment back (the capacity guard asks before it grows or refuses).
   void SettleFences(CqRecord* cq);
 
-  // Event thread: queues an async-event part (`item`, kind kAsyncEvent) for `consumer` behind
+  // Event thread: queues an async-event part (`item`, kind kEventPart) for `consumer` behind
   // every completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none).
   // Returns false only after the poller stopped, when `consumer` has closed too (an owned
   // consumer past Shutdown): the caller still owns the part.

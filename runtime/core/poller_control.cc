@@ -92,9 +92,9 @@ void Poller::DropUse(CqRecord* cq, uint32_t consumer) {
 
 void Poller::PurgeDead(uint32_t consumer) {
   RunSync([&] {
-    auto route = [&](ItemKind kind, uint32_t slot, uint32_t generation) {
+    auto route = [&](EntryKind kind, uint32_t slot, uint32_t generation) {
       RouteFacts facts{.kind = kind};
-      if (kind != ItemKind::kListenerEvent) {  // a listener's event is nobody's registration's
+      if (kind != EntryKind::kListenerEvent) {  // a listener's event is nobody's registration's
         const uint64_t state = slots_.slot(slot).state.load(std::memory_order_acquire);
         facts.live = StateLiveAs(state, generation);
       }

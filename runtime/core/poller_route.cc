@@ -259,12 +259,12 @@ inline uint32_t Poller::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
       teardown->polled.fetch_or(wc.wr_id == teardown->send_marker() ? TeardownState::kSendMarker
                                                                     : TeardownState::kRecvMarker,
                                 std::memory_order_relaxed);
-      meta = {slot->index, StateGeneration(state), ItemKind::kTeardownMarker, 1, poll_stamp_};
+      meta = {slot->index, StateGeneration(state), EntryKind::kTeardownMarker, 1, poll_stamp_};
       return StateConsumer(state);
     default:
       break;
   }
-  meta = {slot->index, StateGeneration(state), ItemKind::kCompletion, 1, poll_stamp_};
+  meta = {slot->index, StateGeneration(state), EntryKind::kCompletion, 1, poll_stamp_};
   // The next completions of this QP in the poll route the same way (the consumer re-checks the
   // registration before it calls the handler, as it does for every run). A draining QP's are
   // each looked at: any may be its marker.
@@ -304,7 +304,7 @@ void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
     // general path looks at each.
     if (facts.draining || StateConsumer(state) != consumer) [[unlikely]]
       break;
-    EntryMeta meta{slot->index, StateGeneration(state), ItemKind::kCompletion, 0, poll_stamp_};
+    EntryMeta meta{slot->index, StateGeneration(state), EntryKind::kCompletion, 0, poll_stamp_};
     for (; i < j; ++i) {
       if (kept != i) wcs[kept] = wcs[i];  // close the gap an orphan left
       meta.run = static_cast<uint16_t>(j - i);
@@ -429,7 +429,7 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
     if (take == 0) return false;
   }
   Item item;
-  item.kind = ItemKind::kLaneRun;
+  item.kind = EntryKind::kLaneRun;
   item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_),
               lane.TakeFiltered()};
   ChaosPoint();  // reserved, not yet pushed

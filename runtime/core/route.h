@@ -56,7 +56,7 @@ enum class RouteStage : uint8_t {
 // What the caller read. At kPoll `kind` is kCompletion (whether it is a marker is the
 // decision's); at the consumer only `kind` and `live` count.
 struct RouteFacts {
-  ItemKind kind = ItemKind::kCompletion;
+  EntryKind kind = EntryKind::kCompletion;
   FenceList::Taken fence = FenceList::Taken::kNotFenced;  // kPoll: the CQ's fences' verdict
   bool known = false;      // kPoll: a registration holds the qp_num on the CQ's device
   bool live = false;       // its state is live (at the consumer: with the entry's generation)
@@ -75,16 +75,16 @@ constexpr Disposal Route(RouteStage stage, const RouteFacts& f) noexcept {
     return f.draining && f.is_marker ? Disposal::kNoteMarker : Disposal::kDeliver;
   }
   const bool runs =
-      stage == RouteStage::kConsumer && (f.live || f.kind == ItemKind::kListenerEvent);
+      stage == RouteStage::kConsumer && (f.live || f.kind == EntryKind::kListenerEvent);
   switch (f.kind) {
-    case ItemKind::kCompletion:
+    case EntryKind::kCompletion:
       return runs ? Disposal::kDeliver : Disposal::kOrphan;
-    case ItemKind::kTeardownMarker:
+    case EntryKind::kTeardownMarker:
       return runs ? Disposal::kNoteMarker : Disposal::kDropMarker;
-    case ItemKind::kAsyncEvent:
-    case ItemKind::kListenerEvent:
+    case EntryKind::kEventPart:
+    case EntryKind::kListenerEvent:
       return runs ? Disposal::kDeliver : Disposal::kReleaseEvent;
-    case ItemKind::kLaneRun:
+    case EntryKind::kLaneRun:
       break;  // a range of entries, each routed on its own
   }
   return Disposal::kDropMarker;  // unreachable: kLaneRun is never routed

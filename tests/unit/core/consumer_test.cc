@@ -45,12 +45,12 @@ class ConsumerTest : public ::testing::Test {
       const uint32_t at = lane.tail_at();
       lane.wc(at) = ibv_wc{};
       lane.wc(at).wr_id = tags[k];
-      lane.meta(at) = {slot_, 1, ItemKind::kCompletion, static_cast<uint16_t>(tags.size() - k), 0};
+      lane.meta(at) = {slot_, 1, EntryKind::kCompletion, static_cast<uint16_t>(tags.size() - k), 0};
       lane.Append();
     }
     lane.PopFront(static_cast<uint32_t>(tags.size()));
     Item item;
-    item.kind = ItemKind::kLaneRun;
+    item.kind = EntryKind::kLaneRun;
     item.run = {begin, static_cast<uint32_t>(tags.size()), 0, false};
     consumer_->Reserve(tags.size());
     consumer_->Push(*token_, &item, 1);
@@ -61,7 +61,7 @@ class ConsumerTest : public ::testing::Test {
     item.wc.wr_id = tag;
     item.slot = slot_;
     item.generation = 1;
-    item.kind = ItemKind::kCompletion;
+    item.kind = EntryKind::kCompletion;
     consumer_->Reserve(1);
     consumer_->Push(*token_, &item, 1);
   }

@@ -21,7 +21,7 @@ void Push(Lane& lane, uint64_t tag) {
   lane.wc(at) = ibv_wc{};
   lane.wc(at).wr_id = tag;
   lane.meta(at) = {static_cast<uint32_t>(tag), static_cast<uint32_t>(tag * 3),
-                   ItemKind::kCompletion, 0, 0};
+                   EntryKind::kCompletion, 0, 0};
   lane.Append();
 }
 
@@ -110,7 +110,7 @@ TEST(Lane, AdvanceCommitsEntriesWrittenInPlace) {
   const uint32_t at = lane.tail_at();
   for (uint32_t k = 0; k < 5; ++k) {
     lane.wc(at + k).wr_id = 100 + k;
-    lane.meta(at + k) = {100 + k, 0, ItemKind::kCompletion, 0, 0};
+    lane.meta(at + k) = {100 + k, 0, EntryKind::kCompletion, 0, 0};
   }
   lane.Advance(5);
   EXPECT_EQ(lane.spill_size(), 5u);
@@ -122,10 +122,10 @@ TEST(Lane, EventEntriesCarryTheirJoin) {
   auto* fake = reinterpret_cast<EventJoin*>(uintptr_t{0x1234560});
   const uint32_t at = lane.tail_at();
   lane.SetJoin(at, fake);
-  lane.meta(at) = {9, 2, ItemKind::kAsyncEvent, 0, 0};
+  lane.meta(at) = {9, 2, EntryKind::kEventPart, 0, 0};
   lane.Append();
   EXPECT_EQ(lane.join(at), fake);
-  EXPECT_EQ(lane.meta(at).kind, ItemKind::kAsyncEvent);
+  EXPECT_EQ(lane.meta(at).kind, EntryKind::kEventPart);
 }
 
 TEST(Lane, FilterKeepsOrderAcrossTheEdgeAndReturnsHowManyItRemoved) {

@@ -72,48 +72,48 @@ const std::vector<Case>& Table() {
       // At the consumer.
       {"completion, still live",
        Stage::kConsumer,
-       {.kind = ItemKind::kCompletion, .live = true},
+       {.kind = EntryKind::kCompletion, .live = true},
        Disposal::kDeliver},
       {"completion, unregistered since the poll",
        Stage::kConsumer,
-       {.kind = ItemKind::kCompletion},
+       {.kind = EntryKind::kCompletion},
        Disposal::kOrphan},
       {"marker, teardown still on",
        Stage::kConsumer,
-       {.kind = ItemKind::kTeardownMarker, .live = true},
+       {.kind = EntryKind::kTeardownMarker, .live = true},
        Disposal::kNoteMarker},
       {"marker, teardown over",
        Stage::kConsumer,
-       {.kind = ItemKind::kTeardownMarker},
+       {.kind = EntryKind::kTeardownMarker},
        Disposal::kDropMarker},
       {"event part, live",
        Stage::kConsumer,
-       {.kind = ItemKind::kAsyncEvent, .live = true},
+       {.kind = EntryKind::kEventPart, .live = true},
        Disposal::kDeliver},
       {"event part, unregistered",
        Stage::kConsumer,
-       {.kind = ItemKind::kAsyncEvent},
+       {.kind = EntryKind::kEventPart},
        Disposal::kReleaseEvent},
       {"listener event (nobody's registration)",
        Stage::kConsumer,
-       {.kind = ItemKind::kListenerEvent},
+       {.kind = EntryKind::kListenerEvent},
        Disposal::kDeliver},
       // No consumer left.
       {"completion, no consumer",
        Stage::kNoConsumer,
-       {.kind = ItemKind::kCompletion, .live = true},
+       {.kind = EntryKind::kCompletion, .live = true},
        Disposal::kOrphan},
       {"marker, no consumer",
        Stage::kNoConsumer,
-       {.kind = ItemKind::kTeardownMarker, .live = true},
+       {.kind = EntryKind::kTeardownMarker, .live = true},
        Disposal::kDropMarker},
       {"event part, no consumer",
        Stage::kNoConsumer,
-       {.kind = ItemKind::kAsyncEvent, .live = true},
+       {.kind = EntryKind::kEventPart, .live = true},
        Disposal::kReleaseEvent},
       {"listener event, no consumer",
        Stage::kNoConsumer,
-       {.kind = ItemKind::kListenerEvent},
+       {.kind = EntryKind::kListenerEvent},
        Disposal::kReleaseEvent},
   };
   return table;
@@ -128,11 +128,11 @@ TEST(RouteTest, EveryCaseOfTheTable) {
 // Every combination of facts a caller can gather.
 template <typename F>
 void ForEveryFact(F visit) {
-  const ItemKind kinds[] = {ItemKind::kCompletion, ItemKind::kAsyncEvent, ItemKind::kTeardownMarker,
-                            ItemKind::kListenerEvent};
+  const EntryKind kinds[] = {EntryKind::kCompletion, EntryKind::kEventPart,
+                             EntryKind::kTeardownMarker, EntryKind::kListenerEvent};
   const Taken fences[] = {Taken::kNotFenced, Taken::kMarker, Taken::kBehindMarker};
   for (Stage stage : {Stage::kPoll, Stage::kConsumer, Stage::kNoConsumer}) {
-    for (ItemKind kind : kinds) {
+    for (EntryKind kind : kinds) {
       for (Taken fence : fences) {
         for (int bits = 0; bits < 32; ++bits) {
           RouteFacts f{.kind = kind,
@@ -177,24 +177,24 @@ TEST(RouteTest, TheGuaranteesHoldOverTheWholeSpaceOfFacts) {
       EXPECT_FALSE(Runs(d)) << at;
     }
     switch (f.kind) {
-      case ItemKind::kCompletion:  // a handler or the OrphanHandler, by liveness
+      case EntryKind::kCompletion:  // a handler or the OrphanHandler, by liveness
         EXPECT_EQ(d, stage == Stage::kConsumer && f.live ? Disposal::kDeliver : Disposal::kOrphan)
             << at;
         break;
-      case ItemKind::kTeardownMarker:  // the runtime's own: never a handler, never an orphan
+      case EntryKind::kTeardownMarker:  // the runtime's own: never a handler, never an orphan
         EXPECT_TRUE(d == Disposal::kNoteMarker || d == Disposal::kDropMarker) << at;
         EXPECT_EQ(d == Disposal::kNoteMarker, stage == Stage::kConsumer && f.live) << at;
         break;
-      case ItemKind::kAsyncEvent:
+      case EntryKind::kEventPart:
         EXPECT_EQ(
             d, stage == Stage::kConsumer && f.live ? Disposal::kDeliver : Disposal::kReleaseEvent)
             << at;
         break;
-      case ItemKind::kListenerEvent:
+      case EntryKind::kListenerEvent:
         EXPECT_EQ(d, stage == Stage::kConsumer ? Disposal::kDeliver : Disposal::kReleaseEvent)
             << at;
         break;
-      case ItemKind::kLaneRun:
+      case EntryKind::kLaneRun:
         ADD_FAILURE() << "a lane run is never routed";
         break;
     }
