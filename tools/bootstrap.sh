@@ -19,7 +19,7 @@ PACKAGES=(
   ibverbs-providers
   libtbb-dev
   libconcurrentqueue-dev
-  nlohmann-json3-dev     # JSON for the tools and tests (cqd_top, observability_test)
+  nlohmann-json3-dev     # JSON for the tools and tests (cqd_top, the observability tests)
   libgtest-dev
   libgmock-dev           # @gtest//:gmock
   libbenchmark-dev
