@@ -80,6 +80,7 @@ void Unpin() {
 
 struct Flags {
   bool quick = false;
+  bool random_order = false;  // --only: the QPs' completions in random order (as the "qps" rows)
   double seconds = 0.3;
   std::string out;
 };
@@ -607,7 +608,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     command += " " + a;
-    if (a == "--quick") {
+    if (a == "--random-order") {  // before --only
+      flags.random_order = true;
+    } else if (a == "--quick") {
       flags.quick = true;
       flags.seconds = 0.2;
     } else if (a.rfind("--seconds=", 0) == 0) {
@@ -647,14 +650,15 @@ int main(int argc, char** argv) {
         return 2;
       }
       c.busy_poll = busy != 0;
+      c.random_order = flags.random_order;
       c.impl = impl;
       ThroughputRow r = MeasureThroughput(c, flags.seconds);
-      printf("%s batch %d qps %d consumers %d: %.2f M completions/s, %.1f CPU ns each\n", impl,
-             c.batch, c.qps, c.consumers, r.mcps, r.cpu_ns);
+      printf("%s batch %d qps %d consumers %d%s: %.2f M completions/s, %.1f CPU ns each\n", impl,
+             c.batch, c.qps, c.consumers, c.random_order ? " random" : "", r.mcps, r.cpu_ns);
       return 0;
     } else {
       fprintf(stderr,
-              "usage: dispatch [--quick] [--seconds=S] [--out=DIR] "
+              "usage: dispatch [--quick] [--seconds=S] [--out=DIR] [--random-order] "
               "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only | "
               "--latency-only]\n");
       return 2;

@@ -356,12 +356,17 @@ bool Poller::EventsMayIdle() noexcept {
     lanes_[posted.consumer]->wants_room.store(true, std::memory_order_seq_cst);
   }
   ChaosPoint();  // asked, not yet looked again
-  // Room freed before the stores above was not woken for: look for it now. The fence orders the
-  // stores before the loads of the consumers' released positions (Dekker, with the consumer's
-  // seq_cst release of room and its load of wants_room). A catch-up that polls here lists its
-  // lanes before the spill stage asks for their room.
+  // Room freed before the stores above was not woken for: look for it now. An event waits for
+  // lane room or for its CQs' catch-up; either way the spills stage, after this one, completes
+  // the Dekker pair with the consumer (its seq_cst release of room, then its load of wants_room)
+  // for every lane that holds entries, including the ones a catch-up here fills.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  return !PlaceEvents();
+  // A catch-up that took completions did work even when no event moved: its flush may have handed
+  // a whole spill over (the lane leaves `listed_`, so the spills stage would not ask for its
+  // room, and the event it freed room for would wait for a wake nobody owes).
+  const uint64_t polled = completions_.load(std::memory_order_relaxed);
+  const bool placed = PlaceEvents();
+  return !placed && completions_.load(std::memory_order_relaxed) == polled;
 }
 
 int Poller::PollSpills(int) noexcept {
