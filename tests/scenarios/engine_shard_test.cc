@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -711,6 +712,87 @@ TEST(EngineShard, AConsumerThatFreesRoomWakesTheShard) {
   reg.Unregister();
   CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
   CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+// The sleep check must not sleep on an event it made placeable itself. Consumer C's event E waits
+// for the catch-up of CQ Q, which consumer Y's full spill holds back; consumer W's event E2 waits
+// for room in W's lane (W is never drained). Y is drained with no sleep in between, so it owes
+// the shard no wake. In the sleep check, E2's catch-up polls W's CQ, and its flush hands Y's whole
+// spill over: E can now be placed, and nothing else will wake the shard (C is idle, Y was never
+// asked for room, W is stuck). TrySleepShard must say "poll again", or the fd must be readable.
+TEST(EngineShard, ASleepCheckWhoseCatchUpFreedRoomDoesNotSleepOnTheEvent) {
+  RuntimeOptions options = EngineOptions(1);
+  options.consumers.assign(3, ConsumerOptions{});  // C, Y, W: engine-driven, drained by the test
+  for (ConsumerOptions& c : options.consumers) {
+    c.kind = ConsumerKind::kEngineDriven;
+    c.queue_capacity = 2;
+    c.spill_capacity = 2;
+  }
+  constexpr ConsumerId kC = 0, kY = 1, kW = 2;
+  testing::SimBed bed;
+  CQD_ASSERT_OK(bed.Start(options));
+  CqHandle q = bed.Cq(0);   // C's and Y's QPs
+  CqHandle q2 = bed.Cq(0);  // W's QPs
+  SimQp* qp_c = bed.Qp(q);
+  SimQp* qp_y = bed.Qp(q);
+  SimQp* qp_w = bed.Qp(q2);
+  SimQp* qp_w2 = bed.Qp(q2);
+  RecordingHandler c_handler, y_handler, w_handler, w2_handler;
+  Registration reg_c = bed.rt->RegisterQp(*qp_c, c_handler, kC).value();
+  Registration reg_y = bed.rt->RegisterQp(*qp_y, y_handler, kY).value();
+  Registration reg_w = bed.rt->RegisterQp(*qp_w, w_handler, kW).value();
+  Registration reg_w2 = bed.rt->RegisterQp(*qp_w2, w2_handler, kW).value();
+  auto poll_out = [&] {
+    while (bed.rt->PollShard(0, 64) > 0) {
+    }
+  };
+  auto spill = [&](ConsumerId c) { return bed.rt->GetStats().consumers[c].spill_depth; };
+
+  // Y's queue and spill full: Q is not polled, so C's event waits for its catch-up.
+  ASSERT_TRUE(InjectRecvs(qp_y, 0, 4));
+  poll_out();
+  ASSERT_EQ(spill(kY), 2u);
+  // W's queue and spill full, with W2's completions: E2 waits for room in W's lane.
+  ASSERT_TRUE(InjectRecvs(qp_w2, 0, 4));
+  poll_out();
+  ASSERT_EQ(spill(kW), 2u);
+  CQD_ASSERT_OK(bed.sim->RaiseQpEvent(qp_c, IBV_EVENT_COMM_EST));
+  CQD_ASSERT_OK(bed.sim->RaiseQpEvent(qp_w, IBV_EVENT_COMM_EST));
+  ASSERT_TRUE(WaitFor([&] { return bed.rt->GetStats().async_events >= 2; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // read, then posted
+  poll_out();
+  // W2 goes: its entries leave W's spill (room for E2's catch-up), W's queue stays full.
+  reg_w2.Unregister();
+  ASSERT_EQ(spill(kW), 0u);
+  ASSERT_TRUE(InjectRecvs(qp_w, 0, 2));  // what E2's catch-up will poll, filling W's spill
+  // Y's queue is drained without a sleep in between: Y owes the shard no wake.
+  while (bed.rt->Drain(kY, 64) > 0) {
+  }
+  ASSERT_EQ(spill(kY), 2u);
+
+  const int fd = bed.rt->ShardFd(0).value();
+  auto readable_within = [&](int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, ms) == 1 && (p.revents & POLLIN) != 0;
+  };
+  // The engine's loop, as the protocol has it (asking to sleep right after work is allowed):
+  // sleep on the fd when TrySleepShard allows it, then poll while there is work. C's event must
+  // arrive.
+  ASSERT_TRUE(WaitFor([&] {
+    if (bed.rt->TrySleepShard(0) == 1) {
+      EXPECT_TRUE(readable_within(3000))
+          << "the shard was allowed to sleep with C's event placeable, and nothing woke it";
+    }
+    while (bed.rt->PollShard(0, 64) > 0) {
+    }
+    bed.rt->Drain(kC, 64);
+    bed.rt->Drain(kY, 64);
+    return c_handler.events() == 1;
+  }));
+  EXPECT_EQ(y_handler.completions(), 4u);
+  reg_c.Unregister();
+  reg_y.Unregister();
+  reg_w.Unregister();
 }
 
 // Two threads calling PollShard on one shard at once: one drives, the other gets 0; handlers
