@@ -16,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "runtime/base/cv_wait.h"
 #include "runtime/base/thread_role.h"
 
 namespace cqd::internal {
@@ -37,7 +38,7 @@ class Mailbox {
     wake_owner();
     lock.lock();
     if (!HasWaitDuty()) {
-      done_cv_.wait(lock, [&] { return done_ >= ticket; });
+      WaitRechecking(done_cv_, lock, [&] { return done_ >= ticket; });  // cv_wait.h
       return;
     }
     while (done_ < ticket) {

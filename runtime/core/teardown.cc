@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/base/chaos.h"
+#include "runtime/base/cv_wait.h"
 #include "runtime/base/pinning.h"
 
 namespace cqd::internal {
@@ -182,7 +183,9 @@ void TeardownWorker::Run() {
       continue;
     }
     if (wake == Clock::time_point::max()) {  // nothing is due (no teardown, or no deadline)
-      cv_.wait(lock, [&] { return noted_ || stop_; });  // Add, Note and Stop set them
+      // Add, Note and Stop set them.
+      WaitRechecking(
+          cv_, lock, [&] { return noted_ || stop_; }, kCvIdleRecheck);
     } else {
       cv_.wait_until(lock, wake, [&] { return noted_ || (stop_ && !stopping); });
     }

@@ -13,6 +13,7 @@
 #include "cqd/sim.h"
 #include "runtime/backend/sim/sim_device.h"
 #include "runtime/backend/verbs/verbs_device.h"
+#include "runtime/base/cv_wait.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/caller.h"
 #include "runtime/core/options_check.h"
@@ -249,7 +250,7 @@ Status Teardown::Wait() const {
     return FailedPrecondition(std::string("Teardown::Wait: ") + refused +
                               "; use done() or TeardownOptions::on_done instead");
   }
-  state_->cv.wait(lock, [&] { return state_->done; });
+  internal::WaitRechecking(state_->cv, lock, [&] { return state_->done; });
   return state_->result;
 }
 

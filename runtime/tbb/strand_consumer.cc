@@ -3,6 +3,7 @@
 // are registered with a Strand (strand.h) that queues what the runtime hands it and delivers it
 // to the user's handler from strand tasks. This file holds the public side: registration,
 // teardown, Stop and the stats.
+#include <chrono>
 #include <mutex>
 #include <new>
 #include <string>
@@ -100,7 +101,10 @@ Status StrandTeardown::Wait() const {
     return FailedPrecondition(refused.message() + ": use TeardownOptions::on_done");
   }
   std::unique_lock<std::mutex> lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->finished; });
+  // Re-checked: glibc before 2.41 can lose a condition variable's wake-up (bug 25847).
+  while (
+      !state_->cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return state_->finished; })) {
+  }
   return state_->result;
 }
 

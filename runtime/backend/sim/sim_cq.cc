@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "runtime/backend/sim/sim_device.h"
+#include "runtime/base/cv_wait.h"
 
 namespace cqd::sim_internal {
 
@@ -336,7 +337,8 @@ void SimCqImpl::Ack(unsigned n) {
 
 bool SimCqImpl::WaitAllAcked() {
   std::unique_lock<std::mutex> lock(ack_mu_);
-  ack_cv_.wait(lock, [&] { return acked_ >= reported_.load(std::memory_order_relaxed); });
+  internal::WaitRechecking(ack_cv_, lock,
+                           [&] { return acked_ >= reported_.load(std::memory_order_relaxed); });
   return acked_ == reported_.load(std::memory_order_relaxed);
 }
 

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/base/cv_wait.h"
+
 namespace cqd {
 
 int SimQp::Complete(uint64_t wr_id, ibv_wc_opcode opcode, ibv_wc_status status,
@@ -113,7 +115,7 @@ Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
                     "(verbs would hang here)");
   }
   std::unique_lock<std::mutex> lock(mu_);
-  async_acked_cv_.wait(lock, [&] { return cq->async_unacked == 0; });
+  internal::WaitRechecking(async_acked_cv_, lock, [&] { return cq->async_unacked == 0; });
   if (cq->sim_channel() != nullptr) --cq->sim_channel()->cq_count;
   cqs_.erase(cq);
   return Status::Ok();
@@ -162,7 +164,7 @@ Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
   }
   SimQpImpl* qp = it->second.get();
   PurgeAsyncLocked(qp);
-  async_acked_cv_.wait(lock, [&] { return qp->async_unacked == 0; });  // S13
+  internal::WaitRechecking(async_acked_cv_, lock, [&] { return qp->async_unacked == 0; });  // S13
   --qp->send()->qp_refs;
   --qp->recv()->qp_refs;
   free_qp_nums_.push_back(qp->qp_num());
