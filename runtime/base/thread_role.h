@@ -15,7 +15,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 
 namespace cqd::internal {
@@ -103,22 +102,39 @@ inline void WaitStep() {
   std::this_thread::yield();
 }
 
-// The runtime's control mutex: an ordinary mutex, except that a thread with a wait duty serves
-// it while it waits for the lock.
+// The runtime's control mutex: a ticket lock, so callers take it in the order they asked
+// (first come, first served). A thread with a wait duty spins for its turn and serves its duty
+// at each step; any other thread sleeps on the turn counter (a futex).
+//
+// Why every lock() finishes: each holder finishes its call (a holder that waits for a poller
+// with a wait duty is served by that poller's spin), and turns pass strictly in ticket order, so
+// no caller can be passed over by one that came later. An unfair mutex could not promise this: a
+// thread making control calls back to back re-took it every time ahead of a hosted handler that
+// only try_locks, and that handler's call did not finish while the other thread kept going.
+//
+// Memory order: taking a ticket is relaxed (it orders nothing); the turn is read with acquire and
+// passed on with release, so a holder sees everything the one before it wrote.
 class ControlMutex {
  public:
   void lock() {
-    if (!HasWaitDuty()) {
-      mu_.lock();
+    const uint32_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
+    if (HasWaitDuty()) {
+      while (turn_.load(std::memory_order_acquire) != ticket) WaitStep();
       return;
     }
-    while (!mu_.try_lock()) WaitStep();
+    for (uint32_t now = turn_.load(std::memory_order_acquire); now != ticket;
+         now = turn_.load(std::memory_order_acquire)) {
+      turn_.wait(now, std::memory_order_acquire);
+    }
   }
-  bool try_lock() { return mu_.try_lock(); }
-  void unlock() { mu_.unlock(); }
+  void unlock() {
+    turn_.fetch_add(1, std::memory_order_release);
+    turn_.notify_all();
+  }
 
  private:
-  std::mutex mu_;
+  std::atomic<uint32_t> next_ticket_{0};
+  std::atomic<uint32_t> turn_{0};
 };
 
 }  // namespace cqd::internal
