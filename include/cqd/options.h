@@ -52,8 +52,7 @@ struct ConsumerOptions {
   /// again; completions stay in those CQs, none is dropped. CQs the consumer does not use are not
   /// held back. kRunToCompletion: its poller dispatches straight from here while the queue is
   /// empty, and queues only what does not fit. Memory for this consumer: one lane per poller of
-  /// (queue_capacity + spill_capacity) * 64 bytes, touched as used, and the queue's preallocated
-  /// queue_capacity * 64 bytes.
+  /// (queue_capacity + spill_capacity) * 64 bytes, touched as used.
   std::size_t spill_capacity = 4096;
   int dispatch_batch = 64;  ///< items taken off the queue at once (1..1024)
   /// kOwnedThread: spin this long on an empty queue before sleeping (0..24 h).

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Consumer (consumer.h): the hot path. Producers' reservations and pushes, the batch gathered from
-// the queue's lane ranges, and its delivery to handlers. consumer_drive.cc runs it.
+// the lanes' published entries and the queued items, and its delivery to handlers.
+// consumer_drive.cc runs it.
 #include "runtime/core/consumer.h"
 
 #include <sys/eventfd.h>
@@ -41,11 +42,13 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
       options_(options),
       slots_(slots),
       orphans_(orphans),
-      // Preallocate the capacity plus two blocks of slack per producer (the pollers, and the
-      // event thread after Shutdown), so that steady-state enqueues never allocate.
-      queue_(options.queue_capacity + 2 * ItemQueueTraits::BLOCK_SIZE * (pollers + 2)),
+      // Items are rare (lane.h): two blocks per producer (the pollers, and the event thread after
+      // Shutdown); past that, pushes allocate.
+      queue_(2 * ItemQueueTraits::BLOCK_SIZE * (pollers + 2)),
       consumer_token_(queue_),
-      items_(std::make_unique<Item[]>(options.dispatch_batch)),
+      alone_(std::make_unique<Item[]>(options.dispatch_batch)),
+      alone_run_(std::make_unique<bool[]>(options.dispatch_batch)),
+      handed_(std::make_unique<uint64_t[]>(static_cast<size_t>(pollers))),
       pieces_(std::make_unique<Piece[]>(options.dispatch_batch)),
       batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
   for (int p = 0; p < pollers; ++p) {
@@ -92,11 +95,12 @@ void Consumer::NoteDepth(uint64_t depth) noexcept {
   }
 }
 
-void Consumer::Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept {
-  // try_enqueue_bulk never allocates; past the preallocation (a capacity raised beyond the
-  // index size, or many producers) fall back to the allocating path rather than drop.
-  if (!queue_.try_enqueue_bulk(token, items, n)) {
-    while (!queue_.enqueue_bulk(token, items, n)) std::this_thread::yield();  // out of memory
+void Consumer::PushAlone(moodycamel::ProducerToken& token, Item& item) noexcept {
+  queued_items_.fetch_add(1, std::memory_order_relaxed);
+  // try_enqueue never allocates; past the preallocation (many producers, or Shutdown handing
+  // over many events) fall back to the allocating path rather than drop.
+  if (!queue_.try_enqueue(token, item)) {
+    while (!queue_.enqueue(token, item)) std::this_thread::yield();  // out of memory
   }
   waker_->Wake();
 }
@@ -105,65 +109,86 @@ bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept
   std::lock_guard<std::mutex> lock(close_mu_);
   if (closed_) return false;
   Reserve(1);
-  Push(token, &item, 1);
+  PushAlone(token, item);
   return true;
 }
 
-Item* Consumer::NextItem() noexcept {
-  if (item_next_ == item_count_) {
-    item_count_ = queue_.try_dequeue_bulk(consumer_token_, items_.get(),
-                                          static_cast<size_t>(options_.dispatch_batch));
-    item_next_ = 0;
-    run_done_ = 0;
-    if (item_count_ == 0) return nullptr;
+void Consumer::TakeQueuedItems() noexcept {
+  const size_t room = static_cast<size_t>(options_.dispatch_batch) - alone_count_;
+  if (room == 0 || queued_items_.load(std::memory_order_relaxed) == 0) return;
+  // One producer's items come out in its order (moodycamel), so each lane's stay in order.
+  const size_t n = queue_.try_dequeue_bulk(consumer_token_, &alone_[alone_count_], room);
+  for (size_t k = alone_count_; k < alone_count_ + n; ++k) alone_run_[k] = false;
+  alone_count_ += n;
+  queued_items_.fetch_sub(n, std::memory_order_relaxed);
+}
+
+void Consumer::ForgetRunItems() noexcept {
+  size_t kept = 0;
+  for (size_t k = 0; k < alone_count_; ++k) {
+    if (alone_run_[k]) continue;
+    if (kept != k) alone_[kept] = alone_[k];
+    alone_run_[kept++] = false;
   }
-  return &items_[item_next_];
+  alone_count_ = kept;
+}
+
+uint32_t Consumer::GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size_t& pieces,
+                              bool items_hidden) noexcept {
+  uint64_t from = lane.released();  // after `handed` was read (Lane::TryRewind)
+  // The oldest item of this lane not yet taken: the lane is read up to its position, then it.
+  size_t next_item = 0;
+  auto find_item = [&]() -> Item* {
+    for (; next_item < alone_count_; ++next_item) {
+      if (!alone_run_[next_item] && alone_[next_item].lane == lane.index()) {
+        return &alone_[next_item];
+      }
+    }
+    return nullptr;
+  };
+  Item* item = find_item();
+  uint32_t got = 0;
+  while (got < budget) {
+    if (item != nullptr && from >= item->after) {
+      pieces_[pieces++] = {nullptr, item, 0, 1, 0};
+      alone_run_[next_item] = true;
+      ++got;
+      item = find_item();
+      continue;
+    }
+    if (item == nullptr && items_hidden) break;
+    const uint64_t limit = item != nullptr ? std::min(handed, item->after) : handed;
+    if (from >= limit) break;
+    const uint32_t at = lane.IndexOf(from);
+    const uint32_t n =
+        static_cast<uint32_t>(std::min<uint64_t>({limit - from, budget - got, lane.size() - at}));
+    pieces_[pieces++] = {&lane, nullptr, at, n, from + n};
+    got += n;
+    from += n;
+  }
+  return got;
 }
 
 int Consumer::Dispatch(int max) noexcept {
-  // An idle consumer spins here, on the one line producers write once per hand-over, rather
-  // than in the queue, whose lines the producers need.
+  // An idle consumer spins here, on the one line producers write once per hand-over.
   if (depth_.load(std::memory_order_relaxed) == 0) return 0;
-  if (item_next_ == item_count_) {
-    for (const auto& lane : lanes_) lane->PrefetchNext();
-  }
+  // The lanes' positions first, then the queue: an item queued before a hand-over this batch sees
+  // (its producer pushed it, then published more) is in the queue by then, so no lane is read
+  // past an item still queued. Items that do not fit in alone_ stay queued: items_hidden.
+  const size_t lanes = lanes_.size();
+  for (size_t l = 0; l < lanes; ++l) handed_[l] = lanes_[l]->HandedUpTo();
+  TakeQueuedItems();
+  const bool items_hidden = queued_items_.load(std::memory_order_relaxed) > 0;
   const uint32_t want = static_cast<uint32_t>(std::clamp(max, 0, options_.dispatch_batch));
-  // Gather up to `want` entries, lane ranges split where the ring wraps.
+  // Gather up to `want` entries, lane by lane, each lane's ranges split where the ring wraps.
   uint32_t entries = 0;
   size_t pieces = 0;
-  bool holds_items = false;  // a piece points into items_: no refill until the batch has run
-  while (entries < want) {
-    if (holds_items && item_next_ == item_count_) break;
-    Item* item = NextItem();
-    if (item == nullptr) break;
-    if (item->kind != EntryKind::kLaneRun) {
-      pieces_[pieces++] = {nullptr, item, 0, 1, 0};
-      holds_items = true;
-      ++entries;
-      ++item_next_;
-      continue;
-    }
-    Lane& lane = *lanes_[item->run.lane];
-    const uint64_t pos = item->run.begin + run_done_;
-    const uint32_t at = lane.IndexOf(pos);
-    const uint32_t n = std::min(
-        {item->run.count - run_done_, want - entries, static_cast<uint32_t>(lane.size() - at)});
-    Piece* last = pieces > 0 ? &pieces_[pieces - 1] : nullptr;
-    const bool joinable = run_done_ > 0 || !item->run.after_filter;  // (lane.h, LaneRun)
-    if (last != nullptr && joinable && last->lane == &lane && last->end == pos &&
-        last->at + last->n == at) {
-      last->n += n;  // the range goes on where the last one ended, short of the ring's edge
-      last->end += n;
-    } else {
-      pieces_[pieces++] = {&lane, nullptr, at, n, pos + n};
-    }
-    entries += n;
-    run_done_ += n;
-    if (run_done_ == item->run.count) {
-      ++item_next_;
-      run_done_ = 0;
-    }
+  for (size_t k = 0; k < lanes && entries < want; ++k) {
+    size_t l = next_lane_ + k;
+    if (l >= lanes) l -= lanes;
+    entries += GatherLane(*lanes_[l], handed_[l], want - entries, pieces, items_hidden);
   }
+  if (++next_lane_ == lanes) next_lane_ = 0;
   if (entries == 0) return 0;
   RunBatch(pieces);
   ChaosPoint();  // the handlers returned, nothing released yet
@@ -171,6 +196,7 @@ int Consumer::Dispatch(int max) noexcept {
   for (size_t k = 0; k < pieces; ++k) {
     if (pieces_[k].lane != nullptr) pieces_[k].lane->Release(pieces_[k].end);
   }
+  if (alone_count_ > 0) ForgetRunItems();
   ChaosPoint();  // the lanes released, the depth not yet
   // seq_cst: the room is freed before wants_room is read (lane.h), so a poller going to sleep for
   // want of room either sees it or is woken.
@@ -299,8 +325,6 @@ void Consumer::RunItem(const Item& item) noexcept {
     case EntryKind::kTeardownMarker:
       DeliverMarker(item.slot, item.generation, item.wc);
       break;
-    case EntryKind::kLaneRun:
-      break;  // gathered as lane pieces, never run as an item
   }
 }
 

@@ -3,16 +3,19 @@
 // handlers.
 //
 // Producers are the pollers only. Each writes completions and async-event parts into its own
-// lane of this consumer (lane.h) and hands them over as ranges: one Item of kind kLaneRun per
-// flush, enqueued with the poller's moodycamel ProducerToken, so one producer's FIFO order puts
-// an event behind every completion that poller took off the QP's CQ before it. Depth counts the
-// entries handed over and not yet dispatched: it is reserved before enqueue (ReserveUpTo) and
-// released after the entries' handlers have returned, so `depth` never undercounts and never
+// lane of this consumer (lane.h) and hands them over by publishing the lane's position: the
+// consumer reads each lane's published position itself, so nothing but that store and the depth
+// reservation crosses cores per hand-over. One lane's FIFO order puts an event behind every
+// completion that poller took off the QP's CQ before it. The few entries that travel alone
+// (Items: Shutdown's hand-over, events posted after a poller stopped, the routing guard) go
+// through a moodycamel queue, each naming the lane position it must follow. Depth counts the
+// entries handed over and not yet dispatched: it is reserved before the hand-over (ReserveUpTo)
+// and released after the entries' handlers have returned, so `depth` never undercounts and never
 // exceeds `queue_capacity` (Shutdown's final hand-over excepted): a full consumer makes pollers
 // keep entries in their lanes' spills, never drop them. A run-to-completion consumer's own poller
-// skips the queue while it is empty: it dispatches straight from the spill of its lane
-// (DispatchLane), and queues only what the spill cannot hold. What it queued is older than what
-// its spill holds, so the queue goes first and each QP's order stays.
+// skips the hand-over while nothing is handed over: it dispatches straight from the spill of its
+// lane (DispatchLane), and hands over only what the spill cannot hold. What it handed over is
+// older than what its spill holds, so that goes first and each QP's order stays.
 //
 // Dispatch() and DispatchLane() run on the consumer's thread only (the owned thread, the engine
 // thread calling Drain, or for kRunToCompletion its poller's thread). Before a batch's first
@@ -49,8 +52,8 @@
 namespace cqd::internal {
 
 struct ItemQueueTraits : moodycamel::ConcurrentQueueDefaultTraits {
-  static const size_t BLOCK_SIZE = 256;
-  static const size_t EXPLICIT_INITIAL_INDEX_SIZE = 512;
+  static const size_t BLOCK_SIZE = 32;
+  static const size_t EXPLICIT_INITIAL_INDEX_SIZE = 32;
 };
 using ItemQueue = moodycamel::ConcurrentQueue<Item, ItemQueueTraits>;
 
@@ -106,10 +109,13 @@ class Consumer {
   // queue_capacity entries are handed over). Reserve always succeeds (Shutdown's final hand-over).
   size_t ReserveUpTo(size_t n) noexcept;
   void Reserve(size_t n) noexcept;
-  // Enqueues `n` items (whose entries the caller reserved) and wakes the consumer if it sleeps.
-  void Push(moodycamel::ProducerToken& token, Item* items, size_t n) noexcept;
-  // Reserve(1) and Push, unless the consumer has closed (an owned consumer whose thread exited
-  // at Shutdown: nothing would dispatch it); returns false then. Callers serialize per token.
+  // After a lane's Publish of entries the caller reserved: wakes the consumer if it sleeps.
+  void HandedOver() noexcept { waker_->Wake(); }
+  // Queues `item` (its entry reserved by the caller; item.lane and item.after set) and wakes the
+  // consumer if it sleeps. Callers serialize per token.
+  void PushAlone(moodycamel::ProducerToken& token, Item& item) noexcept;
+  // Reserve(1) and PushAlone, unless the consumer has closed (an owned consumer whose thread
+  // exited at Shutdown: nothing would dispatch it); returns false then.
   bool PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept;
 
   // Consumer thread: dispatches up to `max` entries; returns how many.
@@ -166,8 +172,16 @@ class Consumer {
   static Disposal RouteHere(EntryKind kind, const Slot& slot, uint32_t generation) noexcept;
   // Carries out the no-consumer disposal of one entry: its completion `wc` or its event `join`.
   void Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexcept;
-  // The next dequeued item not yet dispatched (refilling from the queue), or null.
-  Item* NextItem() noexcept;
+  // Adds lane `lane`'s entries handed over up to `handed`, and the items that follow them, up to
+  // `budget` entries, to pieces_ from `pieces` on; returns how many entries. With `items_hidden`
+  // (queued items not in alone_), it stops at the lane's last item in alone_: one still queued
+  // may come next.
+  uint32_t GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size_t& pieces,
+                      bool items_hidden) noexcept;
+  // Moves queued items into alone_ while it has room.
+  void TakeQueuedItems() noexcept;
+  // Drops the items of alone_ that a batch has run.
+  void ForgetRunItems() noexcept;
   // Hands what `n` entries of lane `l` from `at` hold to the orphan sink and releases events.
   void OrphanLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
   void Signal() noexcept;  // engine-driven: make the notify fd readable
@@ -178,15 +192,16 @@ class Consumer {
   OrphanSink& orphans_;
   std::vector<std::unique_ptr<Lane>> lanes_;  // one per poller
   std::vector<Parker*> producer_parkers_;     // one per poller (SetProducerParker)
-  ItemQueue queue_;
+  ItemQueue queue_;  // Items only: lane entries are handed over by position
   moodycamel::ConsumerToken consumer_token_;
-  // Items dequeued and not yet fully dispatched: items_[item_next_, item_count_), of which the
-  // first has had `run_done_` entries dispatched (a lane range may span batches).
-  std::unique_ptr<Item[]> items_;
-  size_t item_count_ = 0;
-  size_t item_next_ = 0;
-  uint32_t run_done_ = 0;
-  std::unique_ptr<Piece[]> pieces_;  // the batch being dispatched
+  // Items dequeued and not yet run, oldest first: alone_[0, alone_count_); `alone_run_[k]` once
+  // a batch has taken alone_[k].
+  std::unique_ptr<Item[]> alone_;
+  std::unique_ptr<bool[]> alone_run_;
+  size_t alone_count_ = 0;
+  std::unique_ptr<uint64_t[]> handed_;  // per lane: how far it was handed over, as a batch read it
+  size_t next_lane_ = 0;                // the lane a batch looks at first (each gets its turn)
+  std::unique_ptr<Piece[]> pieces_;     // the batch being dispatched
   // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
   std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
   std::atomic<uint32_t> batch_slot_count_{0};
@@ -208,6 +223,8 @@ class Consumer {
 
   alignas(64) std::atomic<uint64_t> depth_{0};
   std::atomic<uint64_t> high_water_{0};
+  // Items pushed and not yet moved into alone_ (on depth_'s line, which Dispatch reads anyway).
+  std::atomic<uint64_t> queued_items_{0};
   alignas(64) std::atomic<uint64_t> batch_seq_{0};  // odd while a batch's handlers run
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> async_delivered_{0};

@@ -126,21 +126,25 @@ int Consumer::Drain(int max) noexcept {
 }
 
 void Consumer::OrphanRemaining() noexcept {
+  for (const auto& lane : lanes_) {
+    const uint64_t handed = lane->HandedUpTo();
+    const uint64_t released = lane->released();
+    for (uint64_t pos = released; pos < handed; ++pos) OrphanLane(*lane, lane->IndexOf(pos), 1);
+    if (handed > released) lane->Release(handed);
+  }
   for (;;) {
-    Item* item = NextItem();
-    if (item == nullptr) return;
-    if (item->kind == EntryKind::kLaneRun) {
-      Lane& lane = *lanes_[item->run.lane];
-      for (uint32_t k = run_done_; k < item->run.count; ++k) {
-        OrphanLane(lane, lane.IndexOf(item->run.begin + k), 1);
+    TakeQueuedItems();
+    if (alone_count_ == 0) return;
+    for (size_t k = 0; k < alone_count_; ++k) {
+      const Item& item = alone_[k];
+      if (alone_run_[k]) continue;
+      if (CarriesEvent(item.kind)) {
+        Discard(item.kind, nullptr, item.join);
+      } else {
+        Discard(item.kind, &item.wc, nullptr);
       }
-    } else if (CarriesEvent(item->kind)) {
-      Discard(item->kind, nullptr, item->join);
-    } else {
-      Discard(item->kind, &item->wc, nullptr);
     }
-    ++item_next_;
-    run_done_ = 0;
+    alone_count_ = 0;
   }
 }
 

@@ -1,23 +1,24 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/lane.h: the memory a poller hands completions to one consumer in (its lane), and
-// the items that travel through the consumer's queue.
+// the entries that travel outside any lane (Item).
 //
-// A lane is a ring of entries, each a 48-byte ibv_wc and a 16-byte EntryMeta kept apart (two
-// arrays), owned by the consumer, written by one poller. The poller polls a CQ whose registered
-// QPs all go to one consumer straight into that consumer's lane, and writes only the metadata
-// (slot, generation, kind) beside each completion; completions of a CQ shared by consumers are
-// polled into the poller's scratch array and copied once into their lanes. Nothing copies a
-// completion after that: the consumer's handlers read their spans in the lane.
+// A lane is a single-producer, single-consumer ring of entries, each a 48-byte ibv_wc and a
+// 16-byte EntryMeta kept apart (two arrays), owned by the consumer, written by one poller. The
+// poller polls a CQ whose registered QPs all go to one consumer straight into that consumer's
+// lane, and writes only the metadata (slot, generation, kind) beside each completion; completions
+// of a CQ shared by consumers are polled into the poller's scratch array and copied once into
+// their lanes. Nothing copies a completion after that: the consumer's handlers read their spans
+// in the lane.
 //
 // Positions only grow; entry `pos` lives at index pos % size(). Three positions split the ring:
 //
 //   released <= published <= tail
-//   [released, published)  handed to the consumer: its queue holds an Item (kind kLaneRun) naming
-//                          each range, one per flush; the consumer releases them in order once
-//                          their handlers have returned.
-//   [published, tail)      the spill: polled, not yet handed over because the consumer's queue
-//                          had no room (at most `spill_limit` entries). A run-to-completion
-//                          consumer's own poller dispatches straight from here (TakeFront).
+//   [released, published)  handed to the consumer, which reads `published` itself (acquire) and
+//                          releases entries in order once their handlers have returned. No queue
+//                          item names them: the position is the hand-over.
+//   [published, tail)      the spill: polled, not yet handed over because the consumer had no
+//                          room (at most `spill_limit` entries). A run-to-completion consumer's
+//                          own poller dispatches straight from here (DispatchHosted).
 //
 // size() = queue_capacity + spill_limit: the queue bound (depth, consumer.h) keeps the handed-over
 // part within queue_capacity, so the ring has room for the spill without the poller reading the
@@ -26,10 +27,15 @@
 // kRewindEvery entries past kRewindFrom, so the line the consumer writes per batch rarely
 // crosses back.
 //
-// Threading: tail, published and the spill stats belong to the poller thread (PurgeDead's Filter
-// too, between two passes). `released` is written by the one thread dispatching the consumer
-// (release) after its handlers returned; entries are read by that thread between the queue's
-// dequeue (which orders them after the poller's writes) and that store.
+// Runs (EntryMeta::run) never reach past `published`: a hand-over that cuts a run caps it first
+// (CapRunsAt), so that Filter, which rewrites the spill, never changes what a handed-over run
+// covers.
+//
+// Threading: tail, the spill and its stats belong to the poller thread (PurgeDead's Filter too,
+// between two passes); it stores `published` (release) after writing the entries it hands over.
+// `released` is written by the one thread dispatching the consumer (release), after its handlers
+// returned, and by the poller's TryRewind while nothing is handed over; the dispatching thread
+// reads entries between its acquire load of `published` and its store.
 #ifndef CQD_RUNTIME_CORE_LANE_H_
 #define CQD_RUNTIME_CORE_LANE_H_
 
@@ -51,14 +57,7 @@ struct EventJoin;
 // kEventPart: a part of an EventJoin for a registration (async, fence or CM event).
 // kTeardownMarker: a completion of a TeardownQp marker work request (teardown.h).
 // kListenerEvent: a CM event for a channel's CmHandler (EventJoin kind kListener; slot kNoSlot).
-// kLaneRun: (queue items only) a range of a lane's entries.
-enum class EntryKind : uint16_t {
-  kCompletion,
-  kEventPart,
-  kTeardownMarker,
-  kListenerEvent,
-  kLaneRun
-};
+enum class EntryKind : uint16_t { kCompletion, kEventPart, kTeardownMarker, kListenerEvent };
 inline constexpr uint32_t kNoSlot = ~uint32_t{0};
 // True for the kinds whose entry carries an EventJoin in its wc's place.
 constexpr bool CarriesEvent(EntryKind kind) noexcept {
@@ -78,33 +77,23 @@ struct EntryMeta {
 };
 static_assert(sizeof(EntryMeta) == 16);
 
-// A range of lane entries handed to the consumer (Item kind kLaneRun).
-struct LaneRun {
-  uint64_t begin;  // position of the first entry
-  uint32_t count;
-  uint32_t lane;  // the lane's index in its consumer (the poller's index)
-  // The spill lost entries (Lane::Filter) since the range before this one was handed over. A
-  // run in that range may have been counted past its end, into entries that have changed since
-  // (its last entries were purged and others took their place), so the consumer must not join
-  // the two ranges into one piece: each range's runs hold up to its own end only.
-  bool after_filter;
-};
-
-// One item of a consumer's queue: a lane range, or one entry that travels by itself (an event
-// posted after the poller stopped, or what Shutdown's hand-over and the routing guard push).
+// One entry that travels by itself, through the consumer's queue of items (consumer.h): an event
+// posted after the poller stopped, or what Shutdown's hand-over and the routing guard push. It
+// goes behind every entry of lane `lane` before position `after`, and ahead of the lane's later
+// ones: the consumer stops reading the lane at `after` until the item has run.
 struct Item {
   Item() : wc{} {}
   union {
     ibv_wc wc;        // kCompletion, kTeardownMarker
     EventJoin* join;  // kEventPart, kListenerEvent
-    LaneRun run;      // kLaneRun
   };
   uint32_t slot = 0;
   uint32_t generation = 0;
   EntryKind kind = EntryKind::kCompletion;
   uint32_t stamp = 0;
+  uint64_t after = 0;  // set by the producer that queues it
+  uint32_t lane = 0;
 };
-static_assert(sizeof(Item) == 64, "an Item is one cache line");
 
 class Lane {
  public:
@@ -131,12 +120,14 @@ class Lane {
   }
 
   // Poller side.
-  uint32_t spill_size() const noexcept { return static_cast<uint32_t>(tail_ - published_); }
-  bool spill_empty() const noexcept { return tail_ == published_; }
+  uint32_t spill_size() const noexcept {
+    return static_cast<uint32_t>(tail_ - published_.load(std::memory_order_relaxed));
+  }
+  bool spill_empty() const noexcept { return tail_ == published_.load(std::memory_order_relaxed); }
   bool spill_full() const noexcept { return spill_size() >= spill_limit_; }
   // Returns how many entries may be appended now.
   uint32_t room() noexcept {
-    if (tail_at_ >= rewind_check_at_ && tail_ == published_) [[unlikely]]
+    if (tail_at_ >= rewind_check_at_ && spill_empty()) [[unlikely]]
       TryRewind();
     const uint32_t spill_room = spill_limit_ - std::min(spill_limit_, spill_size());
     if (size_ - (tail_ - released_seen_) >= spill_room) return spill_room;
@@ -161,19 +152,31 @@ class Lane {
   void SetJoin(uint32_t at, EventJoin* join) noexcept {
     std::memcpy(&wcs_[at], &join, sizeof(join));
   }
-  uint64_t published() const noexcept { return published_; }
+  // Poller thread; any thread once the poller has stopped (acquire).
+  uint64_t published() const noexcept { return published_.load(std::memory_order_acquire); }
   uint64_t tail() const noexcept { return tail_; }
-  // Returns whether Filter removed entries since the last call (LaneRun::after_filter).
-  bool TakeFiltered() noexcept { return std::exchange(filtered_, false); }
-  // Moves the first `n` spill entries out of the spill (handed over, or taken for dispatch).
-  void PopFront(uint32_t n) noexcept { published_ += n; }
+  // Hands the first `n` spill entries over (or takes them for dispatch): a release store that
+  // publishes them.
+  void Publish(uint32_t n) noexcept {
+    published_.store(published_.load(std::memory_order_relaxed) + n, std::memory_order_release);
+  }
+  // Before Publish(end - published()) with `end` short of tail(): cuts the runs that reach past
+  // `end` there, so that no run handed over reaches into the spill (see the header).
+  void CapRunsAt(uint64_t end) noexcept {
+    for (uint64_t pos = end; pos-- != published_.load(std::memory_order_relaxed);) {
+      EntryMeta& meta = metas_[IndexOf(pos)];
+      if (meta.kind != EntryKind::kCompletion || meta.run <= end - pos) return;
+      meta.run = static_cast<uint16_t>(end - pos);
+    }
+  }
 
   // Keeps the spill entries for which keep(meta, at) is true, in order; returns how many were
   // removed. Poller thread, between passes.
   template <typename Keep>
   uint32_t Filter(Keep&& keep) {
-    uint64_t write = published_;
-    for (uint64_t read = published_; read != tail_; ++read) {
+    const uint64_t published = published_.load(std::memory_order_relaxed);
+    uint64_t write = published;
+    for (uint64_t read = published; read != tail_; ++read) {
       const uint32_t from = IndexOf(read);
       if (!keep(metas_[from], from)) continue;
       if (write != read) {
@@ -187,9 +190,8 @@ class Lane {
     tail_ = write;
     tail_at_ = IndexOf(tail_);
     if (removed > 0) {  // a run may have lost entries: count them again, back to front
-      filtered_ = true;
       uint16_t next = 0;
-      for (uint64_t pos = tail_; pos-- != published_;) {
+      for (uint64_t pos = tail_; pos-- != published;) {
         EntryMeta& meta = metas_[IndexOf(pos)];
         const bool joins = next > 0 && meta.kind == EntryKind::kCompletion &&
                            metas_[IndexOf(pos + 1)].kind == EntryKind::kCompletion &&
@@ -206,30 +208,31 @@ class Lane {
   // Poller side, with the spill empty: if the consumer has released everything handed over,
   // jumps to the start of the next lap, so that a lane that keeps up cycles through its first
   // kRewindFrom entries (a few dozen KB that stay in cache) instead of the whole ring. Checked
-  // once per kRewindEvery entries past kRewindFrom: the read crosses to the consumer's core. The
-  // store cannot race the consumer's: it has released the last range handed over, and stores
-  // again only for a range handed over after this.
+  // once per kRewindEvery entries past kRewindFrom: the read crosses to the consumer's core.
+  // Both positions jump: `released` first, then `published` (release), so a consumer that reads
+  // `published` and then `released` (GatherLane) sees either both old or `released` at least the
+  // lap; it never reads the entries skipped. The store cannot race the consumer's: it has
+  // released everything handed over, and stores again only for a range handed over after this.
   void TryRewind() noexcept {
     rewind_check_at_ = tail_at_ + kRewindEvery;
     released_seen_ = released_.load(std::memory_order_acquire);
     if (released_seen_ != tail_) return;
     const uint64_t lap = tail_ + (size_ - tail_at_);
-    tail_ = published_ = released_seen_ = lap;
+    tail_ = released_seen_ = lap;
     tail_at_ = 0;
     rewind_check_at_ = kRewindFrom;
-    released_.store(lap, std::memory_order_release);
+    released_.store(lap, std::memory_order_relaxed);
+    published_.store(lap, std::memory_order_release);
   }
 
-  // Consumer side: every entry before `pos` may be reused.
+  // Consumer side (the dispatching thread).
+  // Returns how far entries are handed over (acquire: the entries before it are written). Read
+  // it before released() (see TryRewind).
+  uint64_t HandedUpTo() const noexcept { return published_.load(std::memory_order_acquire); }
+  // Returns the first entry not yet released: this thread's last store, or a rewind's.
+  uint64_t released() const noexcept { return released_.load(std::memory_order_relaxed); }
+  // Every entry before `pos` may be reused.
   void Release(uint64_t pos) noexcept { released_.store(pos, std::memory_order_release); }
-  // Consumer side, a hint: starts loading the lines of the entry the next range most likely
-  // begins at (the first one not released), so that they cross cores while the queue item that
-  // names the range does, not after it.
-  void PrefetchNext() const noexcept {
-    const uint32_t at = IndexOf(released_.load(std::memory_order_relaxed));
-    __builtin_prefetch(&metas_[at]);
-    __builtin_prefetch(&wcs_[at]);
-  }
 
   // Spill stats (poller writes, anyone reads), on a line of their own.
   alignas(64) std::atomic<uint64_t> depth_stat{0};  // spill_size() after the poller's last change
@@ -254,13 +257,13 @@ class Lane {
   const std::unique_ptr<EntryMeta[]> metas_;
   // Poller-owned, written per poll: a line the consumer never reads.
   alignas(64) uint64_t tail_ = 0;
-  uint32_t tail_at_ = 0;  // IndexOf(tail_)
-  uint64_t published_ = 0;
+  uint32_t tail_at_ = 0;        // IndexOf(tail_)
   uint64_t released_seen_ = 0;  // the last value read from released_
   static constexpr uint32_t kRewindFrom = 1024;
   static constexpr uint32_t kRewindEvery = 256;
   uint64_t rewind_check_at_ = kRewindFrom;  // tail_at_ at which TryRewind looks next
-  bool filtered_ = false;                   // Filter removed entries since TakeFiltered
+  // Written by the poller per hand-over, read by the dispatching thread per batch.
+  alignas(64) std::atomic<uint64_t> published_{0};
   // Written by the dispatching thread, read by the poller now and then.
   alignas(64) std::atomic<uint64_t> released_{0};
 

@@ -249,7 +249,7 @@ int Poller::DispatchHosted(Consumer& consumer) noexcept {
                                static_cast<uint32_t>(lane.size() - at)});
   // Out of the spill before any handler runs: one may purge it (Unregister runs inline here).
   // The ring keeps the entries until DispatchLane releases them.
-  lane.PopFront(n);
+  lane.Publish(n);
   NoteSpill(consumer.index());
   consumer.DispatchLane(lane, at, n, begin + n);
   return static_cast<int>(n);
@@ -308,10 +308,7 @@ void Poller::HandOverAll() {
   inbox_.clear();
   Flush(/*force=*/true);
   // Behind everything the lanes handed over, each event on its own (it needs no lane room).
-  for (PostedEvent& posted : deferred_) {
-    consumers_[posted.consumer]->Reserve(1);
-    consumers_[posted.consumer]->Push(tokens_[posted.consumer], &posted.item, 1);
-  }
+  for (PostedEvent& posted : deferred_) PushAlone(posted.consumer, posted.item);
   deferred_.clear();
   inbox_open_ = false;
 }

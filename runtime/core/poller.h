@@ -13,8 +13,8 @@
 // registered QPs all go to one consumer (`CqRecord::uses` has one entry) is polled straight into
 // that consumer's lane, and routing writes only the metadata beside each completion; other CQs
 // are polled into a scratch array and each completion is copied once into its lane. After each
-// poll the lanes' spills are handed to the consumers' queues, one item per lane, while the
-// queues have room. Async events reach it from the event thread
+// poll the lanes' spills are handed to their consumers by publishing each lane's new end, while
+// the consumers have room. Async events reach it from the event thread
 // (PostEvent) and join the same spills. Before it places an event, the poller catches up on the
 // QP's CQs of its shard: it polls them until they are empty or it has taken a CQ depth's worth
 // since the event arrived, so the event follows every completion that was in those CQs when the
@@ -297,6 +297,9 @@ class Poller {
   // `force`, everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
   bool FlushOne(uint32_t consumer, bool force) noexcept;
+  // Reserves and queues `item` for `consumer` on its own, behind what this poller's lane of it
+  // has handed over so far.
+  void PushAlone(uint32_t consumer, Item& item) noexcept;
   void NoteSpill(uint32_t consumer) noexcept;
   // Moves posted events into lanes that have room; returns true if any moved.
   bool PlaceEvents();

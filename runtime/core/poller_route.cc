@@ -374,8 +374,7 @@ void Poller::AppendCompletion(uint32_t consumer, const EntryMeta& meta, const ib
     item.generation = meta.generation;
     item.kind = meta.kind;
     item.stamp = meta.stamp;
-    consumers_[consumer]->Reserve(1);
-    consumers_[consumer]->Push(tokens_[consumer], &item, 1);
+    PushAlone(consumer, item);
     return;
   }
   const uint32_t at = lane.tail_at();
@@ -428,14 +427,19 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
     take = c.ReserveUpTo(n);
     if (take == 0) return false;
   }
-  Item item;
-  item.kind = EntryKind::kLaneRun;
-  item.run = {lane.published(), static_cast<uint32_t>(take), static_cast<uint32_t>(index_),
-              lane.TakeFiltered()};
-  ChaosPoint();  // reserved, not yet pushed
-  c.Push(tokens_[consumer], &item, 1);
-  lane.PopFront(static_cast<uint32_t>(take));
+  // A run cut here must not reach into what stays (lane.h).
+  if (take < n) lane.CapRunsAt(lane.published() + take);
+  ChaosPoint();  // reserved, not yet handed over
+  lane.Publish(static_cast<uint32_t>(take));
+  c.HandedOver();
   return true;
+}
+
+void Poller::PushAlone(uint32_t consumer, Item& item) noexcept {
+  item.lane = static_cast<uint32_t>(index_);
+  item.after = lanes_[consumer]->published();
+  consumers_[consumer]->Reserve(1);
+  consumers_[consumer]->PushAlone(tokens_[consumer], item);
 }
 
 void Poller::NoteSpill(uint32_t consumer) noexcept {

@@ -84,10 +84,8 @@ constexpr Disposal Route(RouteStage stage, const RouteFacts& f) noexcept {
     case EntryKind::kEventPart:
     case EntryKind::kListenerEvent:
       return runs ? Disposal::kDeliver : Disposal::kReleaseEvent;
-    case EntryKind::kLaneRun:
-      break;  // a range of entries, each routed on its own
   }
-  return Disposal::kDropMarker;  // unreachable: kLaneRun is never routed
+  return Disposal::kDropMarker;  // unreachable: every kind is handled above
 }
 
 // True when the entry stays for a consumer to run.

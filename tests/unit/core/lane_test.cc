@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Lane (runtime/core/lane.h): the ring a poller fills for one consumer. The spill's room and
-// fullness, FIFO order through PopFront, the ring edge (contiguous, IndexOf, wrap), the physical
+// fullness, FIFO order through Publish, the ring edge (contiguous, IndexOf, wrap), the physical
 // bound that holds once entries are handed over but not released, Filter, and event entries.
 #include "runtime/core/lane.h"
 
@@ -35,7 +35,7 @@ std::vector<uint64_t> Take(Lane& lane, uint32_t max) {
     EXPECT_EQ(lane.meta(at).slot, static_cast<uint32_t>(lane.wc(at).wr_id));
     out.push_back(lane.wc(at).wr_id);
   }
-  lane.PopFront(n);
+  lane.Publish(n);
   return out;
 }
 
@@ -187,6 +187,30 @@ TEST(Lane, AKeptUpLaneRewindsToItsStartAndAnUnreleasedOneDoesNot) {
   // The positions go on: a range handed over after the rewind reads back what was written.
   Push(lane, 777);
   EXPECT_EQ(Take(lane, 1), Tags({777}));
+}
+
+TEST(Lane, AHandOverThatCutsARunCapsItSoAFilterCannotChangeWhatItCovers) {
+  Lane lane(0, 16, 16);
+  auto append = [&](uint32_t slot, uint16_t run) {
+    const uint32_t at = lane.tail_at();
+    lane.wc(at) = ibv_wc{};
+    lane.meta(at) = {slot, 1, EntryKind::kCompletion, run, 0};
+    lane.Append();
+  };
+  for (uint16_t run = 4; run > 0; --run) append(5, run);  // one run of slot 5
+  append(6, 2);
+  append(6, 1);
+  lane.CapRunsAt(lane.published() + 2);
+  lane.Publish(2);
+  EXPECT_EQ(lane.meta(0).run, 2);
+  EXPECT_EQ(lane.meta(1).run, 1);
+  EXPECT_EQ(lane.meta(2).run, 2) << "the spill's own counts stay";
+  // Slot 5 unregistered: its spill entries go, and slot 6's move up into their place. The runs
+  // handed over still end where they were cut.
+  EXPECT_EQ(lane.Filter([](const EntryMeta& meta, uint32_t) { return meta.slot != 5; }), 2u);
+  EXPECT_EQ(lane.meta(0).run, 2);
+  EXPECT_EQ(lane.meta(2).slot, 6u);
+  EXPECT_EQ(lane.meta(2).run, 2);
 }
 
 TEST(Lane, RandomAppendsTakesReleasesAndFiltersMatchAModel) {
