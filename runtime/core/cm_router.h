@@ -28,7 +28,7 @@
 // A handler is never entered twice at once: the CmHandler runs on its consumer; once that
 // consumer has closed (an owned consumer after Shutdown), events handed on to it wait in
 // HeldEvents and run on a thread that handed one on, holding no runtime lock and outside any
-// dispatch batch (Consumer::RunBatch once its outermost batch is over; Unregister and
+// dispatch batch (Consumer::DeliverHeldEvents once its outermost batch is over; Unregister and
 // RegisterQp once they let go of the control mutex, or, called from a handler, after its
 // batch), one thread at a time, in the order they were handed on.
 //

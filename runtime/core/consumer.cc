@@ -202,6 +202,7 @@ int Consumer::Dispatch(int max) noexcept {
   // want of room either sees it or is woken.
   depth_.fetch_sub(entries, std::memory_order_seq_cst);
   WakeWaitingProducers();
+  DeliverHeldEvents();
   return static_cast<int>(entries);
 }
 
@@ -221,6 +222,7 @@ void Consumer::DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) n
   lane.Release(end);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // the room freed, then wants_room read
   WakeWaitingProducers();
+  DeliverHeldEvents();
 }
 
 void Consumer::RunBatch(size_t pieces) noexcept {
@@ -270,9 +272,13 @@ void Consumer::RunBatch(size_t pieces) noexcept {
   }
   batch_seq_.store(seq + 2, std::memory_order_release);
   tls_dispatch_frames = frame.outer;
-  if (tls_held_to_run != nullptr && frame.outer == nullptr) [[unlikely]] {
+}
+
+void Consumer::DeliverHeldEvents() noexcept {
+  if (tls_held_to_run != nullptr && tls_dispatch_frames == nullptr) [[unlikely]] {
     // CM events handed on to a closed consumer's CmHandler during the batch: after it (and any
-    // batch around it), so that nobody waiting for a batch waits for them.
+    // batch around it), so that nobody waiting for a batch waits for them; and after its entries
+    // were released, so that a CmHandler that calls Drain does not find them again.
     HeldEvents* held = tls_held_to_run;
     tls_held_to_run = nullptr;
     held->DeliverAll();
@@ -388,7 +394,7 @@ void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
   } else {
     EventJoin::ReleaseHold(join);  // the route's
   }
-  DeferHeldEvents(held);  // RunBatch runs them once the batch is over (cm_router.h)
+  DeferHeldEvents(held);  // run once the batch is over and released (cm_router.h)
 }
 
 bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {

@@ -159,6 +159,8 @@ class Consumer {
   };
   // Runs the handlers of pieces_[0, n).
   void RunBatch(size_t n) noexcept;
+  // Outside every batch of this thread: runs the CM events a batch deferred (DeferHeldEvents).
+  void DeliverHeldEvents() noexcept;
   void RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
   void RunItem(const Item& item) noexcept;
   // Delivers one registration's run of completions.

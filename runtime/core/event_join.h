@@ -129,7 +129,7 @@ class HeldEvents {
   // none is held.
   void DeliverAll() noexcept;
   // The same, except on a thread inside a dispatch batch: there the outermost batch runs them
-  // once it is over (Consumer::RunBatch).
+  // once it is over (Consumer::DeliverHeldEvents).
   void DeliverAllOrAfterBatch() noexcept;
   // Destruction: drops what is held.
   void DropAll() noexcept;
