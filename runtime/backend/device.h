@@ -84,6 +84,7 @@ struct QpCaps {
   int max_send_wr = 0;
   int max_recv_wr = 0;
   bool srq = false;
+  bool in_error = false;  // the QP is in the error state
 };
 
 class Channel {

@@ -43,8 +43,12 @@ void FenceList::Polled(CqRecord* cq, int n, bool empty) noexcept {
     if (f.cq == cq && f.catch_up_left >= 0) {
       f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);  // >= 0: still running
       if (empty || f.catch_up_left <= 0) {
-        End(i);
-        continue;
+        if (!f.marker_first || f.marker == 0) {
+          End(i);
+          continue;
+        }
+        f.catch_up_left = -1;  // over, but only the marker ends this one
+        --cq->catch_ups;
       }
     }
     ++i;
@@ -56,6 +60,12 @@ void FenceList::StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept {
     if (f.cq != cq || f.qp_num != qp_num || f.catch_up_left >= 0) continue;
     f.catch_up_left = cq->cq->depth();
     ++cq->catch_ups;
+  }
+}
+
+void FenceList::AwaitMarkers(CqRecord* cq, uint32_t qp_num, bool only_marker) noexcept {
+  for (Fence& f : fences_) {
+    if (f.cq == cq && f.qp_num == qp_num) f.marker_first = only_marker;
   }
 }
 

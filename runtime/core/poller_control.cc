@@ -145,10 +145,11 @@ void Poller::FenceRetired(const TeardownState* ending, uint32_t qp_num, const Re
   });
 }
 
-bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num) {
+bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, bool in_error) {
   bool clear = true;
   RunSync([&] {
     if (!fences_.Holds(cq, qp_num)) return;
+    fences_.AwaitMarkers(cq, qp_num, in_error);
     fences_.StartCatchUps(cq, qp_num);
     CatchUpFences(cq);
     clear = !fences_.Holds(cq, qp_num);

@@ -58,14 +58,20 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
           : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
   // A retired QP that had this number may still have completions in these CQs: the number is
   // registered there only once they have been polled out (fences.h), so none reaches this QP.
+  // A QP in the error state may be that retired QP itself: its markers must come back first, and
+  // moving it to the error state again (harmless there) lets out what a device held back.
+  const bool fenced = send->fences.load(std::memory_order_relaxed) != 0 ||
+                      recv->fences.load(std::memory_order_relaxed) != 0;
+  if (fenced && caps->in_error) (void)device->backend->RedriveDrain(native_qp, 0);
   for (CqRecord* cq : {send, recv}) {
     if (cq->fences.load(std::memory_order_relaxed) != 0 &&
-        !pollers_[cq->shard]->FenceForReuse(cq, qp_num)) {
+        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, caps->in_error)) {
       Status refused = Unavailable(
           "RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " + std::to_string(cq->id) +
           " still holds completions of a retired QP that had this number, and a consumer it "
           "serves is too full for the runtime to poll them out now "
-          "(ConsumerStats::spill_depth); register again once it drains");
+          "(ConsumerStats::spill_depth), or (a QP in the error state) that QP's teardown "
+          "markers have not come back yet; register again later");
       if (log_.enabled()) log_.Debug(refused.message());
       return refused;
     }

@@ -437,7 +437,8 @@ Status SimBackend::DestroyCq(backend::Cq* cq) {
 Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
   if (qp == nullptr) return NotFound("QueryQp: not a QP of sim device " + name());
-  return backend::QpCaps{qp->options().max_send_wr, qp->options().max_recv_wr, qp->options().srq};
+  return backend::QpCaps{qp->options().max_send_wr, qp->options().max_recv_wr, qp->options().srq,
+                         qp->in_error()};
 }
 
 Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,

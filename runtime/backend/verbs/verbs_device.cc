@@ -100,11 +100,12 @@ Result<backend::QpCaps> VerbsBackend::QueryQp(void* native_qp) {
   if (qp->context != context_) return InvalidArgument("the QP does not belong to " + name_);
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
-  if (int rc = ibv_query_qp(qp, &attr, IBV_QP_CAP, &init); rc != 0) {
+  if (int rc = ibv_query_qp(qp, &attr, IBV_QP_CAP | IBV_QP_STATE, &init); rc != 0) {
     return ErrnoStatus("ibv_query_qp(qp_num " + std::to_string(qp->qp_num) + ")", rc);
   }
   return backend::QpCaps{static_cast<int>(attr.cap.max_send_wr),
-                         static_cast<int>(attr.cap.max_recv_wr), qp->srq != nullptr};
+                         static_cast<int>(attr.cap.max_recv_wr), qp->srq != nullptr,
+                         attr.qp_state == IBV_QPS_ERR};
 }
 
 Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t send_marker,

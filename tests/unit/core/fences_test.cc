@@ -2,7 +2,8 @@
 // FenceList (runtime/core/fences.h): every way a polled completion meets a retired QP's fence
 // (its marker in either order, behind a marker, another qp_num, another CQ), every way a fence
 // ends (marker, catch-up by an empty poll or a depth's worth, the CQ's removal), and the counters
-// and commitments it keeps on the CQ.
+// and commitments it keeps on the CQ; a QP in the error state registering makes a fence that
+// awaits a marker wait for it.
 #include "runtime/core/fences.h"
 
 #include "gtest/gtest.h"
@@ -46,6 +47,32 @@ class FenceListTest : public ::testing::Test {
 };
 
 using Taken = FenceList::Taken;
+
+// The registering QP is in the error state (perhaps the retired QP itself, whose marker may come
+// after any catch-up): the fence that awaits a marker outlasts the catch-up, keeps holding, and
+// ends with its marker. A later registration of a QP not in error lets catch-ups end it again.
+TEST_F(FenceListTest, AFenceAwaitingAMarkerOutlastsACatchUpForAQpInError) {
+  fences.Add(Side(cq, kRecvMarker, 7), false);
+  fences.AwaitMarkers(&cq, kQp, /*only_marker=*/true);
+  fences.StartCatchUps(&cq, kQp);
+  EXPECT_EQ(cq.catch_ups, 1u);
+  fences.Polled(&cq, 0, /*empty=*/true);
+  EXPECT_EQ(cq.catch_ups, 0u) << "the catch-up is over";
+  EXPECT_TRUE(fences.Holds(&cq, kQp)) << "but the marker has not come back";
+  EXPECT_EQ(cq.leftover_commit.load(), 7u);
+  EXPECT_EQ(fences.Take(&cq, Wc(kQp, kRecvMarker)), Taken::kMarker);
+  EXPECT_FALSE(fences.Holds(&cq, kQp));
+  EXPECT_EQ(cq.leftover_commit.load(), 0u);
+
+  fences.Add(Side(cq, kSendMarker, 5), false);
+  fences.AwaitMarkers(&cq, kQp, true);
+  fences.AwaitMarkers(&cq, kQp, false);  // then a QP not in error registers
+  fences.StartCatchUps(&cq, kQp);
+  fences.Polled(&cq, 0, true);
+  EXPECT_FALSE(fences.Holds(&cq, kQp));
+  EXPECT_EQ(cq.awaited_markers, 0u);
+  EXPECT_EQ(cq.fences.load(), 0u);
+}
 
 TEST_F(FenceListTest, AFenceWithNothingToWaitForIsNotAdded) {
   fences.Add(Side(cq, 0, 5), /*catch_up=*/false);
