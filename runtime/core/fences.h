@@ -22,8 +22,8 @@
 // The catch-up's premise fails when the QP registering is in the error state: most likely the
 // retired QP itself, never destroyed, which may still flush its marker after any catch-up (the
 // simulated device holds a flush back while the CQ has no room, until the QP is moved to error
-// again). For such a registration a fence that awaits a marker ends only by its marker
-// (AwaitMarkers): RegisterQp refuses until it has come back.
+// again). For such a registration, on a device that has not failed, a fence that awaits a marker
+// ends only by its marker (AwaitMarkers): RegisterQp refuses until it has come back.
 //
 // While a fence awaits its marker, every completion of its (CQ, qp_num) is the retired QP's (it
 // flushed ahead of the marker): it goes to the orphan sink. A new QP with the number is

@@ -59,13 +59,15 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   // A retired QP that had this number may still have completions in these CQs: the number is
   // registered there only once they have been polled out (fences.h), so none reaches this QP.
   // A QP in the error state may be that retired QP itself: its markers must come back first, and
-  // moving it to the error state again (harmless there) lets out what a device held back.
+  // moving it to the error state again (harmless there) lets out what a device held back. A
+  // failed device sends nothing back: there the catch-up decides, as for any QP.
   const bool fenced = send->fences.load(std::memory_order_relaxed) != 0 ||
                       recv->fences.load(std::memory_order_relaxed) != 0;
-  if (fenced && caps->in_error) (void)device->backend->RedriveDrain(native_qp, 0);
+  const bool await_markers = caps->in_error && !device->failed.load(std::memory_order_acquire);
+  if (fenced && await_markers) (void)device->backend->RedriveDrain(native_qp, 0);
   for (CqRecord* cq : {send, recv}) {
     if (cq->fences.load(std::memory_order_relaxed) != 0 &&
-        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, caps->in_error)) {
+        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, await_markers)) {
       Status refused = Unavailable(
           "RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " + std::to_string(cq->id) +
           " still holds completions of a retired QP that had this number, and a consumer it "
