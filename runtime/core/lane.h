@@ -27,9 +27,11 @@
 // kRewindEvery entries past kRewindFrom, so the line the consumer writes per batch rarely
 // crosses back.
 //
-// Runs (EntryMeta::run) never reach past `published`: a hand-over that cuts a run caps it first
-// (CapRunsAt), so that Filter, which rewrites the spill, never changes what a handed-over run
-// covers.
+// Runs (EntryMeta::run) handed to the consumer never reach past `published`: a hand-over that
+// cuts a run caps it first (CapRunsAt), so that Filter, which rewrites the spill, never changes
+// what a handed-over run covers. (A run-to-completion consumer's poller, which takes entries for
+// dispatch on its own thread, caps them at its batch's end instead, and releases them before any
+// batch could read them again.)
 //
 // Threading: tail, the spill and its stats belong to the poller thread (PurgeDead's Filter too,
 // between two passes); it stores `published` (release) after writing the entries it hands over.
