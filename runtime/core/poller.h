@@ -298,6 +298,9 @@ class Poller {
   // `force`, everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
   bool FlushOne(uint32_t consumer, bool force) noexcept;
+  // Names in `item` this poller's lane of `consumer` and how far it has handed over: the item
+  // goes behind that (lane.h, Item).
+  void PlaceBehindLane(uint32_t consumer, Item& item) const noexcept;
   // Reserves and queues `item` for `consumer` on its own, behind what this poller's lane of it
   // has handed over so far.
   void PushAlone(uint32_t consumer, Item& item) noexcept;

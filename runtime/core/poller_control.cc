@@ -183,8 +183,7 @@ bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint3
   if (!inbox_open_) {
     // The thread has stopped (Shutdown): nothing it polled is still held, so hand it over now.
     Item copy = item;
-    copy.lane = static_cast<uint32_t>(index_);
-    copy.after = lanes_[consumer]->published();
+    PlaceBehindLane(consumer, copy);
     return consumers_[consumer]->PushIfOpen(tokens_[consumer], copy);
   }
   inbox_.push_back({consumer, item, {cq_a, cq_b}});

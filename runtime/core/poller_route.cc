@@ -435,9 +435,13 @@ bool Poller::FlushOne(uint32_t consumer, bool force) noexcept {
   return true;
 }
 
-void Poller::PushAlone(uint32_t consumer, Item& item) noexcept {
+void Poller::PlaceBehindLane(uint32_t consumer, Item& item) const noexcept {
   item.lane = static_cast<uint32_t>(index_);
   item.after = lanes_[consumer]->published();
+}
+
+void Poller::PushAlone(uint32_t consumer, Item& item) noexcept {
+  PlaceBehindLane(consumer, item);
   consumers_[consumer]->Reserve(1);
   consumers_[consumer]->PushAlone(tokens_[consumer], item);
 }
