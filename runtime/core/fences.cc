@@ -63,9 +63,10 @@ void FenceList::StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept {
   }
 }
 
-void FenceList::AwaitMarkers(CqRecord* cq, uint32_t qp_num, bool only_marker) noexcept {
+void FenceList::AwaitMarkers(CqRecord* cq, uint32_t qp_num, const void* in_error_qp) noexcept {
   for (Fence& f : fences_) {
-    if (f.cq == cq && f.qp_num == qp_num) f.marker_first = only_marker;
+    if (f.cq == cq && f.qp_num == qp_num)
+      f.marker_first = in_error_qp != nullptr && f.qp == in_error_qp;
   }
 }
 

@@ -19,11 +19,13 @@
 // receive side without LAST_WQE_REACHED) is "unfenced": only a catch-up, or the CQ's removal,
 // ends it.
 //
-// The catch-up's premise fails when the QP registering is in the error state: most likely the
-// retired QP itself, never destroyed, which may still flush its marker after any catch-up (the
-// simulated device holds a flush back while the CQ has no room, until the QP is moved to error
-// again). For such a registration, on a device that has not failed, a fence that awaits a marker
-// ends only by its marker (AwaitMarkers): RegisterQp refuses until it has come back.
+// The catch-up's premise fails when the retired QP itself, never destroyed, registers again: it
+// may still flush its marker after any catch-up (the simulated device holds a flush back while
+// the CQ has no room, until the QP is moved to error again). A QP that registers in the error
+// state, as the same native object a fence stands for, on a device that has not failed, is taken
+// for it: that fence, if it awaits a marker, ends only by its marker (AwaitMarkers), and
+// RegisterQp refuses until it has come back. (A new QP starts in RESET, and a new object at the
+// same address would also have to be in error to be taken for the old one.)
 //
 // While a fence awaits its marker, every completion of its (CQ, qp_num) is the retired QP's (it
 // flushed ahead of the marker): it goes to the orphan sink. A new QP with the number is
@@ -56,6 +58,7 @@ struct Fence {
   uint64_t commit = 0;         // work requests of the CQ's capacity held until the fence ends
   int64_t catch_up_left = -1;  // completions the CQ may still yield before the catch-up is
                                // over; < 0: no catch-up running
+  const void* qp = nullptr;    // the retired QP's native object
   bool marker_first = false;   // a catch-up does not end it while its marker is awaited
 };
 
@@ -81,9 +84,10 @@ class FenceList {
   // Starts a catch-up for every fence of `qp_num` on `cq` that has none running.
   void StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept;
 
-  // Whether the fences of `qp_num` on `cq` that await a marker may end by a catch-up (false) or
-  // only by their marker (true: a QP in the error state registers there; see the header).
-  void AwaitMarkers(CqRecord* cq, uint32_t qp_num, bool only_marker) noexcept;
+  // `in_error_qp`, in the error state, registers with `qp_num` on `cq` (null: a QP that is not):
+  // the fences of that number that stand for that very QP object and await a marker end only by
+  // it; every other fence of the number may end by a catch-up (see the header).
+  void AwaitMarkers(CqRecord* cq, uint32_t qp_num, const void* in_error_qp) noexcept;
 
   // Returns true while a fence of `qp_num` on `cq` stands.
   bool Holds(const CqRecord* cq, uint32_t qp_num) const noexcept;

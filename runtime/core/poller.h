@@ -172,14 +172,16 @@ class Poller {
     uint64_t marker;      // its wr_id
     bool unfenced;        // no marker can stand behind this side (fences.h)
     uint64_t commit;
+    const void* qp;  // the retired QP's native object
   };
   void FenceRetired(const TeardownState* ending, uint32_t qp_num, const RetiredSide* sides, int n);
   // RegisterQp of a QP with `qp_num` on `cq`: starts a catch-up for every fence of that number
-  // there and polls the CQ as far as its consumers' room allows. `in_error`: the QP is in the
-  // error state, so a fence that awaits a marker ends only by it (fences.h). Returns true once no
-  // fence of that number stands there (the registration may go on), false while one does (a
-  // consumer the CQ serves is full, or an awaited marker has not come back).
-  bool FenceForReuse(CqRecord* cq, uint32_t qp_num, bool in_error);
+  // there and polls the CQ as far as its consumers' room allows. `in_error_qp`: the QP, if it is
+  // in the error state (else null): a fence of that very QP that awaits a marker ends only by it
+  // (fences.h). Returns true once no fence of that number stands there (the registration may go
+  // on), false while one does (a consumer the CQ serves is full, or an awaited marker has not
+  // come back).
+  bool FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp);
   // DestroyCq, once the CQ is gone for good (destroyed, or released to the engine): ends its
   // fences. (RemoveCq keeps them: a destroy that fails puts the CQ back with its fences.)
   void DropFences(CqRecord* cq);

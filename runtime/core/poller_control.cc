@@ -135,6 +135,7 @@ void Poller::FenceRetired(const TeardownState* ending, uint32_t qp_num, const Re
       Fence fence;
       fence.cq = side.cq;
       fence.qp_num = qp_num;
+      fence.qp = side.qp;
       fence.unfenced = side.unfenced;
       fence.commit = side.commit;
       if ((posted & side.marker_bit) != 0 && (polled & side.marker_bit) == 0) {
@@ -145,11 +146,11 @@ void Poller::FenceRetired(const TeardownState* ending, uint32_t qp_num, const Re
   });
 }
 
-bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, bool in_error) {
+bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp) {
   bool clear = true;
   RunSync([&] {
     if (!fences_.Holds(cq, qp_num)) return;
-    fences_.AwaitMarkers(cq, qp_num, in_error);
+    fences_.AwaitMarkers(cq, qp_num, in_error_qp);
     fences_.StartCatchUps(cq, qp_num);
     CatchUpFences(cq);
     clear = !fences_.Holds(cq, qp_num);

@@ -132,8 +132,8 @@ class RuntimeImpl final : private TeardownHost {
   // Unregister). Returns the batch to wait out before the slot is freed; `retired` false if it was
   // gone.
   BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending);
-  void FenceRetired(const TeardownState* ending, uint32_t qp_num, CqRecord* const cqs[2],
-                    const uint32_t commits[2]);
+  void FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
+                    CqRecord* const cqs[2], const uint32_t commits[2]);
   // The device `id`, if the runtime runs and `shard` is one of its shards.
   Result<DeviceRecord*> FindShard(const char* op, DeviceId id, int shard);
   Result<PolledCq> AddCq(std::unique_ptr<CqRecord> record);

@@ -63,11 +63,12 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   // failed device sends nothing back: there the catch-up decides, as for any QP.
   const bool fenced = send->fences.load(std::memory_order_relaxed) != 0 ||
                       recv->fences.load(std::memory_order_relaxed) != 0;
-  const bool await_markers = caps->in_error && !device->failed.load(std::memory_order_acquire);
-  if (fenced && await_markers) (void)device->backend->RedriveDrain(native_qp, 0);
+  const void* in_error_qp =
+      caps->in_error && !device->failed.load(std::memory_order_acquire) ? native_qp : nullptr;
+  if (fenced && in_error_qp != nullptr) (void)device->backend->RedriveDrain(native_qp, 0);
   for (CqRecord* cq : {send, recv}) {
     if (cq->fences.load(std::memory_order_relaxed) != 0 &&
-        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, await_markers)) {
+        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, in_error_qp)) {
       Status refused = Unavailable(
           "RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " + std::to_string(cq->id) +
           " still holds completions of a retired QP that had this number, and a consumer it "
@@ -136,12 +137,13 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   // the poller this wakes polls what the CQ still holds for nobody (the orphan sink, at once)
   // rather than for the QP's consumer.
   const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  if (ending != nullptr) FenceRetired(ending, qp_num, cqs, commits);
+  const void* qp = slot.qp.load(std::memory_order_relaxed);
+  if (ending != nullptr) FenceRetired(ending, qp_num, qp, cqs, commits);
   ChaosPoint();  // fenced, still live: passes route to it meanwhile
   // Dead, with the next generation: items already routed with this one become orphans.
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
   ChaosPoint();
-  if (ending == nullptr) FenceRetired(nullptr, qp_num, cqs, commits);
+  if (ending == nullptr) FenceRetired(nullptr, qp_num, qp, cqs, commits);
   live_registrations_.fetch_sub(1, std::memory_order_relaxed);
   DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
@@ -166,8 +168,8 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
 }
 
-void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, CqRecord* const cqs[2],
-                               const uint32_t commits[2]) {
+void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
+                               CqRecord* const cqs[2], const uint32_t commits[2]) {
   // What the QP may still have in each CQ is fenced until it has been polled (fences.h). A drained
   // teardown left nothing: its markers were polled, and an SRQ QP's LAST_WQE_REACHED (or the
   // fence standing in for it) came behind its receives. A teardown that started nothing (a QP in
@@ -175,8 +177,8 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, CqR
   const bool plain = ending == nullptr;
   if (!plain && (ending->markers == 0 || ending->Drained())) return;
   const uint32_t seen = plain ? 0 : ending->seen.load(std::memory_order_acquire);
-  Poller::RetiredSide send{cqs[0], TeardownState::kSendMarker, 0, plain, commits[0]};
-  Poller::RetiredSide recv{cqs[1], TeardownState::kRecvMarker, 0, plain, commits[1]};
+  Poller::RetiredSide send{cqs[0], TeardownState::kSendMarker, 0, plain, commits[0], qp};
+  Poller::RetiredSide recv{cqs[1], TeardownState::kRecvMarker, 0, plain, commits[1], qp};
   if (!plain) {
     send.marker = ending->send_marker();
     recv.marker = ending->recv_marker();

@@ -48,12 +48,16 @@ class FenceListTest : public ::testing::Test {
 
 using Taken = FenceList::Taken;
 
-// The registering QP is in the error state (perhaps the retired QP itself, whose marker may come
-// after any catch-up): the fence that awaits a marker outlasts the catch-up, keeps holding, and
-// ends with its marker. A later registration of a QP not in error lets catch-ups end it again.
-TEST_F(FenceListTest, AFenceAwaitingAMarkerOutlastsACatchUpForAQpInError) {
-  fences.Add(Side(cq, kRecvMarker, 7), false);
-  fences.AwaitMarkers(&cq, kQp, /*only_marker=*/true);
+// The retired QP itself registers again, in the error state: its fence that awaits a marker
+// outlasts the catch-up (the marker may come after it), keeps holding, and ends with its marker.
+// Another QP object in error, or any QP not in error, lets catch-ups end fences as before.
+TEST_F(FenceListTest, AFenceAwaitingAMarkerOutlastsACatchUpWhenItsOwnQpRegistersInError) {
+  int retired_qp = 0;
+  int other_qp = 0;
+  Fence f = Side(cq, kRecvMarker, 7);
+  f.qp = &retired_qp;
+  fences.Add(f, false);
+  fences.AwaitMarkers(&cq, kQp, &retired_qp);
   fences.StartCatchUps(&cq, kQp);
   EXPECT_EQ(cq.catch_ups, 1u);
   fences.Polled(&cq, 0, /*empty=*/true);
@@ -64,14 +68,19 @@ TEST_F(FenceListTest, AFenceAwaitingAMarkerOutlastsACatchUpForAQpInError) {
   EXPECT_FALSE(fences.Holds(&cq, kQp));
   EXPECT_EQ(cq.leftover_commit.load(), 0u);
 
-  fences.Add(Side(cq, kSendMarker, 5), false);
-  fences.AwaitMarkers(&cq, kQp, true);
-  fences.AwaitMarkers(&cq, kQp, false);  // then a QP not in error registers
-  fences.StartCatchUps(&cq, kQp);
-  fences.Polled(&cq, 0, true);
-  EXPECT_FALSE(fences.Holds(&cq, kQp));
-  EXPECT_EQ(cq.awaited_markers, 0u);
-  EXPECT_EQ(cq.fences.load(), 0u);
+  for (const void* registering :
+       {static_cast<const void*>(&other_qp), static_cast<const void*>(nullptr)}) {
+    Fence g = Side(cq, kSendMarker, 5);
+    g.qp = &retired_qp;
+    fences.Add(g, false);
+    fences.AwaitMarkers(&cq, kQp, &retired_qp);  // refused once as the retired QP in error
+    fences.AwaitMarkers(&cq, kQp, registering);  // then another QP registers
+    fences.StartCatchUps(&cq, kQp);
+    fences.Polled(&cq, 0, true);
+    EXPECT_FALSE(fences.Holds(&cq, kQp));
+    EXPECT_EQ(cq.awaited_markers, 0u);
+    EXPECT_EQ(cq.fences.load(), 0u);
+  }
 }
 
 TEST_F(FenceListTest, AFenceWithNothingToWaitForIsNotAdded) {
