@@ -16,6 +16,8 @@
 //               CPU the process used meanwhile
 //   idle CPU    CPU time of the whole process over a few seconds with no traffic
 //   acks        ibv_ack_cq_events calls per completion event for several thresholds
+// --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
+// poller and a consumer each, as many as the machine has two CPUs for.
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -183,6 +185,33 @@ std::vector<ThroughputRow> RunThroughput(const Flags& flags) {
   }
   fprintf(stderr, "\n");
   return rows;
+}
+
+// ---- scaling ----
+
+// For 1, 2, 4 and 8 shards (as many as have two CPUs each), each shard a polling thread and one
+// consumer with 1000 QPs of its own (PipelineConfig::shards), batch 32: cqd's handoff and run to
+// completion, the mutex pipeline and the inline loop, alternating within each round. Prints one
+// line per row; rows of one round were taken minutes apart at most, so compare within a round.
+void RunScaling(int rounds, double seconds) {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  printf("scaling: %d CPUs, %d rounds, %.2f s per run (median of 3), batch 32, 1000 QPs a shard\n",
+         cpus, rounds, seconds);
+  printf("machine: %s\n", TopologyJson().c_str());
+  for (int round = 1; round <= rounds; ++round) {
+    for (int shards = 1; 2 * shards <= cpus && shards <= 8; shards *= 2) {
+      for (const char* impl : {"limit", "limit2", "cqd_rtc", "cqd", "mutex"}) {
+        PipelineConfig c{impl, 32, 1000, 1};
+        c.shards = shards;
+        const ThroughputRow r = MeasureThroughput(c, seconds);
+        printf(
+            "round %d shards %d %-8s %8.2f M/s total %7.2f M/s a shard %6.1f CPU ns each "
+            "%5.2f cores\n",
+            round, shards, impl, r.mcps, r.mcps / shards, r.cpu_ns, r.cpu_cores);
+        fflush(stdout);
+      }
+    }
+  }
 }
 
 // ---- latency ----
@@ -629,6 +658,10 @@ int main(int argc, char** argv) {
                o.lat.p99, o.lat.p999, o.cpu_cores);
       }
       return 0;
+    } else if (a.rfind("--scaling", 0) == 0) {  // --scaling[=rounds]: shards side by side
+      const int rounds = a.size() > 10 ? atoi(a.c_str() + 10) : 3;
+      RunScaling(std::max(1, rounds), flags.seconds);
+      return 0;
     } else if (a == "--latency-only") {  // the busy latency rows and their floor, printed
       const size_t samples = 20000;
       const LatencyResult rows[] = {RunCqdLatency(true, false, samples, 5000, 0.1),
@@ -660,7 +693,7 @@ int main(int argc, char** argv) {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] [--random-order] "
               "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only | "
-              "--latency-only]\n");
+              "--latency-only | --scaling[=ROUNDS]]\n");
       return 2;
     }
   }

@@ -113,9 +113,9 @@ class LimitPipeline : public Pipeline {
       sources_.back()->StartReplay();
     }
     for (int t = 0; t < threads; ++t) {
-      threads_.emplace_back([this, t, batch = c.batch, pin = c.pin] {
+      threads_.emplace_back([this, t, batch = c.batch, pin = c.pin, base = c.cpu_base] {
         NameThread("limit" + std::to_string(t));
-        Pin(pin, t == 0 ? 0 : ConsumerCpu(t - 1));
+        Pin(pin, t == 0 ? base : ConsumerCpu(t - 1, base));
         const Source& source = *sources_[t];
         std::vector<ibv_wc> wcs(batch);
         while (!stop_.load(std::memory_order_relaxed)) {
@@ -150,33 +150,41 @@ class LimitPipeline : public Pipeline {
 class CqdPipeline : public Pipeline {
  public:
   CqdPipeline(const PipelineConfig& c, bool run_to_completion) {
+    const int shards = std::max(1, c.shards);
     RuntimeOptions options;
-    options.pollers = 1;
+    options.pollers = shards;
     options.poll_batch = c.batch;
     options.busy_poll = c.busy_poll;
-    const int consumers = run_to_completion ? 1 : c.consumers;
+    const int consumers = shards > 1 ? shards : run_to_completion ? 1 : c.consumers;
     options.consumers.assign(consumers, ConsumerOptions{});
     for (int i = 0; i < consumers; ++i) {
       options.consumers[i].queue_capacity = c.queue_capacity;
       options.consumers[i].name = "c" + std::to_string(i);
       if (run_to_completion) {
         options.consumers[i].kind = ConsumerKind::kRunToCompletion;
+        options.consumers[i].poller = i;  // one per shard
       } else if (c.pin) {
-        options.consumers[i].cpu = ConsumerCpu(i);
+        options.consumers[i].cpu = shards > 1 ? 2 * i + 1 : ConsumerCpu(i);
       }
     }
-    if (c.pin) options.poller_cpus = {0};
-    options.max_registrations = std::max<uint32_t>(options.max_registrations, c.qps);
+    if (c.pin) {
+      options.poller_cpus.clear();
+      for (int s = 0; s < shards; ++s) options.poller_cpus.push_back(2 * s);
+    }
+    const int qps = c.qps * shards;
+    options.max_registrations = std::max<uint32_t>(options.max_registrations, qps);
     rt_ = Runtime::Create(options).value();
     sim_ = SimDevice::Create();
     DeviceId dev = rt_->AddSimDevice(sim_).value();
     std::vector<SimCq*> active;
-    for (int i = 0; i < std::max(c.cqs, c.active_cqs); ++i) {
-      cqs_.push_back(rt_->CreateCq(dev, 0, CqOptions{.depth = 4096}).value());
-      if (i < c.active_cqs) active.push_back(cqs_.back().sim());
+    const int active_cqs = shards > 1 ? shards : c.active_cqs;
+    for (int i = 0; i < std::max(c.cqs, active_cqs); ++i) {
+      cqs_.push_back(rt_->CreateCq(dev, i % shards, CqOptions{.depth = 4096}).value());
+      if (i < active_cqs) active.push_back(cqs_.back().sim());
     }
-    source_ = std::make_unique<Source>(*sim_, active, c.qps, c.random_order);
-    for (int i = 0; i < c.qps; ++i) {
+    // QP i is on active CQ i % active_cqs, so with shards its CQ's poller and its consumer agree.
+    source_ = std::make_unique<Source>(*sim_, active, qps, c.random_order);
+    for (int i = 0; i < qps; ++i) {
       registrations_.push_back(rt_->RegisterQp(*source_->qps[i], *source_->handlers[i],
                                                static_cast<ConsumerId>(i % consumers),
                                                QpOptions{.send_wrs = 0, .recv_wrs = 0})
@@ -308,7 +316,7 @@ class HandoffPipeline : public Pipeline {
 
   void Poll() {
     NameThread("poll");
-    Pin(config_.pin, 0);
+    Pin(config_.pin, config_.cpu_base);
     const int consumers = config_.consumers;
     std::vector<ibv_wc> wcs(config_.batch);
     std::vector<std::vector<ibv_wc>> staged(consumers);
@@ -400,7 +408,7 @@ class HandoffPipeline : public Pipeline {
 
   void Consume(int index) {
     NameThread("consume" + std::to_string(index));
-    Pin(config_.pin, ConsumerCpu(index));
+    Pin(config_.pin, ConsumerCpu(index, config_.cpu_base));
     if (config_.impl == "tbb") return ConsumeTbb(tbb_lanes_[index]);
     if (config_.impl == "ceph") return ConsumeCeph(ceph_workers_[index]);
     MutexLane& lane = mutex_lanes_[index];
@@ -475,12 +483,45 @@ class HandoffPipeline : public Pipeline {
 
 }  // namespace
 
-int ConsumerCpu(int i) {
+int ConsumerCpu(int i, int base) {
   int cpus = static_cast<int>(std::thread::hardware_concurrency());
-  return cpus > 1 ? (1 + i) % cpus : 0;
+  return cpus > 1 ? (base + 1 + i) % cpus : 0;
 }
 
+namespace {
+
+// `shards` copies of a one-poller pipeline, copy s placed from CPU 2s.
+class ShardedPipeline : public Pipeline {
+ public:
+  explicit ShardedPipeline(const PipelineConfig& c) {
+    for (int s = 0; s < c.shards; ++s) {
+      PipelineConfig one = c;
+      one.shards = 1;
+      one.cpu_base = 2 * s;
+      copies_.push_back(StartPipeline(one));
+    }
+  }
+  uint64_t Delivered() const override {
+    uint64_t n = 0;
+    for (const auto& p : copies_) n += p->Delivered();
+    return n;
+  }
+  void Stop() override {
+    for (auto& p : copies_) p->Stop();
+  }
+
+ private:
+  std::vector<std::unique_ptr<Pipeline>> copies_;
+};
+
+}  // namespace
+
 std::unique_ptr<Pipeline> StartPipeline(const PipelineConfig& config) {
+  const bool runtime = config.impl == "cqd" || config.impl == "cqd_rtc";
+  const bool known = runtime || config.impl == "limit" || config.impl == "limit2" ||
+                     config.impl == "mutex" || config.impl == "tbb" || config.impl == "ceph";
+  if (!known) return nullptr;
+  if (config.shards > 1 && !runtime) return std::make_unique<ShardedPipeline>(config);
   if (config.impl == "limit") return std::make_unique<LimitPipeline>(config, 1);
   if (config.impl == "limit2") return std::make_unique<LimitPipeline>(config, 2);
   if (config.impl == "cqd") return std::make_unique<CqdPipeline>(config, false);

@@ -58,13 +58,19 @@ struct PipelineConfig {
   // cqd only: true polls with busy_poll; false runs the default adaptive poller, which parks
   // idle CQs (RuntimeOptions::cq_park_after; parking is off under busy_poll).
   bool busy_poll = true;
-  // CPU placement, the same for every pipeline: the polling thread on CPU 0, consumer i (or
-  // limit2's second thread) on CPU (1 + i) % cpus. Off: the scheduler places them.
+  // CPU placement, the same for every pipeline: the polling thread on CPU cpu_base, consumer i
+  // (or limit2's second thread) on CPU (cpu_base + 1 + i) % cpus. Off: the scheduler places them.
   bool pin = true;
+  int cpu_base = 0;
+  // Scaling: `shards` pairs of a polling thread and one consumer side by side, each with its own
+  // CQ and `qps` QPs; shard s polls on CPU 2s and consumes on CPU 2s + 1. cqd and cqd_rtc: one
+  // runtime with `shards` pollers (CQ s on poller s, its QPs on consumer s; cqd_rtc's consumer s
+  // runs on poller s). The others: `shards` copies of the pipeline, copy s at cpu_base 2s.
+  int shards = 1;
 };
 
-// Returns the CPU for consumer `i` under PipelineConfig::pin.
-int ConsumerCpu(int i);
+// Returns the CPU for consumer `i` under PipelineConfig::pin, counted from `base`.
+int ConsumerCpu(int i, int base = 0);
 
 // A running pipeline; Delivered() may be read from any thread while it runs.
 class Pipeline {
