@@ -41,11 +41,19 @@ std::string Str(rdma_cm_event_type type) { return rdma_event_str(type); }
 
 class Conn : public QpHandler {
  public:
-  void OnCompletions(std::span<const ibv_wc>) noexcept override {}
-  void OnCmEvent(const CmEvent& event) noexcept override {
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
-    seen_.push_back(event.type);
-    events_.push_back(event);
+    for (const ibv_wc& wc : wcs) wr_ids_.push_back(wc.wr_id);
+  }
+  void OnCmEvent(const CmEvent& event) noexcept override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen_.push_back(event.type);
+      events_.push_back(event);
+    }
+    if (event.type == RDMA_CM_EVENT_ESTABLISHED && unregister_on_established.load()) {
+      registration.Unregister();  // from its own handler, as runtime.h allows
+    }
   }
   std::vector<CmEvent> events() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -55,12 +63,19 @@ class Conn : public QpHandler {
     std::lock_guard<std::mutex> lock(mu_);
     return std::find(seen_.begin(), seen_.end(), type) != seen_.end();
   }
+  // The wr_ids of the completions delivered, in delivery order.
+  std::vector<uint64_t> wr_ids() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return wr_ids_;
+  }
   Registration registration;
+  std::atomic<bool> unregister_on_established{false};
 
  private:
   mutable std::mutex mu_;
   std::vector<rdma_cm_event_type> seen_;
   std::vector<CmEvent> events_;
+  std::vector<uint64_t> wr_ids_;
 };
 
 using Channel = rxe::RecordingCmHandler;
@@ -466,6 +481,57 @@ TEST_F(RxeCmAttack, CmHandlerNeverRunsOnTwoThreadsAfterShutdown) {
   b.join();
   EXPECT_EQ(handed_on.load(), 2) << "server channel saw " << server_cm_.Names();
   EXPECT_FALSE(overlapped.load()) << "the CmHandler ran on two threads at once";
+}
+
+// FINDING (review of the SPSC hand-over): after Shutdown, an event handed on during a batch to
+// a CmHandler whose consumer had closed ran on the draining thread once the batch was over but
+// before the batch's entries were released, so a CmHandler that called Drain there was handed
+// the batch's completions a second time (and the queue depth was lowered twice).
+TEST_F(RxeCmAttack, CmHandlerThatDrainsAfterShutdownGetsNoCompletionTwice) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_NO_FATAL_FAILURE(Listen());
+  ASSERT_NO_FATAL_FAILURE(ConnectPair(0, kEngine));
+  ASSERT_NO_FATAL_FAILURE(ConnectPair(1, kEngine));
+  constexpr int kSends = 8;  // pair 1's server posted 8 receives, wr_id 0..7
+  for (int i = 0; i < kSends; ++i) {
+    CQD_ASSERT_OK(PostSend(pairs_[1].client->qp, 100 + i, buffers_, 20, 8, false));
+  }
+  ASSERT_EQ(rdma_disconnect(pairs_[0].client), 0) << strerror(errno);
+  // Queued on consumer 1 and not dispatched: both servers' ESTABLISHED, pair 1's receives and
+  // pair 0's DISCONNECTED.
+  ASSERT_TRUE(WaitFor([&] { return EngineDepth() >= 2 + kSends + 1; }))
+      << "queued on consumer 1: " << EngineDepth();
+  CQD_ASSERT_OK(rt_->Shutdown());
+  // Pair 0's server unregisters itself on its ESTABLISHED, inside the batch: its DISCONNECTED is
+  // handed on to the server channel's CmHandler, whose consumer has closed, so it runs on this
+  // thread after the batch.
+  pairs_[0].server_conn.unregister_on_established = true;
+  static std::atomic<int> reacted;         // static: a late callback must not dangle
+  static std::atomic<int> drained_inside;  // what the CmHandler's own Drain returned
+  reacted = 0;
+  drained_inside = 0;
+  Runtime* rt = rt_.get();
+  server_cm_.react = [rt](const CmEvent& event) {  // after Shutdown: only drainers call it
+    if (event.type != RDMA_CM_EVENT_DISCONNECTED) return;
+    reacted.fetch_add(1);
+    const int n = rt->Drain(kEngine, 64);
+    if (n > 0) drained_inside.fetch_add(n);
+  };
+  const Conn& server1 = pairs_[1].server_conn;
+  ASSERT_TRUE(WaitFor([&] {
+    rt_->Drain(kEngine, 64);
+    return reacted.load() >= 1 && server1.wr_ids().size() >= kSends;
+  })) << "reacted "
+      << reacted.load() << ", pair 1's server got " << server1.wr_ids().size()
+      << ", server channel saw " << server_cm_.Names();
+  for (int i = 0; i < 20; ++i) rt_->Drain(kEngine, 64);  // anything still to come, would come
+  std::vector<uint64_t> got = server1.wr_ids();
+  std::sort(got.begin(), got.end());
+  const std::vector<uint64_t> want = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(got, want) << "a receive reached its handler twice or never (the CmHandler's own "
+                          "Drain returned "
+                       << drained_inside.load() << ")";
+  EXPECT_EQ(EngineDepth(), 0u) << "consumer 1's depth after everything was drained";
 }
 
 // FINDING (API gap): for RDMA_PS_UDP ids the event's rdma_ud_param (the remote QP number, qkey
