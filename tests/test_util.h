@@ -113,6 +113,7 @@ class RecordingHandler : public QpHandler {
   void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
     std::lock_guard<std::mutex> lock(mu_);
     for (const ibv_wc& wc : wcs) log_.push_back({false, wc.wr_id, wc.status, {}});
+    calls_.fetch_add(1, std::memory_order_relaxed);
     completions_.fetch_add(wcs.size(), std::memory_order_release);
   }
   void OnAsyncEvent(const AsyncEvent& event) noexcept override {
@@ -124,12 +125,23 @@ class RecordingHandler : public QpHandler {
     std::lock_guard<std::mutex> lock(mu_);
     return log_;
   }
+  // The completions' wr_ids, in delivery order.
+  std::vector<uint64_t> wr_ids() const {
+    std::vector<uint64_t> ids;
+    for (const Entry& e : log()) {
+      if (!e.event) ids.push_back(e.wr_id);
+    }
+    return ids;
+  }
   uint64_t completions() const { return completions_.load(std::memory_order_acquire); }
   uint64_t events() const { return events_.load(std::memory_order_acquire); }
+  // OnCompletions calls so far: one per run of the QP's completions a consumer delivered.
+  uint64_t calls() const { return calls_.load(std::memory_order_relaxed); }
 
  private:
   mutable std::mutex mu_;
   std::vector<Entry> log_;
+  std::atomic<uint64_t> calls_{0};
   std::atomic<uint64_t> completions_{0};
   std::atomic<uint64_t> events_{0};
 };

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tests/test_util.h"
@@ -105,6 +106,48 @@ void CmBed::StopBed(bool expect_cqs_destroyed) {
   if (server_channel_ != nullptr) rdma_destroy_event_channel(server_channel_);
   if (client_channel_ != nullptr) rdma_destroy_event_channel(client_channel_);
   server_channel_ = client_channel_ = nullptr;
+}
+
+void CmConn::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
+  if (per_batch_.count() > 0) std::this_thread::sleep_for(per_batch_);  // a slow consumer
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ibv_wc& wc : wcs) {
+    wr_ids_.push_back(wc.wr_id);
+    if (wc.status == IBV_WC_SUCCESS) successes_.fetch_add(1, std::memory_order_release);
+  }
+}
+
+void CmConn::OnCmEvent(const CmEvent& event) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_.push_back(
+        {event.type, event.status, event.qp_num, successes_.load(std::memory_order_acquire)});
+    events_.push_back(event);
+  }
+  if (on_event) on_event(event);
+}
+
+std::vector<CmConn::Seen> CmConn::seen() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seen_;
+}
+
+std::vector<CmEvent> CmConn::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+std::vector<uint64_t> CmConn::wr_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wr_ids_;
+}
+
+bool CmConn::Saw(rdma_cm_event_type type) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Seen& s : seen_) {
+    if (s.type == type) return true;
+  }
+  return false;
 }
 
 bool CmBed::MakeCmQp(rdma_cm_id* id, ibv_qp_init_attr attr, int recvs, QpHandler& handler,

@@ -12,6 +12,9 @@
 #include <netinet/in.h>
 #include <rdma/rdma_cma.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -48,6 +51,42 @@ class RecordingCmHandler : public CmHandler {
  private:
   mutable std::mutex mu_;
   std::vector<Seen> seen_;
+};
+
+// One connection's QP handler: records each CM event (with how many successful completions had
+// arrived before it) and the wr_ids of its completions, then runs `on_event`. Given `per_batch`,
+// it is a slow consumer: each OnCompletions call first sleeps that long. Reads are safe from any
+// thread.
+class CmConn : public QpHandler {
+ public:
+  struct Seen {
+    rdma_cm_event_type type;
+    int status;
+    uint32_t qp_num;
+    int successes_before;
+  };
+  explicit CmConn(std::chrono::microseconds per_batch = {}) : per_batch_(per_batch) {}
+  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override;
+  void OnCmEvent(const CmEvent& event) noexcept override;
+  std::vector<Seen> seen() const;
+  std::vector<CmEvent> events() const;   // the events themselves, in arrival order
+  std::vector<uint64_t> wr_ids() const;  // every completion's, in delivery order
+  bool Saw(rdma_cm_event_type type) const;
+  int successes() const { return successes_.load(std::memory_order_acquire); }
+
+  // Set while no event of this QP can come (before it connects, or while only the test thread
+  // drains its consumer).
+  std::function<void(const CmEvent&)> on_event;
+  Registration registration;  // touched on its consumer, then by the test
+  Teardown teardown;
+
+ private:
+  const std::chrono::microseconds per_batch_;
+  mutable std::mutex mu_;
+  std::vector<Seen> seen_;
+  std::vector<CmEvent> events_;
+  std::vector<uint64_t> wr_ids_;
+  std::atomic<int> successes_{0};
 };
 
 class CmBed {

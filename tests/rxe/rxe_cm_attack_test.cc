@@ -39,45 +39,7 @@ constexpr int kPairs = 4;
 
 std::string Str(rdma_cm_event_type type) { return rdma_event_str(type); }
 
-class Conn : public QpHandler {
- public:
-  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const ibv_wc& wc : wcs) wr_ids_.push_back(wc.wr_id);
-  }
-  void OnCmEvent(const CmEvent& event) noexcept override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.push_back(event.type);
-      events_.push_back(event);
-    }
-    if (event.type == RDMA_CM_EVENT_ESTABLISHED && unregister_on_established.load()) {
-      registration.Unregister();  // from its own handler, as runtime.h allows
-    }
-  }
-  std::vector<CmEvent> events() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return events_;
-  }
-  bool Saw(rdma_cm_event_type type) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return std::find(seen_.begin(), seen_.end(), type) != seen_.end();
-  }
-  // The wr_ids of the completions delivered, in delivery order.
-  std::vector<uint64_t> wr_ids() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return wr_ids_;
-  }
-  Registration registration;
-  std::atomic<bool> unregister_on_established{false};
-
- private:
-  mutable std::mutex mu_;
-  std::vector<rdma_cm_event_type> seen_;
-  std::vector<CmEvent> events_;
-  std::vector<uint64_t> wr_ids_;
-};
-
+using Conn = rxe::CmConn;
 using Channel = rxe::RecordingCmHandler;
 
 // One connection, its QPs on `client_consumer` and `server_consumer`; the server tells pairs
@@ -505,7 +467,10 @@ TEST_F(RxeCmAttack, CmHandlerThatDrainsAfterShutdownGetsNoCompletionTwice) {
   // Pair 0's server unregisters itself on its ESTABLISHED, inside the batch: its DISCONNECTED is
   // handed on to the server channel's CmHandler, whose consumer has closed, so it runs on this
   // thread after the batch.
-  pairs_[0].server_conn.unregister_on_established = true;
+  Conn& server0 = pairs_[0].server_conn;
+  server0.on_event = [&server0](const CmEvent& event) {  // only this thread drains consumer 1
+    if (event.type == RDMA_CM_EVENT_ESTABLISHED) server0.registration.Unregister();
+  };
   static std::atomic<int> reacted;         // static: a late callback must not dangle
   static std::atomic<int> drained_inside;  // what the CmHandler's own Drain returned
   reacted = 0;

@@ -28,54 +28,7 @@ constexpr int kMessages = 256;
 constexpr int kQueueDepth = kMessages + 16;
 void* const kClientContext = reinterpret_cast<void*>(uintptr_t{0xc11e47});
 
-// One connection's QP handler: counts successful completions, and for each CM event notes how
-// many had arrived before it.
-class Conn : public QpHandler {
- public:
-  struct Seen {
-    rdma_cm_event_type type;
-    int status;
-    uint32_t qp_num;
-    int successes_before;
-  };
-  explicit Conn(std::chrono::microseconds per_batch = {}) : per_batch_(per_batch) {}
-  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
-    if (per_batch_.count() > 0) std::this_thread::sleep_for(per_batch_);  // a slow consumer
-    for (const ibv_wc& wc : wcs) {
-      if (wc.status == IBV_WC_SUCCESS) successes_.fetch_add(1, std::memory_order_release);
-    }
-  }
-  void OnCmEvent(const CmEvent& event) noexcept override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seen_.push_back(
-          {event.type, event.status, event.qp_num, successes_.load(std::memory_order_acquire)});
-    }
-    if (on_event) on_event(event);
-  }
-  std::vector<Seen> seen() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return seen_;
-  }
-  bool Saw(rdma_cm_event_type type) const {
-    for (const Seen& s : seen()) {
-      if (s.type == type) return true;
-    }
-    return false;
-  }
-  int successes() const { return successes_.load(std::memory_order_acquire); }
-
-  std::function<void(const CmEvent&)> on_event;  // set before the connection starts
-  Registration registration;                     // touched on its consumer, then by the test
-  Teardown teardown;
-
- private:
-  const std::chrono::microseconds per_batch_;
-  mutable std::mutex mu_;
-  std::vector<Seen> seen_;
-  std::atomic<int> successes_{0};
-};
-
+using Conn = rxe::CmConn;
 using Channel = rxe::RecordingCmHandler;
 
 std::string Names(const std::vector<Conn::Seen>& seen) {

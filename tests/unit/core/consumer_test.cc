@@ -9,19 +9,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace cqd::internal {
 namespace {
 
-class RecordingHandler : public QpHandler {
- public:
-  void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
-    for (const ibv_wc& wc : wcs) seen.push_back(wc.wr_id);
-    ++calls;
-  }
-  std::vector<uint64_t> seen;
-  int calls = 0;
-};
+using ::cqd::testing::RecordingHandler;
 
 class ConsumerTest : public ::testing::Test {
  protected:
@@ -86,7 +79,7 @@ TEST_F(ConsumerTest, ItemsQueuedBetweenTwoDrainsArriveOnceAndInOrder) {
   int dispatched = 0;
   for (int round = 0; round < 10 && dispatched < 4; ++round) dispatched += consumer_->Drain(8);
   EXPECT_EQ(dispatched, 4);
-  EXPECT_EQ(handler_.seen, std::vector<uint64_t>({1, 2, 3, 4, 5}));
+  EXPECT_EQ(handler_.wr_ids(), std::vector<uint64_t>({1, 2, 3, 4, 5}));
   EXPECT_EQ(consumer_->depth(), 0u);
 }
 
@@ -97,7 +90,7 @@ TEST_F(ConsumerTest, DrainSplitsARangeAtMaxAndReleasesTheLaneBehindIt) {
   EXPECT_EQ(consumer_->Drain(2), 2);
   EXPECT_EQ(consumer_->Drain(2), 1);
   EXPECT_EQ(consumer_->Drain(2), 0);
-  EXPECT_EQ(handler_.seen, std::vector<uint64_t>({10, 11, 12, 13, 14}));
+  EXPECT_EQ(handler_.wr_ids(), std::vector<uint64_t>({10, 11, 12, 13, 14}));
   // Every entry released: the whole spill bound is free again.
   EXPECT_EQ(consumer_->lane(0).room(), 16u);
 }
@@ -107,15 +100,15 @@ TEST_F(ConsumerTest, OneRegistrationsRunsThatFollowEachOtherReachTheHandlerInOne
   PushRange({3});
   PushRange({4, 5});
   EXPECT_EQ(consumer_->Drain(8), 5);
-  EXPECT_EQ(handler_.seen, std::vector<uint64_t>({1, 2, 3, 4, 5}));
-  EXPECT_EQ(handler_.calls, 1);
+  EXPECT_EQ(handler_.wr_ids(), std::vector<uint64_t>({1, 2, 3, 4, 5}));
+  EXPECT_EQ(handler_.calls(), 1u);
 }
 
 TEST_F(ConsumerTest, AnUnregisteredRegistrationsEntriesGoToTheOrphanSink) {
   PushRange({1, 2, 3});
   slots_.slot(slot_).state.store(MakeState(2, 0, /*live=*/false));
   EXPECT_EQ(consumer_->Drain(8), 3);
-  EXPECT_TRUE(handler_.seen.empty());
+  EXPECT_TRUE(handler_.wr_ids().empty());
   EXPECT_EQ(orphans_.total(), 3u);
 }
 
@@ -125,14 +118,16 @@ TEST_F(ConsumerTest, RangesOnBothSidesOfTheRingEdgeStayTwoSpans) {
     PushRange({0, 0, 0, 0, 0, 0});
     consumer_->Drain(8);
   }
-  handler_.seen.clear();
-  handler_.calls = 0;
+  const size_t seen_before = handler_.wr_ids().size();
+  const uint64_t calls_before = handler_.calls();
   EXPECT_EQ(consumer_->lane(0).tail_at(), 78u);
   PushRange({1, 2});
   PushRange({3, 4});
   EXPECT_EQ(consumer_->Drain(8), 4);
-  EXPECT_EQ(handler_.seen, std::vector<uint64_t>({1, 2, 3, 4}));
-  EXPECT_EQ(handler_.calls, 2);
+  const std::vector<uint64_t> seen = handler_.wr_ids();
+  EXPECT_EQ(std::vector<uint64_t>(seen.begin() + seen_before, seen.end()),
+            std::vector<uint64_t>({1, 2, 3, 4}));
+  EXPECT_EQ(handler_.calls() - calls_before, 2u);
 }
 
 TEST_F(ConsumerTest, AnItemBetweenTwoRangesArrivesBetweenThem) {
@@ -141,7 +136,7 @@ TEST_F(ConsumerTest, AnItemBetweenTwoRangesArrivesBetweenThem) {
   PushRange({4, 5});
   PushAlone(6);
   EXPECT_EQ(consumer_->Drain(8), 6);
-  EXPECT_EQ(handler_.seen, std::vector<uint64_t>({1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(handler_.wr_ids(), std::vector<uint64_t>({1, 2, 3, 4, 5, 6}));
   EXPECT_EQ(consumer_->depth(), 0u);
 }
 
@@ -150,7 +145,7 @@ TEST_F(ConsumerTest, DestructionHandsWhatIsLeftToTheOrphanSink) {
   PushAlone(4);
   EXPECT_EQ(consumer_->Drain(1), 1);
   consumer_->OrphanRemaining();
-  EXPECT_EQ(handler_.seen, std::vector<uint64_t>({1}));
+  EXPECT_EQ(handler_.wr_ids(), std::vector<uint64_t>({1}));
   EXPECT_EQ(orphans_.total(), 3u);
 }
 
@@ -170,7 +165,7 @@ TEST_F(TwoLaneConsumerTest, ALaneIsNotReadPastAnItemStillQueued) {
   for (int round = 0; round < 10 && dispatched < 13; ++round) dispatched += consumer_->Drain(8);
   EXPECT_EQ(dispatched, 13);
   std::vector<uint64_t> lane0;
-  for (uint64_t tag : handler_.seen) {
+  for (uint64_t tag : handler_.wr_ids()) {
     if (tag < 100) lane0.push_back(tag);
   }
   EXPECT_EQ(lane0, std::vector<uint64_t>({1, 2, 50, 3, 4}));
@@ -203,7 +198,7 @@ TEST_F(RewindingConsumerTest, ALaneThatRewindsToItsStartHandsOverEveryEntryInOrd
   expected.push_back(tag);
   expected.push_back(tag + 1);
   EXPECT_EQ(consumer_->Drain(8), 2);
-  EXPECT_EQ(handler_.seen, expected);
+  EXPECT_EQ(handler_.wr_ids(), expected);
   EXPECT_EQ(consumer_->depth(), 0u);
 }
 
