@@ -2,7 +2,8 @@
 // tests/rxe/cm_bed.h: what the rdma_cm tests on rxe share. A CmBed has a server and a client CM
 // channel, a listening id bound to the device's address (not yet listening), a runtime on that
 // device (librdmacm's context) with a PD, registered buffers and one CQ per poller; a
-// RecordingCmHandler records what a channel's CmHandler got.
+// RecordingCmHandler records what a channel's CmHandler got, and a CmConn what one connection's
+// QP handler got.
 //
 // Server and client share the one device: rdma_cm loops back over its address, $CQD_RDMA_ADDR,
 // default the VM's 10.0.2.15.
