@@ -252,6 +252,10 @@ int Poller::DispatchHosted(Consumer& consumer) noexcept {
   lane.Publish(n);
   NoteSpill(consumer.index());
   consumer.DispatchLane(lane, at, n, begin + n);
+  // Everything this lane held is dispatched and released, on this thread: start the ring over
+  // (TryRewind checks that), so the next poll writes lines this one has just used, still in this
+  // core's cache, as an inline loop's poll array is. The check reads only this thread's stores.
+  if (lane.spill_empty() && lane.tail_at() != 0) lane.TryRewind();
   return static_cast<int>(n);
 }
 
