@@ -45,7 +45,8 @@ struct ConsumerOptions {
   /// kRunToCompletion: the poller (shard) whose thread runs the handlers (0..pollers-1).
   int poller = 0;
   /// Items (completions and async events) handed to this consumer and not yet dispatched, at
-  /// most; the bound holds except at Shutdown, when pollers hand over everything they hold.
+  /// most (1..1<<26); the bound holds except at Shutdown, when pollers hand over everything they
+  /// hold.
   std::size_t queue_capacity = 1 << 16;
   /// Items each poller holds for this consumer while its queue is full (1..1<<20). When they are
   /// full too, that poller stops polling the CQs this consumer's QPs use until there is room

@@ -11,7 +11,11 @@
 namespace cqd::internal {
 namespace {
 
-std::string Str(long long v) { return std::to_string(v); }
+// Each integer as its own type prints it: a size_t of 2^63 or more stays positive.
+template <typename Int>
+std::string Str(Int v) {
+  return std::to_string(v);
+}
 
 std::string Octal(uint32_t v) {
   char text[16];

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <string>
 
 #include "cqd/runtime.h"
@@ -46,6 +47,13 @@ TEST(BadInput, RuntimeOptions) {
   o = {};
   o.consumers[0].queue_capacity = 0;
   ExpectCreateFails(o, "queue_capacity");
+  // Sizes past the bound are named as they were given, not wrapped to a negative number.
+  o = {};
+  o.consumers[0].queue_capacity = SIZE_MAX;
+  ExpectCreateFails(o, "queue_capacity is " + std::to_string(SIZE_MAX) + ", must be in 1..");
+  o = {};
+  o.consumers[0].spill_capacity = SIZE_MAX;
+  ExpectCreateFails(o, "spill_capacity is " + std::to_string(SIZE_MAX) + ", must be in 1..");
   o = {};
   o.consumers[0].dispatch_batch = 5000;
   ExpectCreateFails(o, "dispatch_batch");
