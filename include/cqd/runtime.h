@@ -197,7 +197,10 @@ class Runtime {
   /// Adds a verbs device the engine opened (rxe, a NIC); the context must outlive the runtime.
   /// One completion channel per shard is created on it, and from now on the runtime reads the
   /// device's async events (they reach handlers). `events` (optional, must outlive the runtime)
-  /// receives device-level async events.
+  /// receives device-level async events. A context belongs to one runtime: kAlreadyExists if
+  /// this runtime or another of the process (until it is destroyed) added it, since each read
+  /// of an async event takes it from every other reader. OpenVerbsDevice opens a context of its
+  /// own, so runtimes that each open a device by name never collide.
   Result<DeviceId> AddVerbsDevice(ibv_context* context, DeviceEventHandler* events = nullptr);
   /// Opens the verbs device called `name` (e.g. "rxe0", "mlx5_0") and adds it; the runtime closes
   /// it when destroyed. kNotFound lists the devices there are.
@@ -208,6 +211,7 @@ class Runtime {
   Result<DeviceId> FindVerbsDevice(ibv_context* context);
   /// Adds a simulated device: one completion channel per shard is created on it and its async fd is
   /// watched. `events` (optional, must outlive the runtime) receives device-level async events.
+  /// As with AddVerbsDevice, kAlreadyExists if this runtime or another live one added it.
   Result<DeviceId> AddSimDevice(std::shared_ptr<SimDevice> device,
                                 DeviceEventHandler* events = nullptr);
 

@@ -15,6 +15,7 @@
 #include "cqd/handler.h"
 #include "cqd/types.h"
 #include "runtime/backend/device.h"
+#include "runtime/core/device_claims.h"
 #include "runtime/core/registry.h"
 
 namespace cqd::internal {
@@ -43,6 +44,7 @@ struct DeviceRecord {
   DeviceEventHandler* handler = nullptr;    // device-level async events; may be null
   QpTable qps;                              // qp_num -> registration, for this device
   std::atomic<bool> failed{false};          // DEVICE_FATAL seen
+  DeviceClaim claim;                        // this runtime's hold on the native device
 };
 
 struct CqRecord {

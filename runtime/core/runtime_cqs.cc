@@ -24,6 +24,12 @@ Result<DeviceId> RuntimeImpl::AddDevice(const char* op, std::unique_ptr<backend:
   }
   if (shut_down_) return FailedPrecondition(std::string(op) + ": the runtime is shut down");
   auto record = std::make_unique<DeviceRecord>();
+  if (!record->claim.Take(device->native())) {  // device_claims.h
+    return AlreadyExists(std::string(op) + ": " + device->name() +
+                         " was added to another runtime of this process, which reads its async "
+                         "events (a device belongs to one runtime until that runtime is "
+                         "destroyed)");
+  }
   record->id = static_cast<DeviceId>(devices_.size() + 1);
   record->backend = std::move(device);
   record->handler = events;

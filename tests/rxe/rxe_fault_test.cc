@@ -381,6 +381,23 @@ TEST_F(RxeFaults, DeadlineEndedTeardownOnASharedCqGivesItsCommitmentBackOnceBoth
   EXPECT_EQ(ibv_destroy_qp(*wide), 0);
 }
 
+// A context belongs to one runtime (each read of an async event takes it from every other
+// reader): another runtime may not add the fixture's, and opening the device by name, which
+// makes a context of its own, still works there.
+TEST_F(RxeFaults, AContextBelongsToOneRuntime) {
+  RuntimeOptions options = testing::OwnedConsumers(1, 1);
+  ASSERT_NO_FATAL_FAILURE(Start(options));
+  ibv_context* context = rt_->VerbsContext(dev_).value();
+  auto other = Runtime::Create(options);
+  ASSERT_TRUE(other.ok());
+  auto refused = (*other)->AddVerbsDevice(context);
+  EXPECT_EQ(refused.status().code(), StatusCode::kAlreadyExists) << refused.status().ToString();
+  EXPECT_EQ(rt_->AddVerbsDevice(context).status().code(), StatusCode::kAlreadyExists);
+  auto own = (*other)->OpenVerbsDevice(rxe::DeviceName());
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_NE((*other)->VerbsContext(*own).value(), context);
+}
+
 // A runtime that is shut down refuses to add a device it opened, and closes it exactly once.
 TEST_F(RxeFaults, OpenVerbsDeviceAfterShutdownClosesTheContextOnce) {
   RuntimeOptions options = testing::OwnedConsumers(1, 1);

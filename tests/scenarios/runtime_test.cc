@@ -325,6 +325,46 @@ TEST(Runtime, AsyncEventsAreRouted) {
   CQD_ASSERT_OK(rt->DestroyCq(cq));
 }
 
+// A device belongs to one runtime: each read of an async event takes it from every other reader,
+// so a second runtime's add is refused (it would otherwise take a share of the first's events),
+// until the first is destroyed. Every event then reaches the QP's handler in the runtime that
+// has the device.
+TEST(Runtime, ADeviceBelongsToOneRuntimeAtATime) {
+  RecordingDeviceHandler first_events, second_events;  // outlive the runtimes
+  auto sim = SimDevice::Create();
+  auto first = Runtime::Create(testing::OwnedConsumers(1, 1)).value();
+  auto second = Runtime::Create(testing::OwnedConsumers(1, 1)).value();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, first->AddSimDevice(sim, &first_events));
+  Result<DeviceId> refused = second->AddSimDevice(sim, &second_events);
+  ASSERT_EQ(refused.status().code(), StatusCode::kAlreadyExists) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("another runtime"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(first->AddSimDevice(sim).status().code(), StatusCode::kAlreadyExists);
+
+  CQD_ASSERT_OK_AND_ASSIGN(cq, first->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, first->RegisterQp(*qp, handler, 0));
+  constexpr size_t kEvents = 20;
+  for (size_t i = 0; i < kEvents; ++i) CQD_ASSERT_OK(sim->RaiseQpEvent(qp, IBV_EVENT_COMM_EST));
+  ASSERT_TRUE(WaitFor([&] { return handler.events().size() == kEvents; }))
+      << handler.events().size() << " of " << kEvents << " events reached the handler";
+  EXPECT_FALSE(second_events.Saw(IBV_EVENT_COMM_EST));
+  reg.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qp));
+  CQD_ASSERT_OK(first->DestroyCq(cq));
+
+  // Shut down is not enough (the runtime still holds the device's records); destroyed is.
+  CQD_ASSERT_OK(first->Shutdown());
+  EXPECT_EQ(second->AddSimDevice(sim).status().code(), StatusCode::kAlreadyExists);
+  first.reset();
+  CQD_ASSERT_OK_AND_ASSIGN(again, second->AddSimDevice(sim, &second_events));
+  sim->RaiseDeviceFatal();
+  EXPECT_TRUE(WaitFor([&] { return second_events.Saw(IBV_EVENT_DEVICE_FATAL); }));
+  (void)again;
+}
+
 // S11 through the runtime: an overflowed CQ faults every QP on it, and only those.
 TEST(Runtime, CqOverflowFaultsItsQps) {
   RecordingDeviceHandler device_events;
