@@ -56,6 +56,22 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
       caps->srq
           ? 0
           : static_cast<uint64_t>(options.recv_wrs >= 0 ? options.recv_wrs : caps->max_recv_wr) + 1;
+  // What no later state of the CQs could take is refused for good first, not "register again
+  // later" by the fence check below.
+  for (CqRecord* cq : {send, recv}) {
+    const uint64_t wrs = send == recv ? send_wrs + recv_wrs : cq == send ? send_wrs : recv_wrs;
+    const uint64_t most = cq->grow ? uint64_t{1} << 30 : static_cast<uint64_t>(cq->cq->depth());
+    if (wrs > most) {
+      return ResourceExhausted("RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " +
+                               std::to_string(cq->id) + " can never hold the " +
+                               std::to_string(wrs) +
+                               " work requests this QP alone may have "
+                               "outstanding (S11): " +
+                               (cq->grow ? "past the 2^30 a CQ may grow to"
+                                         : "it has depth " + std::to_string(cq->cq->depth()) +
+                                               " and was created with grow = false"));
+    }
+  }
   // A retired QP that had this number may still have completions in these CQs: the number is
   // registered there only once they have been polled out (fences.h), so none reaches this QP.
   // A QP in the error state may be that retired QP itself: its markers must come back first, and
