@@ -8,15 +8,15 @@
 // Shape: 2 shards (pollers), --cqs CQs over them, --qps QPs on 3 consumers: consumer 0 is a
 // runtime-owned thread, consumers 1 and 2 are engine-driven, each driven by a thread of this tool
 // through NotifyFd() + epoll + Drain() (1: level-triggered, and it pauses its Drain loop for
-// --pause_ms every --pause_every seconds; 2: edge-triggered). Every --split_every-th QP has its
-// send CQ on the other shard, so its completions travel on two CQs. With --engine_shard, shard 1
-// has no poller thread: a reactor thread of this tool drives it (PollShard while there is work,
-// else TrySleepShard and epoll_wait on ShardFd, no timeout), and consumer 0 runs to completion on
-// it (ConsumerKind::kRunToCompletion: its handlers run inside PollShard on the reactor); QPs
-// meant for consumer 0 whose CQs are not both on shard 1 go to consumer 1 or 2 instead. With
-// --arena, consumers 1 and 2 are not drained by threads of this tool but hosted in a oneTBB
-// task_arena of two threads (cqd::ArenaConsumers, cqd/tbb.h: a drain task per readable notify
-// fd, at most one per consumer at a time); nothing pauses them then.
+// --pause_ms every --pause_every seconds; 2: edge-triggered). Every --split_every-th pair of QPs
+// has its send CQs on the other shard, so their completions travel on two CQs. With --engine_shard,
+// shard 1 has no poller thread: a reactor thread of this tool drives it (PollShard while there is
+// work, else TrySleepShard and epoll_wait on ShardFd, no timeout), and consumer 0 runs to
+// completion on it (ConsumerKind::kRunToCompletion: its handlers run inside PollShard on the
+// reactor); QPs meant for consumer 0 whose CQs are not both on shard 1 go to consumer 1 or 2
+// instead. With --arena, consumers 1 and 2 are not drained by threads of this tool but hosted in
+// a oneTBB task_arena of two threads (cqd::ArenaConsumers, cqd/tbb.h: a drain task per readable
+// notify fd, at most one per consumer at a time); nothing pauses them then.
 //
 // The tool behaves as a disciplined engine: each QP is created with --qp_wrs work requests per
 // queue (SimQpOptions), RegisterQp's capacity guard grows the CQs to hold them, and a QP never has
@@ -84,9 +84,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kSendStream = uint64_t{1} << 63;
 // Bits 48..62 of a wr_id: the QP incarnation's tag, so that completions and orphans of two QPs
-// that had the same qp_num are told apart (a device reuses numbers at once).
+// that had the same qp_num are told apart (a device reuses numbers at once). Tags wrap; no two
+// incarnations with one qp_num hold the same tag while either's books are open (Register).
+// --tag_bits narrows the tag so that it wraps often (set once, before any thread starts).
 constexpr int kTagShift = 48;
-constexpr uint64_t kTagMask = 0x7fff;
+uint64_t g_tag_mask = 0x7fff;
 constexpr uint64_t kIndexMask = (uint64_t{1} << kTagShift) - 1;
 uint64_t BooksKey(uint32_t qp_num, uint64_t tag) { return uint64_t{qp_num} << 16 | tag; }
 constexpr int kConsumers = 3;  // 0 owned, 1 engine (LT, pauses), 2 engine (ET)
@@ -114,8 +116,9 @@ struct Flags {
   double pause_every = 4;  // seconds; 0: never pause
   double pause_ms = 1500;
   double teardown_timeout_ms = 0;  // 0: 5000 + pause_ms
-  int split_every = 4;             // every Nth QP gets a send CQ on the other shard; 0: none
+  int split_every = 4;             // every Nth pair of QPs: send CQ on the other shard; 0: none
   int srq_every = 0;               // every Nth QP incarnation receives from an SRQ; 0: none
+  int tag_bits = 15;               // wr_id bits naming a QP incarnation (1..15)
   double drain_timeout = 60;       // seconds to wait for the last completions
   uint64_t seed = 1;
   bool progress = true;
@@ -155,12 +158,16 @@ std::vector<FlagSpec> Specs(Flags& f) {
       {"pause_ms", "... for M ms", FlagSpec::kDouble, &f.pause_ms},
       {"teardown_timeout_ms", "TeardownOptions::timeout (0: 5000 + pause_ms)", FlagSpec::kDouble,
        &f.teardown_timeout_ms},
-      {"split_every", "every Nth QP has its send CQ on the other shard (0: none)", FlagSpec::kInt,
-       &f.split_every},
+      {"split_every", "every Nth pair of QPs has its send CQs on the other shard (0: none; 1: all)",
+       FlagSpec::kInt, &f.split_every},
       {"srq_every",
        "every Nth QP incarnation receives from an SRQ (its teardown waits for LAST_WQE_REACHED; "
        "0: none)",
        FlagSpec::kInt, &f.srq_every},
+      {"tag_bits",
+       "wr_id bits that name a QP incarnation (1..15; fewer make the tags wrap sooner, which the "
+       "books must survive)",
+       FlagSpec::kInt, &f.tag_bits},
       {"drain_timeout", "seconds to wait for the last completions", FlagSpec::kDouble,
        &f.drain_timeout},
       {"seed", "random seed", FlagSpec::kU64, &f.seed},
@@ -255,11 +262,12 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
   }
   if (f.qps < 1 || f.cqs < 2 || f.depth < kMaxBurst || f.injectors < 1 || f.error_permille > 1000 ||
       f.solicited_permille > 1000 || f.queue_capacity < 1 || f.spill_capacity < 1 ||
-      f.spill_capacity > (1 << 20) || f.qp_wrs < 1 || f.teardown_permille > 1000) {
+      f.spill_capacity > (1 << 20) || f.qp_wrs < 1 || f.teardown_permille > 1000 ||
+      f.tag_bits < 1 || f.tag_bits > 15) {
     fprintf(stderr,
             "soak: need --qps>=1, --cqs>=2, --depth>=%d, --injectors>=1, "
-            "--queue_capacity>=1, --spill_capacity in 1..2^20, --qp_wrs>=1, permille values "
-            "<= 1000\n",
+            "--queue_capacity>=1, --spill_capacity in 1..2^20, --qp_wrs>=1, --tag_bits in 1..15, "
+            "permille values <= 1000\n",
             kMaxBurst);
     Usage(specs);
     return false;
@@ -364,7 +372,7 @@ void SoakHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
   uint64_t got[2] = {0, 0};
   uint64_t errors = 0;
   for (const ibv_wc& wc : wcs) {
-    if (wc.qp_num != t.qp_num || ((wc.wr_id >> kTagShift) & kTagMask) != t.tag) {
+    if (wc.qp_num != t.qp_num || ((wc.wr_id >> kTagShift) & g_tag_mask) != t.tag) {
       t.wrong_qp.fetch_add(1, std::memory_order_relaxed);  // another QP's, or an earlier one's
       continue;
     }
@@ -405,7 +413,7 @@ struct OrphanBooks final : public cqd::OrphanHandler {
     total.fetch_add(wcs.size(), std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu);
     for (const ibv_wc& wc : wcs) {
-      auto it = open.find(BooksKey(wc.qp_num, (wc.wr_id >> kTagShift) & kTagMask));
+      auto it = open.find(BooksKey(wc.qp_num, (wc.wr_id >> kTagShift) & g_tag_mask));
       if (it == open.end()) {
         ++unknown;
         continue;
@@ -516,6 +524,7 @@ struct Soak {
   std::atomic<uint64_t> teardown_failures{0};     // refused, or Wait() neither OK nor the deadline
   std::atomic<uint64_t> teardown_retries{0};      // refused for want of room for a marker: retried
   std::atomic<uint64_t> register_refusals{0};     // RegisterQp said UNAVAILABLE: retried
+  std::atomic<uint64_t> tag_waits{0};             // no free tag for the qp_num yet: retried
   std::atomic<uint64_t> srq_draw{0};              // incarnations made, for --srq_every
   std::atomic<uint64_t> register_wait_max_ns{0};  // the longest a refused QP waited
   std::atomic<uint64_t> teardown_undelivered{0};  // completions an OK teardown did not deliver
@@ -551,15 +560,28 @@ struct Soak {
   }
 
   // Registers `qp` on `consumer` as slot's QP, or, if the runtime refuses it for now
-  // (UNAVAILABLE), keeps it waiting in the slot. Returns false on any other error. Caller holds
-  // the slot's mutex.
+  // (UNAVAILABLE) or no incarnation tag is free for its qp_num, keeps it waiting in the slot.
+  // Returns false on any other error. Caller holds the slot's mutex.
   bool Register(QpSlot& slot, cqd::SimQp* qp, cqd::ConsumerId consumer) {
     auto t = std::make_unique<Track>();
     t->qp_num = qp->qp_num();
-    t->tag = next_tag.fetch_add(1, std::memory_order_relaxed) & kTagMask;
     t->streams_used = slot.send_cq == slot.recv_cq ? 1 : 2;
     {
+      // Tags wrap (every refused registration takes one too), so skip any tag that an incarnation
+      // with this qp_num still has open books under: sharing one would merge two QPs' books and
+      // hide a completion that reached the wrong one of them.
       std::lock_guard<std::mutex> lock(g_orphans.mu);
+      bool free = false;
+      for (uint64_t tries = 0; tries <= g_tag_mask && !free; ++tries) {
+        t->tag = next_tag.fetch_add(1, std::memory_order_relaxed) & g_tag_mask;
+        free = !g_orphans.open.contains(BooksKey(t->qp_num, t->tag));
+      }
+      if (!free) {  // every tag is open under this qp_num (a narrow --tag_bits): try later
+        tag_waits.fetch_add(1, std::memory_order_relaxed);
+        slot.waiting_qp = qp;
+        slot.waiting_consumer = consumer;
+        return true;
+      }
       g_orphans.open[BooksKey(t->qp_num, t->tag)] = t.get();
     }
     auto reg = rt->RegisterQp(*qp, t->handler, consumer);
@@ -782,8 +804,10 @@ struct Soak {
     for (int i = 0; i < flags.qps; ++i) {
       auto slot = std::make_unique<QpSlot>();
       slot->recv_cq = i % flags.cqs;
-      // The neighbouring CQ is on the other shard.
-      bool split = flags.split_every > 0 && i % flags.split_every == flags.split_every - 1;
+      // The neighbouring CQ is on the other shard. Slots are counted in pairs, so that both
+      // shards keep QPs with both CQs on them (with --engine_shard, consumer 0 takes only QPs
+      // whose CQs are both on shard 1; counting single slots, --split_every=2 split them all).
+      bool split = flags.split_every > 0 && (i / 2) % flags.split_every == flags.split_every - 1;
       slot->send_cq = split ? (i + 1) % flags.cqs : slot->recv_cq;
       std::lock_guard<std::mutex> lock(slot->mu);
       if (!NewQp(*slot, static_cast<cqd::ConsumerId>(i % kConsumers))) return false;
@@ -1156,6 +1180,7 @@ int main(int argc, char** argv) {
   Soak soak;
   if (!ParseFlags(argc, argv, soak.flags)) return 2;
   const Flags& f = soak.flags;
+  g_tag_mask = (uint64_t{1} << f.tag_bits) - 1;
   setvbuf(stdout, nullptr, _IOLBF, 0);
   char engine_text[160];
   if (f.arena) {
@@ -1165,23 +1190,24 @@ int main(int argc, char** argv) {
     snprintf(engine_text, sizeof(engine_text), "engine LT pausing %.0f ms every %.1f s, engine ET",
              f.pause_ms, f.pause_every);
   }
-  printf("soak: %" PRIu64
-         " completions%s%s, %d QPs on %d CQs over 2 shards%s, 3 consumers "
-         "(%s, %s), %d injectors, CQ depth %d "
-         "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
-         ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns, deadline %s), faults "
-         "every %.1f ms, split CQs every %d QPs, SRQ every %d QPs\n",
-         f.completions,
-         f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
-         f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
-         f.qps, f.cqs, f.engine_shard ? " (shard 1 engine-driven, by a reactor thread)" : "",
-         f.engine_shard ? "run to completion on shard 1" : "owned", engine_text, f.injectors,
-         f.depth, f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms,
-         f.teardown_permille,
-         f.teardown_timeout_ms > 0
-             ? (std::to_string(f.teardown_timeout_ms).substr(0, 6) + " ms").c_str()
-             : "5 s + pause",
-         f.fault_ms, f.split_every, f.srq_every);
+  printf(
+      "soak: %" PRIu64
+      " completions%s%s, %d QPs on %d CQs over 2 shards%s, 3 consumers "
+      "(%s, %s), %d injectors, CQ depth %d "
+      "(grown to hold %d WRs per QP queue), queue capacity %" PRIu64 ", spill capacity %" PRIu64
+      ", errors %d/1000, churn every %.1f ms (%d/1000 drained teardowns, deadline %s), faults "
+      "every %.1f ms, split CQs every %d QP pairs, SRQ every %d QPs, incarnation tags of %d bits\n",
+      f.completions,
+      f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
+      f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
+      f.qps, f.cqs, f.engine_shard ? " (shard 1 engine-driven, by a reactor thread)" : "",
+      f.engine_shard ? "run to completion on shard 1" : "owned", engine_text, f.injectors, f.depth,
+      f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms,
+      f.teardown_permille,
+      f.teardown_timeout_ms > 0
+          ? (std::to_string(f.teardown_timeout_ms).substr(0, 6) + " ms").c_str()
+          : "5 s + pause",
+      f.fault_ms, f.split_every, f.srq_every, f.tag_bits);
   if (!soak.Setup()) return 1;
 
   soak.start = Clock::now();
@@ -1361,8 +1387,10 @@ int main(int argc, char** argv) {
          ended ? soak.teardown_wait_ns.load() / 1e6 / ended : 0.0,
          soak.teardown_wait_max_ns.load() / 1e6);
   printf("  registrations refused   %14" PRIu64
-         "  (UNAVAILABLE while a retired QP's number was fenced; longest wait %.2f ms)\n",
-         soak.register_refusals.load(), soak.register_wait_max_ns.load() / 1e6);
+         "  (UNAVAILABLE while a retired QP's number was fenced; longest wait %.2f ms; "
+         "waited for a free tag %" PRIu64 ")\n",
+         soak.register_refusals.load(), soak.register_wait_max_ns.load() / 1e6,
+         soak.tag_waits.load());
   printf(
       "  waits from handlers     %14" PRIu64 "  (refused %" PRIu64 ", of one over %" PRIu64
       ", wrong %" PRIu64 ")\n",

@@ -34,11 +34,14 @@ if (( rc != 0 )); then
   exit 1
 fi
 # The same tight shape with shard 1 engine-driven: a reactor thread of the tool polls it and
-# sleeps in epoll on its shard fd, and consumer 0 runs to completion on it.
+# sleeps in epoll on its shard fd, and consumer 0 runs to completion on it. Incarnation tags of 2
+# bits wrap every four QPs, so the tool's books must keep two incarnations of one qp_num apart
+# when their tags come round again (with 15 bits they wrapped only in long runs, and a 20-minute
+# edge soak once reported completions lost that were the tool's own misattribution).
 "$soak" --completions=200000 --rate=50000 --qps=48 --cqs=4 --depth=256 --queue-capacity=4 \
   --spill-capacity=2 --qp-wrs=64 --churn-ms=2 --teardown-permille=1000 --teardown-timeout-ms=20 \
   --fault_ms=5 --pause_every=1 --pause_ms=300 --split_every=2 --error_permille=200 \
-  --drain_timeout=60 --engine_shard=1 --seed="${SOAK_SEED:-$RANDOM}"
+  --drain_timeout=60 --engine_shard=1 --tag_bits=2 --seed="${SOAK_SEED:-$RANDOM}"
 rc=$?
 if (( rc != 0 )); then
   echo "soak_short_test: the engine-driven shard soak exited with $rc" >&2
