@@ -10,8 +10,8 @@
 # The rows go to the edges of the options that together broke the soak before: queue and spill
 # from 1, teardown deadlines from 5 ms to 5 s, split and shared CQs, SRQ QPs, engine-driven
 # shards and arena consumers, churn through plain Unregister and through teardowns, consumer
-# pauses. Every run must show zero lost, duplicated, out of order and wrong-QP deliveries (the
-# soak's PASS). Exits non-zero if any run failed.
+# pauses, incarnation tags narrow enough to wrap. Every run must show zero lost, duplicated, out
+# of order and wrong-QP deliveries (the soak's PASS). Exits non-zero if any run failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds=${1:-15}
@@ -24,18 +24,19 @@ quiet_soak="$(bazel info -c opt bazel-bin 2>/dev/null)/tools/soak"
 chaos_soak="$(bazel info --config=chaos bazel-bin 2>/dev/null)/tools/soak"
 
 # queue spill teardown_permille teardown_timeout_ms(0: 5000+pause) split_every srq_every
-# engine_shard arena qps churn_ms pause_every seed
+# engine_shard arena qps churn_ms pause_every seed tag_bits
 grid=(
-  "1 1 500 50 2 0 1 0 96 5 4 1"
-  "2 1 500 20 1 0 0 0 96 5 4 2"
-  "1 2 500 200 3 0 0 0 96 5 4 3"
-  "8192 4096 500 0 4 0 0 0 96 5 4 4"
-  "1 1 1000 5 1 3 0 0 96 5 4 5"
-  "1 1 0 0 2 0 1 0 96 2 4 6"
-  "1 1 500 5000 3 4 1 1 1000 5 0 7"
-  "64 8 700 20 2 5 0 1 300 5 0 8"
-  "4 2 500 5 0 0 0 0 96 1 4 9"
-  "16 1 500 1000 2 2 1 0 200 5 2 10"
+  "1 1 500 50 2 0 1 0 96 5 4 1 15"
+  "2 1 500 20 1 0 0 0 96 5 4 2 15"
+  "1 2 500 200 3 0 0 0 96 5 4 3 15"
+  "8192 4096 500 0 4 0 0 0 96 5 4 4 15"
+  "1 1 1000 5 1 3 0 0 96 5 4 5 2"
+  "1 1 0 0 2 0 1 0 96 2 4 6 15"
+  "1 1 500 5000 3 4 1 1 1000 5 0 7 15"
+  "64 8 700 20 2 5 0 1 300 5 0 8 15"
+  "4 2 500 5 0 0 0 0 96 1 4 9 15"
+  "16 1 500 1000 2 2 1 0 200 5 2 10 15"
+  "1 1 500 20 2 0 1 0 96 5 4 11 2"
 )
 
 # Prints the number after `label` on the summary line that starts with it.
@@ -57,20 +58,25 @@ table="$out/../soak_grid.md"
   echo "busy loops that keep both cores busy). Logs: \`docs/runs/soak_grid/run_N_MODE.txt\`. Teardowns: drained"
   echo "OK / ended at the deadline (what they left fenced and orphaned) / failed. Refused: RegisterQp"
   echo "answered UNAVAILABLE (a retired QP's number still fenced in a held-back CQ) and was retried."
+  echo "Consumer 0 is the runtime-owned thread, or, with the engine shard, the run-to-completion"
+  echo "consumer on it (its figure shows that the row reached it). Tag bits: the wr_id bits naming a"
+  echo "QP incarnation in the tool's books (2 makes them wrap every four incarnations of a qp_num)."
   echo
-  echo "| run | mode | queue | spill | teardown permille | deadline ms | split every | SRQ every | engine shard | arena | QPs | churn ms | pause every s | seed | completions | lost | duplicated | out of order | wrong QP | orphans | teardowns OK / deadline / failed | registrations refused | verdict |"
-  echo "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"
+  echo "| run | mode | queue | spill | teardown permille | deadline ms | split every | SRQ every | engine shard | arena | QPs | churn ms | pause every s | seed | tag bits | completions | consumer 0 delivered | lost | duplicated | out of order | wrong QP | orphans | teardowns OK / deadline / failed | registrations refused | verdict |"
+  echo "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |"
 } >"$table"
 
 status=0
 n=0
 for row in "${grid[@]}"; do
   n=$((n + 1))
-  read -r queue spill td td_timeout split srq engine arena qps churn pause_every seed <<<"$row"
+  read -r queue spill td td_timeout split srq engine arena qps churn pause_every seed tag_bits \
+    <<<"$row"
   args=(--completions=2e9 --seconds="$seconds" --queue_capacity="$queue" --spill_capacity="$spill"
         --teardown_permille="$td" --teardown_timeout_ms="$td_timeout" --split_every="$split"
         --srq_every="$srq" --engine_shard="$engine" --arena="$arena" --qps="$qps"
-        --churn_ms="$churn" --pause_every="$pause_every" --seed="$seed" --progress=0)
+        --churn_ms="$churn" --pause_every="$pause_every" --seed="$seed" --tag_bits="$tag_bits"
+        --progress=0)
   for mode in quiet chaos hog; do
     log="$out/run_${n}_$mode.txt"
     soak=$quiet_soak
@@ -93,13 +99,15 @@ for row in "${grid[@]}"; do
     wrong=$(field "wrong-QP deliveries" "$log")
     orphans=$(field "orphans" "$log")
     refused=$(field "registrations refused" "$log")
+    # Consumer 0's line (the owned thread, or run to completion on the engine-driven shard).
+    c0=$(grep -m1 -E '^  consumer (owned0|rtc0-shard1) ' "$log" | sed -E 's/.* delivered +([0-9]+).*/\1/')
     tdline=$(grep -m1 -E '^  drained teardowns ' "$log")
     td_ok=$(sed -E 's/^  drained teardowns +([0-9]+).*/\1/' <<<"$tdline")
     td_deadline=$(grep -oE 'ended at the deadline [0-9]+' <<<"$tdline" | grep -oE '[0-9]+$')
     td_failed=$(grep -oE 'failed [0-9]+' <<<"$tdline" | grep -oE '[0-9]+$')
     timeout_text=$td_timeout
     [[ $td_timeout == 0 ]] && timeout_text="5000 + pause"
-    echo "| $n | $mode | $queue | $spill | $td | $timeout_text | $split | $srq | $engine | $arena | $qps | $churn | $pause_every | $seed | $injected | $lost | $dup | $ooo | $wrong | $orphans | $td_ok / $td_deadline / $td_failed | $refused | $verdict |" >>"$table"
+    echo "| $n | $mode | $queue | $spill | $td | $timeout_text | $split | $srq | $engine | $arena | $qps | $churn | $pause_every | $seed | $tag_bits | $injected | $c0 | $lost | $dup | $ooo | $wrong | $orphans | $td_ok / $td_deadline / $td_failed | $refused | $verdict |" >>"$table"
     echo "   $verdict: injected $injected, lost $lost, duplicated $dup, out of order $ooo, wrong QP $wrong"
   done
 done
