@@ -333,7 +333,8 @@ class Runtime {
   /// After Shutdown it runs those handlers on what they still hold, and then returns 0 for good.
   /// Returns the work done (completions taken off CQs, plus events placed and entries handed over
   /// or dispatched; 0: none), -EINVAL if `shard` is not an engine-driven shard of this runtime or
-  /// `budget` < 1, -EBUSY from a handler, OrphanHandler or DeviceEventHandler.
+  /// `budget` < 1, -EBUSY from any cqd callback (a QpHandler, CmHandler, OrphanHandler,
+  /// DeviceEventHandler, TeardownOptions::on_done or the log sink: InCallback()).
   int PollShard(int shard, int budget) noexcept;
   /// The sleep protocol (Seastar's try_enter_interrupt_mode). Arms the shard's CQs that are not
   /// armed, polls them once more (what that finds is routed, not dropped) and checks for posted

@@ -105,12 +105,12 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   return max <= 0 ? 0 : c.Drain(max);
 }
 
-// A handler of any kind, or an OrphanHandler or DeviceEventHandler: driving a shard from there
-// would nest one poller's pass inside another's (or inside a consumer's batch), and a wait duty
-// serves one shard only.
-static bool InsideRuntimeCallback() noexcept {
-  return (CallerRoles() & (kRoleRuntimeThread | kRoleWaitDuty | kRoleHandler)) != 0;
-}
+// Any role at all (what Runtime::InCallback answers): a poller's or the event thread, a handler
+// of any kind, an OrphanHandler or DeviceEventHandler, on_done on the teardown thread, the log
+// sink. Driving a shard from there would nest one poller's pass inside another's (or inside a
+// consumer's batch, or under the runtime's mutex, or make the teardown thread the shard's
+// sleeper), and a wait duty serves one shard only.
+static bool InsideRuntimeCallback() noexcept { return CallerRoles() != 0; }
 
 int RuntimeImpl::PollShard(int shard, int budget) noexcept {
   if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size() || budget < 1) return -EINVAL;

@@ -608,6 +608,68 @@ TEST(EngineShard, DrivingAShardFromACallbackIsRefused) {
   CQD_ASSERT_OK(rt->DestroyCq(cq0));
 }
 
+// The same refusal from the two callbacks that run on no poller: TeardownOptions::on_done (on the
+// runtime's teardown thread, which would otherwise run the shard's pass and its run-to-completion
+// handlers, or become the shard's sleeper) and the log sink (which may run under the runtime's
+// mutex). The shard's work stays for its engine, which delivers it afterwards.
+TEST(EngineShard, DrivingAShardFromOnDoneOrTheLogSinkIsRefused) {
+  std::atomic<Runtime*> sink_rt{nullptr};
+  std::atomic<int> sink_calls{0};
+  std::atomic<int> sink_refused{0};
+  RuntimeOptions options = EngineOptions(1);
+  options.log = [&](LogLevel, std::string_view) {
+    Runtime* rt = sink_rt.load();
+    if (rt == nullptr) return;
+    sink_calls.fetch_add(1);
+    if (rt->PollShard(0, 16) == -EBUSY && rt->TrySleepShard(0) == -EBUSY) sink_refused.fetch_add(1);
+  };
+  auto rt = Runtime::Create(options).value();
+  sink_rt.store(rt.get());
+  auto sim = SimDevice::Create();
+  DeviceId dev = rt->AddSimDevice(sim).value();  // logs that the device was added
+  sink_rt.store(nullptr);
+  EXPECT_GT(sink_calls.load(), 0);
+  EXPECT_EQ(sink_refused.load(), sink_calls.load());
+
+  CqHandle cq = rt->CreateCq(dev, 0).value();
+  SimQp* qa = sim->CreateQp(cq.sim(), cq.sim()).value();
+  SimQp* qb = sim->CreateQp(cq.sim(), cq.sim()).value();
+  ThreadCheckingHandler ha, hb;
+  ha.expected_thread = hb.expected_thread = std::this_thread::get_id();
+  ha.qp_num = qa->qp_num();
+  hb.qp_num = qb->qp_num();
+  Registration ra = rt->RegisterQp(*qa, ha, 0).value();
+  Registration rb = rt->RegisterQp(*qb, hb, 0).value();
+  ASSERT_TRUE(InjectRecvs(qb, 0, 3));  // waiting for the shard's engine: this thread
+  std::atomic<int> poll_result{1}, sleep_result{1};
+  std::atomic<bool> done{false};
+  TeardownOptions teardown;
+  teardown.timeout = std::chrono::milliseconds(20);
+  teardown.on_done = [&](const Status&) {
+    poll_result.store(rt->PollShard(0, 16));
+    sleep_result.store(rt->TrySleepShard(0));
+    done.store(true);
+  };
+  auto td = rt->TeardownQp(ra, teardown);
+  ASSERT_TRUE(td.ok()) << td.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return done.load(); }));  // the deadline ends it: nobody polls
+  EXPECT_EQ(poll_result.load(), -EBUSY);
+  EXPECT_EQ(sleep_result.load(), -EBUSY);
+  EXPECT_EQ(hb.received(), 0u);  // nothing ran on the teardown thread
+  // The engine drives the shard as before: qb's completions come here, in order.
+  ASSERT_TRUE(WaitFor([&] {
+    rt->PollShard(0, 16);
+    return hb.received() == 3;
+  }));
+  EXPECT_EQ(hb.wrong_thread.load(), 0u);
+  EXPECT_EQ(hb.out_of_order(), 0u);
+  EXPECT_EQ(hb.wrong_qp(), 0u);
+  rb.Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(qa));
+  CQD_ASSERT_OK(sim->DestroyQp(qb));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
 // One thread sleeps on a shard at a time: another thread's PollShard or TrySleepShard while it
 // sleeps wakes it (its fd becomes readable) and returns 0, and takes nothing the sleeper relies
 // on; the sleeper's next PollShard reads the fd and the protocol starts afresh.
