@@ -47,6 +47,9 @@ struct DeviceRecord {
   DeviceClaim claim;                        // this runtime's hold on the native device
 };
 
+// The most work requests the capacity guard lets a CQ grow to (RegisterQp, RuntimeImpl::Commit).
+inline constexpr uint64_t kCqGrowthCeiling = uint64_t{1} << 30;
+
 struct CqRecord {
   uint32_t id = 0;
   int shard = 0;

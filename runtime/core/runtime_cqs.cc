@@ -275,7 +275,7 @@ Status RuntimeImpl::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
                            ") cannot hold the " + std::to_string(need) +
                            " work requests its QPs may have outstanding (S11)";
   if (!cq->grow) return ResourceExhausted(what + "; it was created with grow = false");
-  if (need > (1u << 30)) return ResourceExhausted(what);
+  if (need > kCqGrowthCeiling) return ResourceExhausted(what);
   // Grow with headroom, so that a run of registrations does not resize every time.
   const uint64_t target =
       std::max<uint64_t>(need, std::min<uint64_t>(2 * uint64_t(depth), need + need / 2));

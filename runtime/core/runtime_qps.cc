@@ -60,7 +60,7 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   // later" by the fence check below.
   for (CqRecord* cq : {send, recv}) {
     const uint64_t wrs = send == recv ? send_wrs + recv_wrs : cq == send ? send_wrs : recv_wrs;
-    const uint64_t most = cq->grow ? uint64_t{1} << 30 : static_cast<uint64_t>(cq->cq->depth());
+    const uint64_t most = cq->grow ? kCqGrowthCeiling : static_cast<uint64_t>(cq->cq->depth());
     if (wrs > most) {
       return ResourceExhausted("RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " +
                                std::to_string(cq->id) + " can never hold the " +
