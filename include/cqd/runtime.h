@@ -52,7 +52,10 @@
 /// which are the runtime's, to nobody), keeps counting against its CQ's capacity until polled,
 /// and never reaches a later registration: a new QP that got the number is registered on a CQ
 /// only once the runtime has polled out of it whatever the old QP left there (RegisterQp does so
-/// itself; see its UNAVAILABLE).
+/// itself; see its UNAVAILABLE). That includes what the old QP completed after its registration
+/// ended and before the engine destroyed it: the runtime keeps, for each CQ, the numbers whose
+/// registration ended there (one bit each, at most 2 MiB per CQ) until they register there again
+/// or the CQ is destroyed.
 ///
 /// Bounds. A consumer's queue never holds more than ConsumerOptions::queue_capacity items; each
 /// poller holds at most spill_capacity more for it, and then stops polling only the CQs that

@@ -26,7 +26,8 @@
 // the CQ is over; routing takes the awaited markers (only while the CQ awaits one: one branch)
 // and sends the rest of the retired QP's completions to the orphan sink, since nothing is
 // registered for them. A new QP with the number is registered on a CQ only after
-// FenceForReuse ended every fence of that number there.
+// FenceForReuse ended every fence of that number there, and, for a number retired there, a
+// catch-up of its own (retired_numbers.h).
 //
 // Slow consumers: a consumer whose queue is full leaves its items in this poller's spill. Each
 // CQ knows which consumers its registered QPs use (`CqRecord::uses`); a CQ is polled for at most
@@ -176,12 +177,13 @@ class Poller {
   };
   void FenceRetired(const TeardownState* ending, uint32_t qp_num, const RetiredSide* sides, int n);
   // RegisterQp of a QP with `qp_num` on `cq`: starts a catch-up for every fence of that number
-  // there and polls the CQ as far as its consumers' room allows. `in_error_qp`: the QP, if it is
-  // in the error state (else null): a fence of that very QP that awaits a marker ends only by it
-  // (fences.h). Returns true once no fence of that number stands there (the registration may go
-  // on), false while one does (a consumer the CQ serves is full, or an awaited marker has not
-  // come back).
-  bool FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp);
+  // there (and, if `retired_here`, adds one: the number's registration ended on this CQ, and the
+  // old QP may have completed more since its fences ended) and polls the CQ as far as its
+  // consumers' room allows. `in_error_qp`: the QP, if it is in the error state (else null): a
+  // fence of that very QP that awaits a marker ends only by it (fences.h). Returns true once no
+  // fence of that number stands there (the registration may go on), false while one does (a
+  // consumer the CQ serves is full, or an awaited marker has not come back).
+  bool FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp, bool retired_here);
   // DestroyCq, once the CQ is gone for good (destroyed, or released to the engine): ends its
   // fences. (RemoveCq keeps them: a destroy that fails puts the CQ back with its fences.)
   void DropFences(CqRecord* cq);

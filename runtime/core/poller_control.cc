@@ -146,9 +146,18 @@ void Poller::FenceRetired(const TeardownState* ending, uint32_t qp_num, const Re
   });
 }
 
-bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp) {
+bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp,
+                           bool retired_here) {
   bool clear = true;
   RunSync([&] {
+    // A number retired here may have left completions behind after its fences ended: a catch-up
+    // of its own polls them out (retired_numbers.h).
+    if (retired_here) {
+      Fence catch_up;
+      catch_up.cq = cq;
+      catch_up.qp_num = qp_num;
+      fences_.Add(catch_up, /*catch_up=*/true);
+    }
     if (!fences_.Holds(cq, qp_num)) return;
     fences_.AwaitMarkers(cq, qp_num, in_error_qp);
     fences_.StartCatchUps(cq, qp_num);

@@ -17,6 +17,7 @@
 #include "runtime/backend/device.h"
 #include "runtime/core/device_claims.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/retired_numbers.h"
 
 namespace cqd::internal {
 
@@ -67,8 +68,11 @@ struct CqRecord {
   // fence ends (release).
   std::atomic<uint64_t> leftover_commit{0};
   // The fences on this CQ (fences.h): written by its poller, read (relaxed) by the control path,
-  // which skips the reuse check while it is 0.
+  // which skips the reuse check while it is 0 and the number is not in `retired`.
   std::atomic<uint32_t> fences{0};
+  // Control path: numbers whose registration ended here and that have not registered here since
+  // (retired_numbers.h): RegisterQp polls the CQ out before such a number comes back.
+  RetiredNumbers retired;
 
   // Poller-owned (changed by the control path only through Poller's calls).
   bool poll_failed = false;

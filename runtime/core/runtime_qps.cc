@@ -83,8 +83,9 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
       caps->in_error && !device->failed.load(std::memory_order_acquire) ? native_qp : nullptr;
   if (fenced && in_error_qp != nullptr) (void)device->backend->RedriveDrain(native_qp, 0);
   for (CqRecord* cq : {send, recv}) {
-    if (cq->fences.load(std::memory_order_relaxed) != 0 &&
-        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, in_error_qp)) {
+    const bool retired_here = cq->retired.Contains(qp_num);
+    if ((retired_here || cq->fences.load(std::memory_order_relaxed) != 0) &&
+        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, in_error_qp, retired_here)) {
       Status refused = Unavailable(
           "RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " + std::to_string(cq->id) +
           " still holds completions of a retired QP that had this number, and a consumer it "
@@ -127,6 +128,8 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   if (recv != send) pollers_[recv->shard]->AddUse(recv, consumer);
   slot.state.store(MakeState(generation, consumer, true), std::memory_order_release);
   device->qps.Set(qp_num, &slot);
+  send->retired.Remove(qp_num);  // polled out above: what the old QP left is gone
+  recv->retired.Remove(qp_num);
   ++send->registered_qps;
   ++recv->registered_qps;
   live_registrations_.fetch_add(1, std::memory_order_relaxed);
@@ -145,6 +148,9 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   CqRecord* cqs[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
     cqs[k] = cqs_.Find(ids[k]);
+    // Whatever the QP completes from now on waits in the CQ for nobody; the number is polled out
+    // of it before it registers here again (retired_numbers.h).
+    if (cqs[k] != nullptr) cqs[k]->retired.Add(slot.qp_num.load(std::memory_order_relaxed));
   }
   // A teardown's fences before the registration dies: a pass before this saw it live and
   // draining and marked what it polled; a pass after finds the fence first. (The other way round,
