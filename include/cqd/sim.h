@@ -163,7 +163,8 @@ class SimDevice {
   /// As ibv_destroy_qp (see CreateQp).
   virtual Status DestroyQp(SimQp* qp) = 0;
 
-  /// Fault injection.
+  /// Fault injection. The hooks that return nothing ignore a null pointer and an object of
+  /// another device.
   /// Raises a QP async event (QP_FATAL, COMM_EST, SQ_DRAINED, LAST_WQE_REACHED, ...).
   virtual Status RaiseQpEvent(SimQp* qp, ibv_event_type type) = 0;
   /// Raises a port event (PORT_ACTIVE, PORT_ERR, LID_CHANGE, ...) or an SRQ event.

@@ -3,6 +3,8 @@
 // verbs misuse it reports instead of hanging.
 #include "runtime/backend/sim/sim_device.h"
 
+#include <poll.h>
+
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -45,6 +47,34 @@ TEST(SimDevice, InjectedErrnoAndSpuriousEvents) {
   EXPECT_EQ(native, cq->native());
   ibv_wc wc;
   EXPECT_EQ(cq->Poll(1, &wc), 0);  // S5: an event with nothing behind it
+  dev.AckCqEvents(cq, 1);
+  CQD_ASSERT_OK(dev.DestroyCq(cq));
+  CQD_ASSERT_OK(dev.DestroyChannel(channel));
+}
+
+// The fault hooks that return nothing ignore a null pointer and another device's CQ or channel
+// (they crashed on null): the other device's objects are left as they were.
+TEST(SimDevice, FaultHooksIgnoreNullAndForeignObjects) {
+  auto sim = SimDevice::Create();
+  auto other = SimDevice::Create();
+  sim_internal::SimBackend dev(other);
+  CQD_ASSERT_OK_AND_ASSIGN(channel, dev.CreateChannel());
+  CQD_ASSERT_OK_AND_ASSIGN(cq, dev.CreateCq(8, channel));
+  auto* foreign_cq = static_cast<SimCq*>(cq->native());
+  auto* foreign_channel = static_cast<SimChannel*>(channel->native());
+  sim->AddSpuriousEvent(nullptr);
+  sim->FailGetEvent(nullptr, EINTR, 3);
+  sim->FailRequestNotify(nullptr, EINTR, 3);
+  sim->AddSpuriousEvent(foreign_cq);
+  sim->FailGetEvent(foreign_channel, EINTR, 3);
+  sim->FailRequestNotify(foreign_cq, EINTR, 3);
+  EXPECT_EQ(cq->RequestNotify(false), 0);  // not failed by `sim`
+  pollfd readable{channel->fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&readable, 1, 0), 0);  // no spurious event was queued
+  other->AddSpuriousEvent(foreign_cq);  // its own device's hook does queue one
+  void* native = nullptr;
+  EXPECT_EQ(channel->GetEvent(&native), 0);  // and no EINTR was set
+  EXPECT_EQ(native, cq->native());
   dev.AckCqEvents(cq, 1);
   CQD_ASSERT_OK(dev.DestroyCq(cq));
   CQD_ASSERT_OK(dev.DestroyChannel(channel));

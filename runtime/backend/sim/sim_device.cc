@@ -317,19 +317,26 @@ void SimDeviceImpl::RaiseOverflow(SimCqImpl* cq) {
   }
 }
 
+// The fault hooks ignore a null pointer or another device's object (sim.h): nothing to fail.
 void SimDeviceImpl::AddSpuriousEvent(SimCq* cq) {
-  auto* impl = static_cast<SimCqImpl*>(cq);
-  if (impl->sim_channel() != nullptr) impl->sim_channel()->Push(impl);
+  SimCqImpl* impl = cq != nullptr ? FindCq(cq) : nullptr;
+  if (impl != nullptr && impl->sim_channel() != nullptr) impl->sim_channel()->Push(impl);
 }
 
 void SimDeviceImpl::FailGetEvent(SimChannel* channel, int err, int times) {
-  static_cast<SimChannelImpl*>(channel)->injected_errno().Set(err, times);
+  auto* impl = static_cast<SimChannelImpl*>(channel);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (channel == nullptr || !channels_.contains(impl)) return;
+  }
+  impl->injected_errno().Set(err, times);
 }
 
 void SimDeviceImpl::FailGetAsyncEvent(int err, int times) { async_errno_.Set(err, times); }
 
 void SimDeviceImpl::FailRequestNotify(SimCq* cq, int err, int times) {
-  static_cast<SimCqImpl*>(cq)->notify_errno().Set(err, times);
+  SimCqImpl* impl = cq != nullptr ? FindCq(cq) : nullptr;
+  if (impl != nullptr) impl->notify_errno().Set(err, times);
 }
 
 void SimDeviceImpl::PushAsyncLocked(const PendingAsync& event) {
