@@ -76,6 +76,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "cqd/runtime.h"
@@ -259,6 +260,28 @@ struct CqEnt {
   // our books would admit. Raised by the fuzzer thread and by self-unregistering handlers.
   std::atomic<int> undrained_ends{0};
   std::atomic<int64_t> committed{0};  // work requests of registrations on it (RegisterQp's guard)
+  // Numbers whose registration on it ended (or whose teardown started) and that have not
+  // registered on it since: only such a number may be refused with UNAVAILABLE there (a fence,
+  // or the catch-up of runtime/core/retired_numbers.h). Emptied when the runtime starts polling
+  // it (a new record there). Under retired_mu: the fuzzer thread and self-unregistering handlers.
+  std::mutex retired_mu;
+  std::unordered_set<uint32_t> retired;
+  void NoteRetired(uint32_t qp_num) {
+    std::lock_guard<std::mutex> lock(retired_mu);
+    retired.insert(qp_num);
+  }
+  bool Retired(uint32_t qp_num) {
+    std::lock_guard<std::mutex> lock(retired_mu);
+    return retired.contains(qp_num);
+  }
+  void NoteRegistered(uint32_t qp_num) {
+    std::lock_guard<std::mutex> lock(retired_mu);
+    retired.erase(qp_num);
+  }
+  void NotePolledAfresh() {
+    std::lock_guard<std::mutex> lock(retired_mu);
+    retired.clear();
+  }
 };
 
 struct State;
@@ -470,6 +493,8 @@ void FuzzHandler::SelfUnregister() noexcept {
     for (int s = 0; s < 2; ++s) q_->retired_at[s].store(q_->streams[s].injected.load());
     ++st_->cqs[q_->send_cq].undrained_ends;
     ++st_->cqs[q_->recv_cq].undrained_ends;
+    st_->cqs[q_->send_cq].NoteRetired(q_->qp_num.load());
+    st_->cqs[q_->recv_cq].NoteRetired(q_->qp_num.load());
     unregistered.store(true);
     ReleaseCommit();
     st_->registered.fetch_sub(1);
@@ -839,6 +864,7 @@ void DoCreateCq(State& st, uint8_t a, uint8_t b) {
   CHECK(cq.ok(), "CreateCq: %s", cq.status().ToString().c_str());
   CqEnt& e = st.cqs[i];
   e.exists = e.polled = true;
+  e.NotePolledAfresh();
   e.sim_destroyed = e.adopted = e.overflowed = false;
   e.solicited_only = options.solicited_only;
   e.grow = options.grow;
@@ -877,6 +903,7 @@ void DoAdoptCq(State& st, uint8_t a, uint8_t b) {
                         "AdoptCq on the wrong shard");
     CHECK(cq.ok(), "re-AdoptCq: %s", cq.status().ToString().c_str());
     e.polled = true;
+    e.NotePolledAfresh();
     e.grow = grow;
     if (e.handle.valid()) e.stale = e.handle;  // the released handle is stale now
     e.handle = *cq;
@@ -912,6 +939,7 @@ void DoAdoptCq(State& st, uint8_t a, uint8_t b) {
   auto again = st.rt->AdoptCq(st.dev, shard, e.sim);
   ExpectCode(again.status(), cqd::StatusCode::kAlreadyExists, "AdoptCq twice");
   e.polled = true;
+  e.NotePolledAfresh();
   e.handle = *cq;
 }
 
@@ -1087,10 +1115,12 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
     return;  // fences of retired registrations still count against the CQ
   }
   if (!reg.ok() && reg.status().code() == C::kUnavailable &&
-      (scq.undrained_ends > 0 || rcq.undrained_ends > 0)) {
-    return;  // a retired QP with this number left completions the runtime cannot poll out yet
+      (scq.Retired(q->qp_num.load()) || rcq.Retired(q->qp_num.load()))) {
+    return;  // a retired QP with this number may have left completions it cannot poll out yet
   }
   CHECK(reg.ok(), "RegisterQp: %s", reg.status().ToString().c_str());
+  scq.NoteRegistered(q->qp_num.load());
+  rcq.NoteRegistered(q->qp_num.load());
   CHECK(reg->qp_num() == q->qp_num.load(), "Registration::qp_num");
   // The CQs hold what the QPs registered on them may have outstanding.
   auto committed = [&](CqEnt& cq, int64_t wrs) {
@@ -1136,6 +1166,8 @@ void Unregister(State& st, QpEnt& q) {
   // Its fences hold its commitment until what it left in the CQs is polled.
   ++st.cqs[q.send_cq].undrained_ends;
   ++st.cqs[q.recv_cq].undrained_ends;
+  st.cqs[q.send_cq].NoteRetired(q.qp_num.load());
+  st.cqs[q.recv_cq].NoteRetired(q.qp_num.load());
   q.handlers.back()->unregistered.store(true);
   q.handlers.back()->ReleaseCommit();
   st.registered.fetch_sub(1);
@@ -1350,6 +1382,8 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
     return;
   }
   CHECK(!q->reg.registered(), "TeardownQp left the Registration registered");
+  scq.NoteRetired(q->qp_num.load());  // it ends, whatever its result
+  rcq.NoteRetired(q->qp_num.load());
   scq.markers += 1;
   if (!srq) rcq.markers += 1;
   q->no_inject = true;  // the QP is in the error state: the device completes nothing new
