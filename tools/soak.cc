@@ -1387,7 +1387,8 @@ int main(int argc, char** argv) {
          ended ? soak.teardown_wait_ns.load() / 1e6 / ended : 0.0,
          soak.teardown_wait_max_ns.load() / 1e6);
   printf("  registrations refused   %14" PRIu64
-         "  (UNAVAILABLE while a retired QP's number was fenced; longest wait %.2f ms; "
+         "  (UNAVAILABLE: a retired QP with the number may have left completions in a held-back "
+         "CQ; longest wait %.2f ms; "
          "waited for a free tag %" PRIu64 ")\n",
          soak.register_refusals.load(), soak.register_wait_max_ns.load() / 1e6,
          soak.tag_waits.load());
