@@ -77,6 +77,13 @@ bool FenceList::Holds(const CqRecord* cq, uint32_t qp_num) const noexcept {
   return false;
 }
 
+bool FenceList::HoldsForReuse(const CqRecord* cq, uint32_t qp_num) const noexcept {
+  for (const Fence& f : fences_) {
+    if (f.cq == cq && f.qp_num == qp_num && f.for_reuse) return true;
+  }
+  return false;
+}
+
 void FenceList::DropCq(CqRecord* cq) noexcept {
   for (size_t i = 0; i < fences_.size();) {
     if (fences_[i].cq == cq) {

@@ -60,6 +60,8 @@ struct Fence {
                                // over; < 0: no catch-up running
   const void* qp = nullptr;    // the retired QP's native object
   bool marker_first = false;   // a catch-up does not end it while its marker is awaited
+  bool for_reuse = false;      // RegisterQp's own catch-up of a number retired on the CQ
+                               // (retired_numbers.h): no QP, no marker, no commitment
 };
 
 class FenceList {
@@ -91,6 +93,9 @@ class FenceList {
 
   // Returns true while a fence of `qp_num` on `cq` stands.
   bool Holds(const CqRecord* cq, uint32_t qp_num) const noexcept;
+  // Returns true while a for_reuse catch-up of `qp_num` on `cq` runs: one RegisterQp started it,
+  // after the QP that had the number was destroyed, so another attempt needs no second one.
+  bool HoldsForReuse(const CqRecord* cq, uint32_t qp_num) const noexcept;
 
   // Ends every fence on `cq` (it is being removed: nothing more comes out of it).
   void DropCq(CqRecord* cq) noexcept;

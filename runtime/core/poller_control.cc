@@ -151,11 +151,15 @@ bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_q
   bool clear = true;
   RunSync([&] {
     // A number retired here may have left completions behind after its fences ended: a catch-up
-    // of its own polls them out (retired_numbers.h).
-    if (retired_here) {
+    // of its own polls them out (retired_numbers.h). One per number: an attempt refused while a
+    // consumer is full leaves it running, and the next attempt waits for that one. (A fence the
+    // retirement made may have begun its catch-up before the old QP's last completion, so it
+    // does not stand in for this one.)
+    if (retired_here && !fences_.HoldsForReuse(cq, qp_num)) {
       Fence catch_up;
       catch_up.cq = cq;
       catch_up.qp_num = qp_num;
+      catch_up.for_reuse = true;
       fences_.Add(catch_up, /*catch_up=*/true);
     }
     if (!fences_.Holds(cq, qp_num)) return;

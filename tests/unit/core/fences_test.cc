@@ -181,6 +181,27 @@ TEST_F(FenceListTest, ACatchUpEndsAMarkerFenceToo) {
   EXPECT_EQ(cq.awaited_markers, 0u);
 }
 
+// RegisterQp's own catch-up of a retired number (retired_numbers.h) is told apart from the
+// fences the retirement made, per number and CQ, and ends as any catch-up does.
+TEST_F(FenceListTest, AReuseCatchUpIsKnownByNumberAndCq) {
+  fences.Add(Side(cq, 0, 4, true), /*catch_up=*/true);  // a plain Unregister's
+  EXPECT_FALSE(fences.HoldsForReuse(&cq, kQp));
+  Fence reuse;
+  reuse.cq = &cq;
+  reuse.qp_num = kQp;
+  reuse.for_reuse = true;
+  fences.Add(reuse, /*catch_up=*/true);
+  EXPECT_TRUE(fences.HoldsForReuse(&cq, kQp));
+  EXPECT_FALSE(fences.HoldsForReuse(&cq, kQp + 1));
+  EXPECT_FALSE(fences.HoldsForReuse(&other, kQp));
+  EXPECT_EQ(cq.leftover_commit.load(), 4u);  // the reuse catch-up holds no commitment
+  fences.Polled(&cq, 2, true);
+  EXPECT_FALSE(fences.HoldsForReuse(&cq, kQp));
+  EXPECT_FALSE(fences.Holds(&cq, kQp));
+  EXPECT_EQ(cq.catch_ups, 0u);
+  EXPECT_EQ(cq.leftover_commit.load(), 0u);
+}
+
 TEST_F(FenceListTest, DroppingACqEndsItsFencesOnly) {
   fences.Add(Side(cq, kSendMarker, 5), false);
   fences.Add(Side(other, kRecvMarker, 6), false);
