@@ -4,7 +4,8 @@
 // The owner (a poller or the event thread) checks pending() once per loop, one seq_cst load (it
 // pairs with the poster's seq_cst store and the owner's own sleep protocol), and calls
 // RunPosted(). Once the owner has stopped (Close), RunSync runs the function inline on
-// the caller, which is then the only thread touching the owner's state. A caller with a wait duty
+// the caller, which is then the only thread touching the owner's state, marked as a runtime
+// thread while it does (thread_role.h). A caller with a wait duty
 // (thread_role.h) serves it while it waits.
 #ifndef CQD_RUNTIME_BASE_MAILBOX_H_
 #define CQD_RUNTIME_BASE_MAILBOX_H_
@@ -28,6 +29,10 @@ class Mailbox {
   void RunSync(const std::function<void()>& fn, const std::function<void()>& wake_owner) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!open_) {
+      // In the stopped owner's place, and as it: the engine callbacks `fn` makes (an
+      // OrphanHandler) have their control calls refused, as on the owner. The caller may hold the
+      // runtime mutex, so a call let through would wait for itself.
+      const RuntimeThreadScope as_owner(true);
       fn();
       return;
     }

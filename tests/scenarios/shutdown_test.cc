@@ -75,5 +75,51 @@ TEST(Shutdown, UndrainedItemsGoToOrphansAtDestruction) {
   EXPECT_EQ(orphans.count.load(), 300u);
 }
 
+// After Shutdown the pollers are stopped, and DestroyCq polls the CQ out on the calling thread,
+// which holds the runtime's mutex meanwhile: the OrphanHandler runs there in a poller's place,
+// and its calls are refused as on a poller (handler.h) instead of waiting for that mutex, held by
+// their own thread.
+class CallingOrphans : public OrphanHandler {
+ public:
+  void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
+    count += wcs.size();
+    if (rt == nullptr) return;
+    const Stats stats = rt->GetStats();  // leaves out the CQs, never waits
+    stats_orphans = stats.orphans;
+    create = rt->CreateCq(device, 0, {}).status();
+    other->Unregister();  // does nothing here
+  }
+  Runtime* rt = nullptr;
+  DeviceId device = 0;
+  Registration* other = nullptr;
+  uint64_t count = 0;
+  uint64_t stats_orphans = 0;
+  Status create;
+};
+
+TEST(Shutdown, AnOrphanHandlerRunByDestroyCqAfterShutdownIsRefused) {
+  CallingOrphans orphans;
+  RuntimeOptions options;
+  options.orphan_handler = &orphans;
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, /*num_cqs=*/2, /*num_qps=*/2));  // QP i on CQ i
+  CQD_ASSERT_OK(topo.rt->Shutdown());
+  ASSERT_EQ(topo.qps[0]->Complete(7), 1);  // no poller runs: it stays in CQ 0
+  topo.registrations[0].Unregister();
+  CQD_ASSERT_OK(topo.sim->DestroyQp(topo.qps[0]));
+  orphans.rt = topo.rt.get();
+  orphans.device = topo.device;
+  orphans.other = &topo.registrations[1];
+  CQD_ASSERT_OK(topo.rt->DestroyCq(topo.cqs[0]));  // hung here before: the handler's GetStats
+  orphans.rt = nullptr;
+  EXPECT_EQ(orphans.count, 1u);
+  EXPECT_EQ(orphans.stats_orphans, 1u) << "GetStats on a runtime thread leaves out only the CQs";
+  EXPECT_EQ(orphans.create.code(), StatusCode::kFailedPrecondition) << orphans.create.ToString();
+  EXPECT_TRUE(topo.registrations[1].registered());
+  topo.qps.erase(topo.qps.begin());
+  topo.cqs.erase(topo.cqs.begin());
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
 }  // namespace
 }  // namespace cqd
