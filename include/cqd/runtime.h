@@ -359,7 +359,7 @@ class Runtime {
 
   /// Returns a snapshot of the counters (cqd/stats.h). Any thread; never blocks on the data
   /// path. From a runtime thread or the log sink it leaves out the CQs (they need the control
-  /// mutex).
+  /// mutex): Stats::cqs is empty and the cq_* totals are 0; every other field is filled.
   Stats GetStats() const;
 
   /// Ends every pending teardown (OK if drained, else kCancelled), then stops the event thread and

@@ -118,7 +118,8 @@ struct Stats {
   uint64_t failed_fds = 0;
   uint64_t cm_events = 0;  ///< connection-manager events read from watched channels
   /// Totals over every CQ this runtime has polled, destroyed ones included; in any one snapshot
-  /// cq_acked_events <= cq_events, equal once every CQ is destroyed.
+  /// cq_acked_events <= cq_events, equal once every CQ is destroyed. Like `cqs`, 0 in a snapshot
+  /// taken on a runtime thread or in the log sink.
   uint64_t cq_events = 0;        ///< completion events read
   uint64_t cq_acked_events = 0;  ///< ... of which acknowledged
   uint64_t cq_ack_calls = 0;     ///< ibv_ack_cq_events calls

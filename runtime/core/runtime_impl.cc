@@ -175,13 +175,13 @@ Stats RuntimeImpl::GetStats() const {
   placement_.FillStats(stats);
   stats.registrations = live_registrations_.load(std::memory_order_relaxed);
   stats.max_registrations = options_.max_registrations;
-  if (CallerRoles() & kRefusedControlCallers) return stats;  // the CQ part needs the mutex
-  std::lock_guard<ControlMutex> lock(mu_);
-  cqs_.FillStats(stats);
   stats.orphans = orphans_.total();
   stats.async_events = events_->async_events();
   stats.failed_fds = events_->failed_fds();
   stats.cm_events = events_->cm_events();
+  if (CallerRoles() & kRefusedControlCallers) return stats;  // the CQ part needs the mutex
+  std::lock_guard<ControlMutex> lock(mu_);
+  cqs_.FillStats(stats);
   return stats;
 }
 

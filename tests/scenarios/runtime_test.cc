@@ -195,12 +195,17 @@ TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
       find_null = static_cast<int>(rt->FindVerbsDevice(nullptr).status().code());
       reg->Unregister();
       still_registered = reg->registered();
+      const Stats stats = rt->GetStats();  // all but the CQs (they need the control mutex)
+      stats_orphans = stats.orphans;
+      stats_cqs = stats.cqs.size();
       done.store(true);
     }
     Runtime* rt = nullptr;
     DeviceId dev = 0;
     Registration* reg = nullptr;
     int create = -1, shutdown = -1, add_null = -1, find_null = -1;
+    uint64_t stats_orphans = 0;
+    size_t stats_cqs = 99;
     bool still_registered = false;
     std::atomic<bool> done{false};
   };
@@ -212,6 +217,9 @@ TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
   CQD_ASSERT_OK_AND_ASSIGN(qp, sim->CreateQp(cq.sim(), cq.sim()));
   SequenceHandler qp_handler;
   CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*qp, qp_handler, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(stranger, sim->CreateQp(cq.sim(), cq.sim()));  // never registered
+  ASSERT_EQ(stranger->Complete(1), 1);
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().orphans == 1; }));
   handler.rt = rt.get();
   handler.dev = dev;
   handler.reg = &reg;
@@ -222,8 +230,11 @@ TEST(Runtime, CallsFromRuntimeThreadsAreRefused) {
   EXPECT_EQ(handler.add_null, static_cast<int>(StatusCode::kFailedPrecondition));
   EXPECT_EQ(handler.find_null, static_cast<int>(StatusCode::kFailedPrecondition));
   EXPECT_TRUE(handler.still_registered);
+  EXPECT_EQ(handler.stats_orphans, 1u);
+  EXPECT_EQ(handler.stats_cqs, 0u);
   reg.Unregister();  // from an ordinary thread it works
   EXPECT_FALSE(reg.registered());
+  CQD_ASSERT_OK(sim->DestroyQp(stranger));
   CQD_ASSERT_OK(sim->DestroyQp(qp));
   CQD_ASSERT_OK(rt->DestroyCq(cq));
 }
