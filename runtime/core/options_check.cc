@@ -3,6 +3,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -51,15 +52,6 @@ Status CheckOptions(const RuntimeOptions& o) {
   if (o.pollers < 1 || o.pollers > 256) {
     return InvalidArgument("pollers is " + Str(o.pollers) + ", must be in 1..256");
   }
-  if (!o.poller_cpus.empty()) {
-    if (o.poller_cpus.size() != static_cast<size_t>(o.pollers)) {
-      return InvalidArgument("poller_cpus has " + Str(o.poller_cpus.size()) +
-                             " entries, must be empty or one per poller (" + Str(o.pollers) + ")");
-    }
-    for (int cpu : o.poller_cpus) {
-      if (Status s = CheckCpu("poller_cpus", cpu); !s.ok()) return s;
-    }
-  }
   for (size_t i = 0; i < o.engine_shards.size(); ++i) {
     const int shard = o.engine_shards[i];
     if (shard < 0 || shard >= o.pollers) {
@@ -70,6 +62,21 @@ Status CheckOptions(const RuntimeOptions& o) {
       if (o.engine_shards[j] == shard) {
         return InvalidArgument("engine_shards names shard " + Str(shard) + " twice");
       }
+    }
+  }
+  if (!o.poller_cpus.empty()) {
+    if (o.poller_cpus.size() != static_cast<size_t>(o.pollers)) {
+      return InvalidArgument("poller_cpus has " + Str(o.poller_cpus.size()) +
+                             " entries, must be empty or one per poller (" + Str(o.pollers) + ")");
+    }
+    for (int shard = 0; shard < o.pollers; ++shard) {
+      // An engine-driven shard's entry is ignored (options.h): the engine places its threads.
+      if (std::find(o.engine_shards.begin(), o.engine_shards.end(), shard) !=
+          o.engine_shards.end()) {
+        continue;
+      }
+      const std::string what = "poller_cpus[" + Str(shard) + "]";
+      if (Status s = CheckCpu(what.c_str(), o.poller_cpus[shard]); !s.ok()) return s;
     }
   }
   if (o.poll_batch < 1 || o.poll_batch > 1024) {
@@ -120,7 +127,7 @@ Status CheckOptions(const RuntimeOptions& o) {
                              ", must be in 1..1024");
     }
     if (Status s = CheckWait((who + ".idle_spin").c_str(), c.idle_spin); !s.ok()) return s;
-    if (c.cpu != -1) {
+    if (c.kind == ConsumerKind::kOwnedThread && c.cpu != -1) {  // kEngineDriven: ignored
       if (Status s = CheckCpu((who + ".cpu").c_str(), c.cpu); !s.ok()) return s;
     }
   }

@@ -78,6 +78,19 @@ TEST(BadInput, RuntimeOptions) {
   o.idle_budget = std::chrono::hours(24);
   o.cq_park_after = std::chrono::hours(24);
   EXPECT_TRUE(Runtime::Create(o).ok());
+  // What options.h calls ignored is not checked: an engine-driven consumer's cpu, an
+  // engine-driven shard's poller_cpus entry.
+  o = {};
+  o.consumers[0].kind = ConsumerKind::kEngineDriven;
+  o.consumers[0].cpu = 100000;
+  EXPECT_TRUE(Runtime::Create(o).ok());
+  o = {};
+  o.pollers = 2;
+  o.engine_shards = {1};
+  o.poller_cpus = {0, 100000};
+  EXPECT_TRUE(Runtime::Create(o).ok());
+  o.poller_cpus = {100000, 0};  // shard 0 has a thread: its CPU must be one we may use
+  ExpectCreateFails(o, "poller_cpus[0]: CPU 100000");
 }
 
 class BadCalls : public ::testing::Test {
