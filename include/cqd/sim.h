@@ -190,8 +190,8 @@ struct SimTrafficOptions {
   double rate_per_sec = 0;             ///< total completions per second; 0: as fast as possible
   int burst = 16;                      ///< completions injected into one CQ at once (1..1024)
   ibv_wc_opcode opcode = IBV_WC_RECV;  ///< every completion's opcode
-  uint32_t byte_len = 64;              ///< every completion's byte_len
-  bool solicited = false;              ///< marks them solicited (S7)
+  uint32_t byte_len = 64;  ///< every receive completion's byte_len (a send's is 0, as on verbs)
+  bool solicited = false;  ///< marks them solicited (S7)
 };
 
 /// A thread that adds completions for the given QPs, round robin. Completion k of a QP carries
