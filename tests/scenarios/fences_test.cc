@@ -140,6 +140,17 @@ void ExpectOnlyItsOwn(Bed& bed, SimQp* next, const std::vector<uint64_t>& old) {
   reg.Unregister();
 }
 
+// The engine destroys the retired `old_qp` and makes a QP with `options`, which gets its number;
+// that one must see only its own completions (ExpectOnlyItsOwn).
+void DestroyAndReuseItsNumber(Bed& bed, SimQp* old_qp, const std::vector<uint64_t>& old,
+                              const SimQpOptions& options = {}) {
+  const uint32_t number = old_qp->qp_num();
+  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
+  SimQp* next = bed.Qp(options);
+  ASSERT_EQ(next->qp_num(), number);
+  ExpectOnlyItsOwn(bed, next, old);
+}
+
 class Fences : public ::testing::TestWithParam<Shape> {};
 
 // Item 2 of issue 28: the receive queue is full and its flushes cannot be written (the CQ is
@@ -164,11 +175,7 @@ TEST_P(Fences, ReceiveMarkerWithNoRoomStillFencesTheReceiveCq) {
   deadline.timeout = std::chrono::milliseconds(50);
   CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(old_reg, deadline));
   EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
-  const uint32_t number = old_qp->qp_num();
-  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
-  SimQp* next = bed.Qp(wrs);
-  ASSERT_EQ(next->qp_num(), number);
-  ExpectOnlyItsOwn(bed, next, old);
+  DestroyAndReuseItsNumber(bed, old_qp, old, wrs);
   EXPECT_EQ(old_handler.completions(), 0u);
 }
 
@@ -231,11 +238,7 @@ TEST_P(Fences, SrqReceivesAreFencedWithoutLastWqeReached) {
   deadline.timeout = std::chrono::milliseconds(30);  // before last_wqe_grace (200 ms)
   CQD_ASSERT_OK_AND_ASSIGN(teardown, bed.rt->TeardownQp(old_reg, deadline));
   EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
-  const uint32_t number = old_qp->qp_num();
-  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
-  SimQp* next = bed.Qp();
-  ASSERT_EQ(next->qp_num(), number);
-  ExpectOnlyItsOwn(bed, next, old);
+  DestroyAndReuseItsNumber(bed, old_qp, old);
 }
 
 // A plain Unregister while the QP's completions are still in its CQ (the engine destroyed the QP
@@ -249,11 +252,7 @@ TEST_P(Fences, PlainUnregisterFencesWhatIsStillInTheCq) {
   const std::vector<uint64_t> old = {kOld, kOld + 1};
   ASSERT_TRUE(InjectRecvs(old_qp, kOld, 2));
   old_reg.Unregister();
-  const uint32_t number = old_qp->qp_num();
-  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
-  SimQp* next = bed.Qp();
-  ASSERT_EQ(next->qp_num(), number);
-  ExpectOnlyItsOwn(bed, next, old);
+  DestroyAndReuseItsNumber(bed, old_qp, old);
   EXPECT_TRUE(bed.refused) << "registered while the old completions were still in the CQ";
 }
 
@@ -276,11 +275,7 @@ TEST_P(Fences, WhatAQpCompletesAfterUnregisterNeverReachesTheNext) {
   bed.HoldBack();
   const std::vector<uint64_t> old = {kOld, kOld + 1};
   ASSERT_TRUE(InjectRecvs(old_qp, kOld, 2));
-  const uint32_t number = old_qp->qp_num();
-  CQD_ASSERT_OK(bed.sim->DestroyQp(old_qp));
-  SimQp* next = bed.Qp();
-  ASSERT_EQ(next->qp_num(), number);
-  ExpectOnlyItsOwn(bed, next, old);
+  DestroyAndReuseItsNumber(bed, old_qp, old);
   EXPECT_TRUE(bed.refused) << "registered while the old completions were still in the CQ";
   EXPECT_EQ(old_handler.completions(), 0u);
   probe_reg.Unregister();
