@@ -174,11 +174,13 @@ class Teardown {
   /// Blocking is allowed only on engine threads that run no cqd code; kFailedPrecondition at once
   /// (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
   /// Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
-  /// the RuntimeOptions::log sink, and the thread that last called Drain on the QP's
-  /// engine-driven consumer (nothing else would deliver its markers), and the thread that last
-  /// called PollShard on the engine-driven shard of one of the QP's CQs (nothing else would poll
-  /// them). Those use on_done, or check done() without waiting on it. kFailedPrecondition also on
-  /// a default-constructed Teardown.
+  /// the RuntimeOptions::log sink, and every engine thread of the runtime: the thread that last
+  /// called Drain on any of its engine-driven consumers and the thread that last called
+  /// PollShard on any of its engine-driven shards (the QP's markers may wait behind what such a
+  /// thread delivers or polls: the QP's own consumer, a full consumer sharing one of its CQs, its
+  /// CQs' shards; or that thread may be waiting for a teardown that needs the caller). Those use
+  /// on_done, or check done() without waiting on it. kFailedPrecondition also on a
+  /// default-constructed Teardown.
   Status Wait() const;
 
  private:
@@ -192,7 +194,10 @@ class Runtime {
  public:
   /// Returns a started runtime, or kInvalidArgument naming the bad option.
   static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
-  /// Shuts down (see Shutdown) and destroys the CQs and channels the runtime created.
+  /// Shuts down (see Shutdown) and destroys the CQs and channels the runtime created. Not from
+  /// inside one of this runtime's callbacks or its Drain or PollShard (where Shutdown is refused):
+  /// a destructor cannot refuse, and it would join or free the thread and frames it runs on (the
+  /// process then terminates).
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -307,7 +312,10 @@ class Runtime {
   /// Engine-driven consumers: dispatches up to `max` queued items (completion runs and async
   /// events) to their handlers on the calling thread. Returns the number of completions and events
   /// dispatched, -EINVAL if `consumer` is not an engine-driven consumer of this runtime, or -EBUSY
-  /// when called from one of that consumer's own handlers (a handler may Drain another consumer).
+  /// at once when called from one of that consumer's own handlers (a handler may Drain another
+  /// consumer), from an OrphanHandler or DeviceEventHandler on a runtime thread or the
+  /// RuntimeOptions::log sink (the handlers' control calls would be refused there), or while
+  /// another thread's Drain of the consumer is in progress (one thread at a time).
   int Drain(ConsumerId consumer, int max) noexcept;
   /// Returns a non-blocking fd that is readable while `consumer` has queued work, for the engine's
   /// epoll set (level- or edge-triggered). Valid until the runtime is destroyed.

@@ -125,7 +125,8 @@ class Consumer {
   // which it has already taken out of the spill, in place, then releases them up to `end`.
   void DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) noexcept;
   size_t dispatch_batch() const { return static_cast<size_t>(options_.dispatch_batch); }
-  // Engine thread: Dispatch plus notify-fd upkeep (see Runtime::Drain).
+  // Engine thread: Dispatch plus notify-fd upkeep (see Runtime::Drain); -EBUSY at once while
+  // another thread's Drain of this consumer is in progress.
   int Drain(int max) noexcept;
   int notify_fd() const { return notify_fd_; }
 
@@ -158,6 +159,7 @@ class Consumer {
     uint64_t end;
   };
   // Runs the handlers of pieces_[0, n).
+  int DrainHeld(int max) noexcept;  // Drain, by the thread that holds draining_
   void RunBatch(size_t n) noexcept;
   // Outside every batch of this thread: runs the CM events a batch deferred (DeferHeldEvents).
   void DeliverHeldEvents() noexcept;
@@ -214,6 +216,7 @@ class Consumer {
   bool wake_owed_ = false;
   bool self_signaled_ = false;
   std::atomic<uintptr_t> last_drainer_{0};  // written by Drain (relaxed), read by Teardown::Wait
+  std::atomic<uintptr_t> draining_{0};      // the ThreadToken() of the Drain in progress, or 0
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit

@@ -91,6 +91,19 @@ void Consumer::Signal() noexcept {
 }
 
 int Consumer::Drain(int max) noexcept {
+  // One thread at a time (runtime.h): while another drains, this returns at once. Acquire and
+  // release: a drainer sees everything the one before it wrote to this consumer's own state.
+  uintptr_t idle = 0;
+  if (!draining_.compare_exchange_strong(idle, ThreadToken(), std::memory_order_acquire,
+                                         std::memory_order_relaxed)) {
+    return -EBUSY;
+  }
+  const int n = DrainHeld(max);
+  draining_.store(0, std::memory_order_release);
+  return n;
+}
+
+int Consumer::DrainHeld(int max) noexcept {
   if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
     last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
   }

@@ -42,6 +42,14 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
     pollers_.push_back(std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
     pollers.push_back(pollers_.back().get());
   }
+  for (const auto& consumer : consumers_) {
+    if (consumer->kind() == ConsumerKind::kEngineDriven) {
+      engine_threads_.push_back(&consumer->last_drainer());
+    }
+  }
+  for (const auto& poller : pollers_) {
+    if (poller->engine_driven()) engine_threads_.push_back(&poller->last_driver());
+  }
   events_ = std::make_unique<EventLoop>(options_.ack_threshold, pollers, slots_);
   teardowns_ = std::make_unique<TeardownWorker>(static_cast<TeardownHost&>(*this));
   events_->set_on_device_failed([this](DeviceId device) { teardowns_->DeviceFailed(device); });
@@ -102,6 +110,9 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   Consumer& c = *consumers_[consumer];
   if (c.kind() != ConsumerKind::kEngineDriven) return -EINVAL;
   if (c.DispatchingHere()) return -EBUSY;  // from one of its own handlers
+  // A poller or the event thread (an OrphanHandler, a DeviceEventHandler) or the log sink: the
+  // handlers would run where their control calls are refused (or under the runtime's mutex).
+  if (CallerRoles() & kRefusedControlCallers) return -EBUSY;
   return max <= 0 ? 0 : c.Drain(max);
 }
 

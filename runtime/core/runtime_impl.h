@@ -154,6 +154,9 @@ class RuntimeImpl final : private TeardownHost {
   // Declared before the pollers and the event loop: their producer tokens must go first.
   std::vector<std::unique_ptr<Consumer>> consumers_;
   std::vector<std::unique_ptr<Poller>> pollers_;
+  // The "last drainer" and "last driver" tokens of every engine-driven consumer and shard
+  // (TeardownState::engine_threads): fixed after the constructor.
+  std::vector<const std::atomic<uintptr_t>*> engine_threads_;
   std::unique_ptr<StallWatch> stall_watch_;  // with a log sink: the event thread's tick
   std::unique_ptr<EventLoop> events_;
   std::unique_ptr<TeardownWorker> teardowns_;

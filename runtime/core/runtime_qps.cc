@@ -308,16 +308,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   }
   // Draining before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
-  if (consumers_[consumer]->kind() == ConsumerKind::kEngineDriven) {
-    teardown->drainer = &consumers_[consumer]->last_drainer();
-  }
-  for (int k = 0; k < 2; ++k) {  // the markers come back only through the CQs' shards
-    const CqRecord* cq =
-        cqs_.Find((k == 0 ? slot.send_cq : slot.recv_cq).load(std::memory_order_relaxed));
-    if (cq != nullptr && pollers_[cq->shard]->engine_driven()) {
-      teardown->shard_drivers[k] = &pollers_[cq->shard]->last_driver();
-    }
-  }
+  teardown->engine_threads = &engine_threads_;
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
   slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);

@@ -70,12 +70,14 @@ struct alignas(8) TeardownState {
   std::chrono::milliseconds last_wqe_grace{0};  // TeardownOptions::last_wqe_grace
   std::function<void(const Status&)> on_done;
   std::optional<Status> end_with;  // end at once with this result (nothing can drain)
-  // An engine-driven consumer's "last drainer" token (Consumer::last_drainer), or null: Wait on
-  // the thread that drains the QP's consumer would wait for itself. Valid while not done.
-  const std::atomic<uintptr_t>* drainer = nullptr;
-  // The "last driver" tokens (Poller::last_driver) of the engine-driven shards of the QP's send
-  // and receive CQs, or null: Wait on such a thread would wait for the markers it must poll.
-  const std::atomic<uintptr_t>* shard_drivers[2] = {nullptr, nullptr};
+  // The runtime's engine threads: the "last drainer" token of each engine-driven consumer
+  // (Consumer::last_drainer) and the "last driver" token of each engine-driven shard
+  // (Poller::last_driver); null when the teardown ended at once. Teardown::Wait refuses them all:
+  // the markers may wait behind what any of them delivers or polls (the QP's consumer, a full
+  // consumer sharing one of its CQs, its CQs' shards), or that thread may itself be waiting for
+  // a teardown that needs the caller. Valid while not done (the runtime ends every teardown
+  // before it goes).
+  const std::vector<const std::atomic<uintptr_t>*>* engine_threads = nullptr;
 
   // Returns t + d, or the latest time point where that would overflow (so that a timeout of
   // milliseconds::max() means "no deadline").

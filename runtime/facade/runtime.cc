@@ -231,18 +231,14 @@ Status Teardown::Wait() const {
   const char* refused = internal::RefusalReason(
       internal::CallerRoles(), internal::kRoleHandler | internal::kRoleRuntimeThread |
                                    internal::kRoleTeardownThread | internal::kRoleLogSink);
-  if (refused == nullptr && state_->drainer != nullptr &&
-      state_->drainer->load(std::memory_order_relaxed) == internal::ThreadToken()) {
-    refused =
-        "called from the thread that drains the QP's engine-driven consumer (nothing "
-        "would deliver its markers)";
-  }
-  if (refused == nullptr) {
-    for (const std::atomic<uintptr_t>* driver : state_->shard_drivers) {
-      if (driver != nullptr && driver->load(std::memory_order_relaxed) == internal::ThreadToken()) {
+  if (refused == nullptr && state_->engine_threads != nullptr) {
+    for (const std::atomic<uintptr_t>* token : *state_->engine_threads) {
+      if (token->load(std::memory_order_relaxed) == internal::ThreadToken()) {
         refused =
-            "called from the thread that polls the engine-driven shard of the QP's CQs (nothing "
-            "would poll its markers)";
+            "called from a thread that drains an engine-driven consumer or polls an "
+            "engine-driven shard of the runtime (the QP's markers may wait behind what it "
+            "delivers or polls)";
+        break;
       }
     }
   }

@@ -3,6 +3,7 @@
 // handlers of the same consumer are blocked. A deadlock here shows as the test's timeout.
 #include <functional>
 #include <mutex>
+#include <thread>
 
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
@@ -75,6 +76,59 @@ TEST(Reentrancy, DrainFromOwnHandlerIsRefused) {
   EXPECT_EQ(inner, -EBUSY);
   EXPECT_EQ(s.handlers[0]->count.load(), 4u);
   EXPECT_EQ(s.handlers[1]->count.load(), 4u);
+}
+
+// An OrphanHandler runs on a poller, where the handlers a Drain would run could not call the
+// runtime (their Unregister would do nothing): Drain from there is refused.
+TEST(Reentrancy, DrainFromAnOrphanHandlerOnAPollerIsRefused) {
+  class DrainingOrphans : public OrphanHandler {
+   public:
+    void OnOrphans(std::span<const ibv_wc>) noexcept override {
+      if (Runtime* r = rt.load(); r != nullptr) drained.store(r->Drain(0, 64));
+    }
+    std::atomic<Runtime*> rt{nullptr};
+    std::atomic<int> drained{1};
+  };
+  DrainingOrphans orphans;
+  RuntimeOptions options = EngineDriven(1);
+  options.orphan_handler = &orphans;
+  OneCq s(options, {0});
+  ASSERT_EQ(s.qps[0]->Complete(0), 1);  // queued for consumer 0
+  ASSERT_TRUE(WaitFor([&] { return s.Queued(0) == 1; }));
+  orphans.rt.store(s.rt.get());
+  CQD_ASSERT_OK_AND_ASSIGN(stranger, s.sim->CreateQp(s.cq.sim(), s.cq.sim()));
+  ASSERT_EQ(stranger->Complete(0), 1);  // no registration: an orphan, on the poller
+  ASSERT_TRUE(WaitFor([&] { return orphans.drained.load() != 1; }));
+  EXPECT_EQ(orphans.drained.load(), -EBUSY);
+  EXPECT_EQ(s.handlers[0]->count.load(), 0u) << "a handler ran inside the OrphanHandler";
+  EXPECT_TRUE(WaitFor([&] {
+    s.rt->Drain(0, 64);
+    return s.handlers[0]->count.load() == 1;
+  }));
+  CQD_ASSERT_OK(s.sim->DestroyQp(stranger));
+}
+
+// One thread drains a consumer at a time: another thread's Drain meanwhile returns -EBUSY at
+// once (it raced the first one's dispatch before).
+TEST(Reentrancy, ASecondThreadsDrainIsRefusedWhileOneIsInProgress) {
+  OneCq s(EngineDriven(1), {0});
+  std::atomic<bool> inside{false};
+  std::atomic<bool> release{false};
+  s.handlers[0]->on_completions = [&](auto) {
+    inside.store(true);
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  ASSERT_EQ(s.qps[0]->Complete(0), 1);
+  ASSERT_EQ(s.qps[0]->Complete(1), 1);
+  std::thread first([&] { testing::DrainUntil(*s.rt, 0, [&] { return inside.load(); }); });
+  ASSERT_TRUE(WaitFor([&] { return inside.load(); }));
+  EXPECT_EQ(s.rt->Drain(0, 64), -EBUSY);
+  release.store(true);
+  first.join();
+  EXPECT_TRUE(WaitFor([&] {
+    s.rt->Drain(0, 64);
+    return s.handlers[0]->count.load() == 2;
+  }));
 }
 
 // The engine thread drives consumers 0 and 1; a handler of 0 drains 1, whose handler unregisters

@@ -275,6 +275,62 @@ TEST(TeardownWaits, TheDrainingThreadIsRefused) {
   CQD_ASSERT_OK(other.get());
 }
 
+// Every engine thread of the runtime is refused, not only the one draining the QP's consumer:
+// here the QP's consumer is an owned thread, but its markers wait behind a full engine-driven
+// consumer sharing its CQ, which only the waiting thread would drain (it waited for ever). So is
+// the thread driving an engine-driven shard that none of the QP's CQs is on.
+TEST(TeardownWaits, EveryEngineThreadOfTheRuntimeIsRefused) {
+  {
+    RuntimeOptions options = OwnedAndEngine();
+    options.consumers[1].queue_capacity = 1;
+    options.consumers[1].spill_capacity = 1;
+    Sim s;
+    s.Build(options);
+    CqHandle cq = s.Cq(0, {.depth = 64});
+    SimQp* qp = s.Qp(cq);
+    SimQp* other = s.Qp(cq);
+    RecordingHandler handler;
+    RecordingHandler other_handler;
+    Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+    Registration other_reg = s.rt->RegisterQp(*other, other_handler, 1).value();
+    EXPECT_EQ(s.rt->Drain(1, 16), 0);       // this thread drains consumer 1
+    ASSERT_TRUE(InjectRecvs(other, 0, 8));  // more than consumer 1 holds: the CQ is held back
+    ASSERT_TRUE(InjectRecvs(qp, 100, 1));   // behind them
+    TeardownOptions no_deadline;
+    no_deadline.timeout = std::chrono::milliseconds::max();
+    CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, no_deadline));
+    const Status refused = teardown.Wait();
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+    auto waiter = std::async(std::launch::async, [&] { return teardown.Wait(); });
+    ASSERT_TRUE(testing::DrainUntil(*s.rt, 1, [&] { return teardown.done(); }));
+    CQD_ASSERT_OK(waiter.get());
+    EXPECT_EQ(handler.completions(), 1u);
+    EXPECT_TRUE(testing::DrainUntil(*s.rt, 1, [&] { return other_handler.completions() == 8; }));
+  }
+  {
+    RuntimeOptions options;
+    options.pollers = 2;
+    options.engine_shards = {1};
+    Sim s;
+    s.Build(options);
+    CqHandle cq = s.Cq(0);  // on the runtime's own poller
+    SimQp* qp = s.Qp(cq);
+    BlockingHandler handler;  // holds the teardown back until released
+    Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+    ASSERT_TRUE(InjectRecvs(qp, 0, 1));
+    ASSERT_TRUE(WaitFor([&] { return handler.inside.load(); }));
+    EXPECT_GE(s.rt->PollShard(1, 8), 0);  // this thread drives shard 1
+    TeardownOptions no_deadline;
+    no_deadline.timeout = std::chrono::milliseconds::max();
+    CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, no_deadline));
+    const Status refused = teardown.Wait();
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+    auto waiter = std::async(std::launch::async, [&] { return teardown.Wait(); });
+    handler.release.store(true);
+    CQD_ASSERT_OK(waiter.get());
+  }
+}
+
 // Only the thread that drained last is refused: a thread that starts after it exited is not.
 TEST(TeardownWaits, ANewThreadIsNotTakenForAnExitedDrainer) {
   RuntimeOptions options;
