@@ -115,9 +115,11 @@ struct RuntimeOptions {
   /// above go to stderr, or appended to the file CQD_LOG_FILE names, one line each
   /// ("cqd: 2026-11-26T10:00:00.000001Z PID:TID info: ..."); unset or "off", the runtime prints
   /// nothing. Called on
-  /// control paths only, never by a poller or a consumer: from the thread making a control call,
-  /// the event thread, the teardown thread and the stats thread, possibly concurrently, so it must
-  /// be thread-safe. It must not block for long (it delays the event thread) and must not call the
+  /// control paths only, never from a poller's or consumer's data path: from the thread making a
+  /// control call (a handler's included, so a consumer's or, run to completion, a poller's
+  /// thread), the event thread, the teardown thread and the stats thread, possibly concurrently,
+  /// so it must be thread-safe, and must not take a lock a handler may hold while it calls the
+  /// runtime. It must not block for long (it delays the event thread) and must not call the
   /// runtime: it may run under the runtime's mutex, so control calls, Registration::Unregister
   /// (a no-op) and Teardown::Wait from it are refused with kFailedPrecondition, and GetStats
   /// leaves out the CQs. Messages have no trailing newline. Exceptions it throws are swallowed.

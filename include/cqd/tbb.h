@@ -26,20 +26,28 @@
 /// Thread contract.
 ///   - Handlers (QpHandler of hosted consumers, the StrandConsumer's user handlers, its
 ///     OrphanHandler and TeardownOptions::on_done) run on the arena's threads: a worker, or a
-///     thread that joined the arena (task_arena::execute, or a wait inside it). For one consumer
+///     thread that joined the arena (task_arena::execute, or a wait inside it); except that the
+///     StrandConsumer's OrphanHandler also runs on a thread that unregisters a strand holding
+///     items, and a strand teardown's on_done on the runtime's teardown thread when the strand
+///     was empty (see StrandConsumerOptions::orphan_handler and StrandConsumer). For one consumer
 ///     (ArenaConsumers) or one QP (StrandConsumer) one call at a time, and each call happens-before
 ///     the next (acq_rel on the scheduling flags, plus the arena's own hand-off).
 ///   - Handlers must not block for long: a blocked handler holds an arena thread, and an arena
 ///     with one thread then delivers nothing else. On an arena worker never call
-///     cqd::Teardown::Wait (the runtime refuses it on the thread that last drained the QP's
-///     consumer, which is any worker, and elsewhere it could wait for the very worker it holds)
+///     cqd::Teardown::Wait (the runtime refuses it on every thread that last drained an
+///     engine-driven consumer, which any worker may be, and elsewhere it could wait for the very
+///     worker it holds)
 ///     or Runtime::Shutdown. Use TeardownOptions::on_done instead. StrandTeardown::Wait and Stop
 ///     are refused (kFailedPrecondition, at once) in every arena task of these classes and in
 ///     every cqd callback (Runtime::InCallback: a runtime handler, on_done, OrphanHandler, ...):
 ///     what they wait for may need that thread. Control calls (RegisterQp, TeardownQp, Unregister)
 ///     are allowed from handlers.
-///   - Runtime::Drain of a hosted consumer from one of its own handlers returns -EBUSY, as always;
-///     the engine must not Drain a consumer it handed to one of these classes.
+///   - Runtime::Drain of a hosted consumer from one of its own handlers returns -EBUSY, as always
+///     (an ArenaConsumers handler runs inside the drain task's Drain). A StrandConsumer's user
+///     handler runs in a strand task instead: there Drain returns -EBUSY while a drain task is
+///     draining the consumer (one thread drains at a time) and otherwise drains it, queueing to
+///     strands, not calling user handlers. The engine must not Drain a consumer it handed to one
+///     of these classes.
 ///   - A handler that runs TBB algorithms inside the arena may have other consumers' drain tasks or
 ///     other strands run nested on its thread (never its own consumer's or strand's: at most one
 ///     task exists per consumer and strand). Wrap such work in tbb::this_task_arena::isolate.
@@ -94,8 +102,9 @@ struct ArenaConsumersOptions {
   std::vector<ConsumerId> consumers{};
   /// true: a watcher thread epolls the consumers' notify fds. false: the engine calls OnReadable.
   bool watcher_thread = true;
-  /// Items one drain task dispatches (one Runtime::Drain call) before it re-enqueues itself behind
-  /// the arena's other tasks (1..1<<20).
+  /// The `max` of each Runtime::Drain call of a drain task (1..1<<20; Drain takes at most the
+  /// consumer's dispatch_batch at a time). A task makes up to 8 such calls, fewer once one
+  /// returns less than this, then re-enqueues itself behind the arena's other tasks.
   int drain_budget = 256;
 };
 
@@ -146,8 +155,9 @@ struct StrandConsumerOptions {
   ConsumerId consumer = 0;
   bool watcher_thread = true;  ///< as ArenaConsumersOptions::watcher_thread
   int drain_budget = 256;      ///< as ArenaConsumersOptions::drain_budget (1..1<<20)
-  /// Items (completion runs and events) one strand task delivers before it re-enqueues itself
-  /// behind the arena's other tasks (1..1<<20).
+  /// Items (completion runs and events) after which a strand task re-enqueues itself behind the
+  /// arena's other tasks (1..1<<20). Checked between the batches a task takes from its strand's
+  /// queue (a batch is everything queued then), so one task may deliver a whole batch past it.
   int strand_budget = 64;
   /// Optional, thread-safe: completions that were queued in a strand when it was unregistered
   /// (they are counted either way, StrandStats::orphans). Called on the unregistering thread or
