@@ -3,10 +3,10 @@
 //
 // The owner (a poller or the event thread) checks pending() once per loop, one seq_cst load (it
 // pairs with the poster's seq_cst store and the owner's own sleep protocol), and calls
-// RunPosted(). Once the owner has stopped (Close), RunSync runs the function inline on
-// the caller, which is then the only thread touching the owner's state, marked as a runtime
-// thread while it does (thread_role.h). A caller with a wait duty
-// (thread_role.h) serves it while it waits.
+// RunPosted(). Once the owner has stopped (Close), RunSync runs the function inline on the
+// caller, which is then the only thread touching the owner's state, marked as a runtime thread
+// while it does (thread_role.h). A caller with a wait duty (thread_role.h) serves it while it
+// waits.
 #ifndef CQD_RUNTIME_BASE_MAILBOX_H_
 #define CQD_RUNTIME_BASE_MAILBOX_H_
 

@@ -158,8 +158,8 @@ class Consumer {
     uint32_t n;
     uint64_t end;
   };
-  // Runs the handlers of pieces_[0, n).
   int DrainHeld(int max) noexcept;  // Drain, by the thread that holds draining_
+  // Runs the handlers of pieces_[0, n).
   void RunBatch(size_t n) noexcept;
   // Outside every batch of this thread: runs the CM events a batch deferred (DeferHeldEvents).
   void DeliverHeldEvents() noexcept;
