@@ -248,7 +248,9 @@ class Runtime {
   /// stay alive while registered. kUnavailable when a retired QP that had this qp_num (see
   /// "Retired QPs" above) may still have completions in one of these CQs and the runtime cannot
   /// poll them out now, because a consumer that CQ serves is full: nothing changed, register
-  /// again once that consumer drains (Stats: its spill_depth). A QP whose work requests alone
+  /// again once that consumer drains (Stats: its spill_depth). A CQ in error (overflowed, S11)
+  /// holds nothing back: it is never polled again, so nothing in it reaches `handler`, nor
+  /// anything the QP completes there. A QP whose work requests alone
   /// exceed what a CQ could ever hold (its depth with grow = false; 2^30) is kResourceExhausted
   /// whatever the fences, so kUnavailable always means "later". The same QP registered again,
   /// never destroyed, after a teardown that did not drain (it is in the error state) is moved to

@@ -181,7 +181,8 @@ class Poller {
   // old QP may have completed more since its fences ended) and polls the CQ as far as its
   // consumers' room allows. `in_error_qp`: the QP, if it is in the error state (else null): a
   // fence of that very QP that awaits a marker ends only by it (fences.h). Returns true once no
-  // fence of that number stands there (the registration may go on), false while one does (a
+  // fence of that number stands there, or the CQ is in error (never polled again, so nothing of
+  // the old QP comes out of it): the registration may go on; false while a fence stands (a
   // consumer the CQ serves is full, or an awaited marker has not come back).
   bool FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_qp, bool retired_here);
   // DestroyCq, once the CQ is gone for good (destroyed, or released to the engine): ends its

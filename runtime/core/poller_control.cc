@@ -155,18 +155,22 @@ bool Poller::FenceForReuse(CqRecord* cq, uint32_t qp_num, const void* in_error_q
     // consumer is full leaves it running, and the next attempt waits for that one. (A fence the
     // retirement made may have begun its catch-up before the old QP's last completion, so it
     // does not stand in for this one.)
-    if (retired_here && !fences_.HoldsForReuse(cq, qp_num)) {
+    if (!cq->poll_failed && retired_here && !fences_.HoldsForReuse(cq, qp_num)) {
       Fence catch_up;
       catch_up.cq = cq;
       catch_up.qp_num = qp_num;
       catch_up.for_reuse = true;
       fences_.Add(catch_up, /*catch_up=*/true);
     }
-    if (!fences_.Holds(cq, qp_num)) return;
-    fences_.AwaitMarkers(cq, qp_num, in_error_qp);
-    fences_.StartCatchUps(cq, qp_num);
-    CatchUpFences(cq);
-    clear = !fences_.Holds(cq, qp_num);
+    if (!cq->poll_failed && fences_.Holds(cq, qp_num)) {
+      fences_.AwaitMarkers(cq, qp_num, in_error_qp);
+      fences_.StartCatchUps(cq, qp_num);
+      CatchUpFences(cq);
+      clear = !fences_.Holds(cq, qp_num);
+    }
+    // A CQ in error (an overflow, S11), found so before or by this catch-up, is polled no more:
+    // nothing the old QP left in it can reach the new one, and waiting would never end.
+    if (cq->poll_failed) clear = true;
   });
   return clear;
 }

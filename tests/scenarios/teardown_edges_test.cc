@@ -638,5 +638,48 @@ TEST(TeardownLeftovers, TeardownOnAnOverflowedCqStartsAndEndsAtItsDeadline) {
   EXPECT_EQ(teardown.Wait().code(), StatusCode::kDeadlineExceeded);
 }
 
+// A CQ in error (overflowed) is never polled again: a number retired there (a teardown past its
+// deadline, or a plain Unregister) registers there again at once, where RegisterQp said
+// UNAVAILABLE ("later") for ever, waiting for a catch-up that could not poll.
+TEST(TeardownLeftovers, ANumberRetiredOnAnOverflowedCqRegistersThereAgain) {
+  for (bool teardown : {true, false}) {
+    SCOPED_TRACE(teardown ? "teardown" : "Unregister");
+    Sim s;
+    s.Build(RuntimeOptions{});
+    CqOptions small;
+    small.depth = 16;
+    small.grow = false;
+    CqHandle cq = s.Cq(0, small);
+    SimQp* qp = s.Qp(cq, {.max_send_wr = 2, .max_recv_wr = 2});
+    RecordingHandler handler;
+    Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+    std::vector<ibv_wc> burst(32);
+    for (auto& wc : burst) {
+      wc.qp_num = qp->qp_num();
+      wc.opcode = IBV_WC_RECV;
+    }
+    EXPECT_EQ(cq.sim()->Inject(burst, false, /*overflow=*/true), -1);
+    ASSERT_TRUE(cq.sim()->failed());
+    if (teardown) {
+      TeardownOptions short_deadline;
+      short_deadline.timeout = std::chrono::milliseconds(50);
+      CQD_ASSERT_OK_AND_ASSIGN(td, s.rt->TeardownQp(reg, short_deadline));
+      EXPECT_EQ(td.Wait().code(), StatusCode::kDeadlineExceeded);
+    } else {
+      reg.Unregister();
+    }
+    const uint32_t number = qp->qp_num();
+    CQD_ASSERT_OK(s.sim->DestroyQp(qp));
+    SimQp* next = s.Qp(cq, {.max_send_wr = 2, .max_recv_wr = 2});
+    ASSERT_EQ(next->qp_num(), number);
+    RecordingHandler next_handler;
+    Result<Registration> again = s.rt->RegisterQp(*next, next_handler, 0);
+    CQD_ASSERT_OK(again.status());
+    again->Unregister();
+    CQD_ASSERT_OK(s.sim->DestroyQp(next));
+    EXPECT_EQ(next_handler.completions(), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace cqd
