@@ -237,7 +237,13 @@ class Runtime {
   Result<CqHandle> AdoptCq(DeviceId device, int shard, SimCq* cq, const CqOptions& options = {});
   /// Stops polling the CQ, acks its remaining events, and destroys it if the runtime created it
   /// (an adopted CQ is only released: the engine destroys it after this returns). Fails with
-  /// kFailedPrecondition while QPs using it are registered.
+  /// kFailedPrecondition while QPs using it are registered. What the CQ holds now goes to the
+  /// OrphanHandler; what the runtime knew of it goes with it: the numbers retired there, and the
+  /// markers a teardown that did not drain still owes it. So a released CQ adopted again (here or
+  /// by another runtime) starts with no history, and what its QPs complete into it after the
+  /// release (a retired QP's late completions, an undrained teardown's marker flushed later)
+  /// reaches whichever QP is then registered with that qp_num, the same QP registered again
+  /// included. Release a CQ for good, or destroy first the QPs that used it.
   Status DestroyCq(CqHandle cq);
 
   /// Routes the QP's completions and async events to `handler` on `consumer`. Its CQs must be
