@@ -340,7 +340,9 @@ class Runtime {
   /// themselves when no PollShard or TrySleepShard is in progress, else that call runs it before
   /// it returns (or, from one of the shard's handlers waiting for the runtime, while it waits).
   /// So no control call waits for the engine to come back: a shard that is not polled delays
-  /// only its own completions, and its teardowns end by their deadline. OrphanHandlers run inside
+  /// only its own completions (and, if it is shard 0, the events of watched rdma_cm channels
+  /// that no registered QP's id takes: they are placed by shard 0's pass), and its teardowns end
+  /// by their deadline. OrphanHandlers run inside
   /// these calls as on a poller (no control calls from them). Neither call may be made from a
   /// cqd handler or callback of any kind (they would nest one poller's pass inside another's
   /// batch): there they return -EBUSY.
