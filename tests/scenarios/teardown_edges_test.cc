@@ -612,6 +612,17 @@ TEST(TeardownLeftovers, DeviceFatalEndsAWaitingTeardown) {
   EXPECT_EQ(result.get().code(), StatusCode::kUnavailable);
 }
 
+// Overflows `cq` with `n` receive completions of `qp` (more than its depth): the CQ is in error.
+void Overflow(CqHandle cq, const SimQp* qp, int n) {
+  std::vector<ibv_wc> burst(n);
+  for (auto& wc : burst) {
+    wc.qp_num = qp->qp_num();
+    wc.opcode = IBV_WC_RECV;
+  }
+  EXPECT_EQ(cq.sim()->Inject(burst, false, /*overflow=*/true), -1);
+  ASSERT_TRUE(cq.sim()->failed());
+}
+
 // After an overflow (the README says: tear the QPs down), TeardownQp of a QP on the overflowed
 // CQ starts (it was always refused: no room for the marker) and ends at its deadline, since
 // nothing can come back through a failed CQ.
@@ -625,13 +636,7 @@ TEST(TeardownLeftovers, TeardownOnAnOverflowedCqStartsAndEndsAtItsDeadline) {
   SimQp* qp = s.Qp(cq);
   RecordingHandler handler;
   Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
-  std::vector<ibv_wc> burst(16);
-  for (auto& wc : burst) {
-    wc.qp_num = qp->qp_num();
-    wc.opcode = IBV_WC_RECV;
-  }
-  EXPECT_EQ(cq.sim()->Inject(burst, false, /*overflow=*/true), -1);
-  ASSERT_TRUE(cq.sim()->failed());
+  ASSERT_NO_FATAL_FAILURE(Overflow(cq, qp, 16));
   TeardownOptions short_deadline;
   short_deadline.timeout = std::chrono::milliseconds(50);
   CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, short_deadline));
@@ -653,13 +658,7 @@ TEST(TeardownLeftovers, ANumberRetiredOnAnOverflowedCqRegistersThereAgain) {
     SimQp* qp = s.Qp(cq, {.max_send_wr = 2, .max_recv_wr = 2});
     RecordingHandler handler;
     Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
-    std::vector<ibv_wc> burst(32);
-    for (auto& wc : burst) {
-      wc.qp_num = qp->qp_num();
-      wc.opcode = IBV_WC_RECV;
-    }
-    EXPECT_EQ(cq.sim()->Inject(burst, false, /*overflow=*/true), -1);
-    ASSERT_TRUE(cq.sim()->failed());
+    ASSERT_NO_FATAL_FAILURE(Overflow(cq, qp, 32));
     if (teardown) {
       TeardownOptions short_deadline;
       short_deadline.timeout = std::chrono::milliseconds(50);
