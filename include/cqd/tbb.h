@@ -36,12 +36,11 @@
 ///     with one thread then delivers nothing else. On an arena worker never call
 ///     cqd::Teardown::Wait (the runtime refuses it on every thread that last drained an
 ///     engine-driven consumer, which any worker may be, and elsewhere it could wait for the very
-///     worker it holds)
-///     or Runtime::Shutdown. Use TeardownOptions::on_done instead. StrandTeardown::Wait and Stop
-///     are refused (kFailedPrecondition, at once) in every arena task of these classes and in
-///     every cqd callback (Runtime::InCallback: a runtime handler, on_done, OrphanHandler, ...):
-///     what they wait for may need that thread. Control calls (RegisterQp, TeardownQp, Unregister)
-///     are allowed from handlers.
+///     worker it holds) or Runtime::Shutdown. Use TeardownOptions::on_done instead.
+///     StrandTeardown::Wait and Stop are refused (kFailedPrecondition, at once) in every arena task
+///     of these classes and in every cqd callback (Runtime::InCallback: a runtime handler, on_done,
+///     OrphanHandler, ...): what they wait for may need that thread. Control calls (RegisterQp,
+///     TeardownQp, Unregister) are allowed from handlers.
 ///   - Runtime::Drain of a hosted consumer from one of its own handlers returns -EBUSY, as always
 ///     (an ArenaConsumers handler runs inside the drain task's Drain). A StrandConsumer's user
 ///     handler runs in a strand task instead: there Drain returns -EBUSY while a drain task is
@@ -102,9 +101,10 @@ struct ArenaConsumersOptions {
   std::vector<ConsumerId> consumers{};
   /// true: a watcher thread epolls the consumers' notify fds. false: the engine calls OnReadable.
   bool watcher_thread = true;
-  /// The `max` of each Runtime::Drain call of a drain task (1..1<<20; Drain takes at most the
-  /// consumer's dispatch_batch at a time). A task makes up to 8 such calls, fewer once one
-  /// returns less than this, then re-enqueues itself behind the arena's other tasks.
+  /// The `max` of each Runtime::Drain call of a drain task (1..1<<20; one Drain takes at most the
+  /// consumer's dispatch_batch). A task drains again while more work is signalled, up to 8 calls;
+  /// after a call that took the whole budget, or the 8th, it re-enqueues itself behind the
+  /// arena's other tasks.
   int drain_budget = 256;
 };
 
