@@ -380,14 +380,16 @@ class Runtime {
   /// mutex): Stats::cqs is empty and the cq_* totals are 0; every other field is filled.
   Stats GetStats() const;
 
-  /// Ends every pending teardown (OK if drained, else kCancelled), then stops the event thread and
+  /// Ends every pending teardown (OK if drained, kUnavailable if its device failed, else
+  /// kCancelled), then stops the event thread and
   /// the pollers (everything already polled is still delivered), and drains and stops owned
   /// consumers. Engine-driven consumers may Drain() what is left until the runtime is destroyed,
   /// and an engine-driven shard's PollShard() runs its run-to-completion handlers on what they
   /// still hold; the destructor hands anything still queued to the orphan handler. Idempotent.
   /// Blocks until the runtime's threads are joined (an engine-driven shard: until a PollShard or
-  /// TrySleepShard in progress has returned); kFailedPrecondition at once from a handler, from
-  /// TeardownOptions::on_done, or from a poller or the event thread.
+  /// TrySleepShard in progress has returned); kFailedPrecondition at once from inside any cqd
+  /// callback (whenever InCallback() is true: a handler, a CmHandler, TeardownOptions::on_done,
+  /// an OrphanHandler, a DeviceEventHandler, the log sink) and from a poller or the event thread.
   Status Shutdown();
 
   /// Returns true when the calling thread is running a cqd callback of any runtime: a QpHandler

@@ -25,6 +25,8 @@ enum CallerRole : uint32_t {
   kRoleWaitDuty = 1u << 4,        // a poller's thread running its run-to-completion handlers
   kRoleCallback = 1u << 5,        // another cqd callback on a control thread (CallbackScope)
 };
+// Every role above (the last one is the highest bit): any cqd callback, as Runtime::InCallback().
+inline constexpr uint32_t kEveryRole = (kRoleCallback << 1) - 1;
 
 // Returns the roles of the calling thread (0: an engine thread outside every cqd callback).
 uint32_t CallerRoles() noexcept;

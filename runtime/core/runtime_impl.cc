@@ -197,10 +197,10 @@ Stats RuntimeImpl::GetStats() const {
 }
 
 Status RuntimeImpl::Shutdown() {
-  // It joins every thread: a handler or on_done would wait for itself.
-  if (Status refused =
-          CheckCaller("Shutdown", kRefusedControlCallers | kRoleHandler | kRoleTeardownThread);
-      !refused.ok()) {
+  // It joins every thread, holding shutdown_mu_: from any cqd callback it could wait for itself
+  // (a handler, on_done, or a CmHandler that a consumer or poller runs after its last batch while
+  // a Shutdown joins it), so every role is refused (Runtime::InCallback()).
+  if (Status refused = CheckCaller("Shutdown", kEveryRole); !refused.ok()) {
     return refused;
   }
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);

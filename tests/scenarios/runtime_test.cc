@@ -10,6 +10,7 @@
 #include <set>
 
 #include "cqd/sim.h"
+#include "runtime/base/thread_role.h"
 #include "tests/test_util.h"
 
 namespace cqd {
@@ -177,6 +178,38 @@ TEST(Runtime, ShutdownFromHandlerIsRefused) {
   ASSERT_EQ(qp->Complete(0), 1);
   ASSERT_TRUE(WaitFor([&] { return handler.code.load() != -1; }));
   EXPECT_EQ(handler.code.load(), static_cast<int>(StatusCode::kFailedPrecondition));
+  reg.Unregister();
+  CQD_ASSERT_OK(topo.sim->DestroyQp(qp));
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+// A CmHandler can also run outside every batch, on the owned consumer or run-to-completion
+// poller that dispatches its last items while a Shutdown joins it (CM events handed on to a
+// closed consumer run on the thread that handed them on, in a callback scope; on a poller, with
+// its wait duty). A Shutdown from there waited for the first one, which waited to join it. The
+// scopes are what those threads hold at that point; any cqd callback is refused.
+TEST(Runtime, ShutdownFromACallbackOutsideABatchIsRefused) {
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(RuntimeOptions{}, 1, 0));
+  {
+    const internal::CallbackScope cm_handler;
+    const Status refused = topo.rt->Shutdown();
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+    EXPECT_TRUE(Runtime::InCallback());
+  }
+  {
+    const internal::HostedDispatchScope on_a_poller([](void*) {}, nullptr);
+    const Status refused = topo.rt->Shutdown();
+    EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  }
+  // Refused, not done: the runtime still runs and shuts down from the engine's thread.
+  ASSERT_FALSE(Runtime::InCallback());
+  CQD_ASSERT_OK_AND_ASSIGN(qp, topo.sim->CreateQp(topo.cqs[0].sim(), topo.cqs[0].sim()));
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, topo.rt->RegisterQp(*qp, handler, 0));
+  ASSERT_EQ(qp->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return handler.received() == 1; }));
   reg.Unregister();
   CQD_ASSERT_OK(topo.sim->DestroyQp(qp));
   CQD_ASSERT_OK(topo.TearDown());
