@@ -227,12 +227,13 @@ void Consumer::DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) n
 
 void Consumer::RunBatch(size_t pieces) noexcept {
   if (latency_ != nullptr) [[unlikely]] {
+    const uint32_t now = NowNs32();  // one clock read per batch, whatever its pieces
     for (size_t k = 0; k < pieces; ++k) {
       const Piece& piece = pieces_[k];
       if (piece.lane != nullptr) {
-        latency_->RecordBatch(&piece.lane->meta(piece.at), piece.n, EntryKind::kCompletion);
+        latency_->RecordBatch(&piece.lane->meta(piece.at), piece.n, EntryKind::kCompletion, now);
       } else {
-        latency_->RecordBatch(piece.item, 1, EntryKind::kCompletion);
+        latency_->RecordBatch(piece.item, 1, EntryKind::kCompletion, now);
       }
     }
   }

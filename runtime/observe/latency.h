@@ -76,10 +76,9 @@ class LatencyHistogram {
   }
 
   // Consumer thread: records the completions among `items[0..n)` (those with
-  // `item.kind == completion`) against the clock read now.
+  // `item.kind == completion`) against `now` (NowNs32(), read once per dispatch batch).
   template <typename ItemT, typename KindT>
-  void RecordBatch(const ItemT* items, size_t n, KindT completion) noexcept {
-    const uint32_t now = NowNs32();
+  void RecordBatch(const ItemT* items, size_t n, KindT completion, uint32_t now) noexcept {
     size_t i = 0;
     while (i < n) {
       if (items[i].kind != completion) {
