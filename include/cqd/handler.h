@@ -110,9 +110,14 @@ class CmHandler {
 /// Takes completions that no handler may receive: an unknown qp_num, a QP unregistered while its
 /// completions were queued or still in its CQs, or a retired QP's completions polled after a new
 /// QP took its number (so that, for example, SRQ receive buffers can be recycled). A teardown's
-/// own marker work requests never reach it: the runtime takes them. May be
-/// called from any poller or consumer thread, concurrently: it must be thread-safe. On a poller it
-/// must not call the runtime: control calls there return FAILED_PRECONDITION and
+/// own marker work requests never reach it: the runtime takes them. May be called concurrently
+/// from any thread that polls or dispatches: it must be thread-safe. Those are the pollers, the
+/// consumer threads, an engine's thread inside Drain, PollShard or TrySleepShard, and also the
+/// thread of a control call (Unregister, DestroyCq, RegisterQp, ...) that does a poller's work in
+/// its place (on an engine-driven shard nobody drives at that moment, or once the poller has
+/// stopped), and the thread that destroys the runtime (what engine-driven queues still hold): so
+/// it must not take a lock that a thread making a control call may hold. Where it does a poller's
+/// work it must not call the runtime: control calls there return FAILED_PRECONDITION and
 /// Registration::Unregister does nothing (hand such work to another thread).
 class OrphanHandler {
  public:

@@ -17,8 +17,9 @@
 ///   ibv_destroy_qp(qp);
 ///   rt->DestroyCq(cq);
 ///
-/// Threading. Control-path calls (everything returning Status or Result) may be made from any
-/// thread, concurrently; they serialize on an internal mutex and may block briefly while a poller
+/// Threading. Control-path calls (everything returning Status or Result, except NotifyFd and
+/// ShardFd, which only read a number and answer any thread) may be made from any thread,
+/// concurrently; they serialize on an internal mutex and may block briefly while a poller
 /// or consumer reaches a safe point. From the runtime's own pollers and event thread (inside an
 /// OrphanHandler or DeviceEventHandler) they are refused with FAILED_PRECONDITION. Drain() is
 /// called only by the engine thread that drives that consumer; PollShard() and TrySleepShard() by
@@ -192,7 +193,9 @@ class Teardown {
 /// stats. See the file comment for the threads it runs and which calls each thread may make.
 class Runtime {
  public:
-  /// Returns a started runtime, or kInvalidArgument naming the bad option.
+  /// Returns a started runtime; kInvalidArgument naming the bad option, kAlreadyExists when
+  /// RuntimeOptions::stats_tcp's address is taken, kResourceExhausted when memory or a thread
+  /// could not be had, kInternal (with errno) when a system call such as eventfd failed.
   static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
   /// Shuts down (see Shutdown) and destroys the CQs and channels the runtime created. Not from
   /// inside one of this runtime's callbacks or its Drain or PollShard (where Shutdown is refused):
@@ -230,7 +233,7 @@ class Runtime {
   Result<ibv_comp_channel*> VerbsChannelFor(DeviceId device, int shard);
   /// As VerbsChannelFor, for the simulated device.
   Result<SimChannel*> SimChannelFor(DeviceId device, int shard);
-  /// Polls a CQ the engine created on SimChannelFor(device, shard); kInvalidArgument if the CQ
+  /// Polls a CQ the engine created on VerbsChannelFor(device, shard); kInvalidArgument if the CQ
   /// uses another channel ("wrong shard"), kAlreadyExists if already polled.
   Result<CqHandle> AdoptCq(DeviceId device, int shard, ibv_cq* cq, const CqOptions& options = {});
   /// As the verbs AdoptCq, for a CQ of the simulated device.

@@ -191,7 +191,7 @@ struct SimTrafficOptions {
   int burst = 16;                      ///< completions injected into one CQ at once (1..1024)
   ibv_wc_opcode opcode = IBV_WC_RECV;  ///< every completion's opcode
   uint32_t byte_len = 64;  ///< every receive completion's byte_len (a send's is 0, as on verbs)
-  bool solicited = false;  ///< marks them solicited (S7)
+  bool solicited = false;  ///< marks them solicited (S8)
 };
 
 /// A thread that adds completions for the given QPs, round robin. Completion k of a QP carries

@@ -5,7 +5,9 @@
 // here; this layer never sees the public handle types, only slots, ids and the backend seam.
 // Control-path calls serialize on `mu_`. They never hold it while waiting for a consumer (a
 // handler may itself be calling the control path), only while waiting for a poller or the event
-// thread, which never take it.
+// thread. The event thread never takes it; a poller takes it only in a run-to-completion
+// handler's control call, and then waits for its turn serving its own mailbox (ControlMutex,
+// thread_role.h), so a holder waiting for that poller is still served.
 //
 // Implemented by concern: runtime_impl.cc (the threads' lifetime, the caller check, the engine's
 // entry points, stats, Shutdown), runtime_cqs.cc (devices, CM channels, CQs and their
