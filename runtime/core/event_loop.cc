@@ -277,8 +277,12 @@ void EventLoop::ReadAsyncEvents(Source& source) {
       auto it = cqs_.find(record.native_cq);
       if (it != cqs_.end()) event.cq_id = it->second->id;
     }
-    device->backend->AckAsyncEvent(&record);  // S13: everything needed is copied
-    RouteAsyncEvent(device, event);
+    // S13: until this event is acked, destroying its QP cannot return, so its qp_num names no
+    // other QP: a QP event is looked up and posted to its registration before the ack. After it,
+    // a new QP may take the number and register, and a lookup would find that one.
+    const bool posted = backend::IsQpEvent(event.type) && PostToRegistration(device, event);
+    device->backend->AckAsyncEvent(&record);  // everything needed is copied
+    RouteAsyncEvent(device, event, posted);
     if (event.type == IBV_EVENT_DEVICE_FATAL) {
       // Stop reading a dead device's async fd; its CQs are no longer armed by the pollers.
       Remove(source);
@@ -322,13 +326,15 @@ void EventLoop::ResumeCm() {
   }
 }
 
-void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event) {
+bool EventLoop::PostToRegistration(DeviceRecord* device, const AsyncEvent& event) {
+  const Slot* slot = device->qps.Lookup(event.qp_num);
+  return slot != nullptr && DeliverToSlot(slot->index, event, device->id);
+}
+
+void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event, bool posted) {
   if (backend::IsQpEvent(event.type)) {
-    const Slot* slot = device->qps.Lookup(event.qp_num);
-    if (slot != nullptr && DeliverToSlot(slot->index, event, device->id)) {
-      return;
-    }
-    if (device->handler != nullptr) device->handler->OnDeviceEvent(event);  // unregistered QP
+    // Not posted: its QP was not registered when the event was read.
+    if (!posted && device->handler != nullptr) device->handler->OnDeviceEvent(event);
     return;
   }
   if (event.type == IBV_EVENT_DEVICE_FATAL) {

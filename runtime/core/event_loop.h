@@ -105,7 +105,12 @@ class EventLoop {
   void ReadCmChannel(Source& source);
   // Reads again from CM channels that were paused at their limit and are below it now.
   void ResumeCm();
-  void RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event);
+  // A QP event, read and not yet acked (S13: its number names its own QP until then): posts it to
+  // the QP's registration; false if there is none.
+  bool PostToRegistration(DeviceRecord* device, const AsyncEvent& event);
+  // An acked event: to the device handler (a QP event only if `posted` is false), and CQ_ERR and
+  // DEVICE_FATAL to every QP they take down.
+  void RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event, bool posted);
   // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
   // holds a live registration of event.qp_num on `device`.
   bool DeliverToSlot(uint32_t slot, const AsyncEvent& event, DeviceId device);

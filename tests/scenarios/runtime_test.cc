@@ -7,9 +7,12 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <set>
 
 #include "cqd/sim.h"
+#include "runtime/backend/sim/sim_device.h"
 #include "runtime/base/thread_role.h"
 #include "tests/test_util.h"
 
@@ -366,6 +369,70 @@ TEST(Runtime, AsyncEventsAreRouted) {
   reg_b.Unregister();
   CQD_ASSERT_OK(sim->DestroyQp(qp_a));
   CQD_ASSERT_OK(sim->DestroyQp(qp_b));
+  CQD_ASSERT_OK(rt->DestroyCq(cq));
+}
+
+// S13: once a QP's async event is acked, ibv_destroy_qp may return and a new QP may get its number
+// and register. The event thread looks the number up before it acks, while the number can name no
+// other QP, so an event raised after the QP's registration ended reaches the device handler and
+// never the QP that took the number. The sim's after-ack hook has this thread reuse the number
+// between the ack and whatever the event thread does next.
+TEST(Runtime, AnOldQpsEventNeverReachesTheQpThatTookItsNumber) {
+  struct AfterAck {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool reused = false;
+  };
+  static AfterAck gate;  // static: the hook may outlive a failed assertion's early return
+  {
+    const std::lock_guard<std::mutex> lock(gate.mu);
+    gate.reused = false;
+  }
+  RecordingDeviceHandler device_events;
+  auto rt_or = Runtime::Create(testing::OwnedConsumers(1, 1));
+  ASSERT_TRUE(rt_or.ok());
+  auto rt = std::move(rt_or).value();
+  auto sim = SimDevice::Create();
+  CQD_ASSERT_OK_AND_ASSIGN(dev, rt->AddSimDevice(sim, &device_events));
+  CQD_ASSERT_OK_AND_ASSIGN(cq, rt->CreateCq(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(old_qp, sim->CreateQp(cq.sim(), cq.sim()));
+  const uint32_t number = old_qp->qp_num();
+  SequenceHandler old_handler, new_handler;
+  {
+    CQD_ASSERT_OK_AND_ASSIGN(reg, rt->RegisterQp(*old_qp, old_handler, 0));
+    reg.Unregister();
+  }
+  auto* impl = static_cast<sim_internal::SimDeviceImpl*>(sim.get());
+  impl->SetAfterAsyncAckForTest(
+      [](void* arg) {
+        auto* g = static_cast<AfterAck*>(arg);
+        std::unique_lock<std::mutex> lock(g->mu);
+        // Bounded, so that a RegisterQp that needed this thread would show as a failure below.
+        g->cv.wait_for(lock, std::chrono::seconds(10), [g] { return g->reused; });
+      },
+      &gate);
+  CQD_ASSERT_OK(sim->RaiseQpEvent(old_qp, IBV_EVENT_QP_FATAL));
+  // Read (not yet acked) before the destroy, which would otherwise drop it unread.
+  ASSERT_TRUE(WaitFor([&] { return rt->GetStats().async_events >= 1; }));
+  CQD_ASSERT_OK(sim->DestroyQp(old_qp));  // returns once the event is acked
+  CQD_ASSERT_OK_AND_ASSIGN(new_qp, sim->CreateQp(cq.sim(), cq.sim()));
+  ASSERT_EQ(new_qp->qp_num(), number);  // the sim hands out the last freed number first
+  new_handler.qp_num = number;
+  Result<Registration> new_reg = rt->RegisterQp(*new_qp, new_handler, 0);
+  {
+    const std::lock_guard<std::mutex> lock(gate.mu);
+    gate.reused = true;
+  }
+  gate.cv.notify_all();
+  CQD_ASSERT_OK(new_reg.status());
+  ASSERT_TRUE(WaitFor(
+      [&] { return device_events.Saw(IBV_EVENT_QP_FATAL) || !new_handler.events().empty(); }));
+  EXPECT_TRUE(device_events.Saw(IBV_EVENT_QP_FATAL));
+  EXPECT_TRUE(new_handler.events().empty()) << "the destroyed QP's QP_FATAL reached the new QP";
+  EXPECT_TRUE(old_handler.events().empty());
+  impl->SetAfterAsyncAckForTest(nullptr, nullptr);
+  new_reg->Unregister();
+  CQD_ASSERT_OK(sim->DestroyQp(new_qp));
   CQD_ASSERT_OK(rt->DestroyCq(cq));
 }
 

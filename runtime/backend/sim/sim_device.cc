@@ -390,14 +390,19 @@ int SimDeviceImpl::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
 void SimDeviceImpl::AckAsyncEvent(backend::AsyncEventRecord* record) noexcept {
   void* held = record->Kept<void*>();
   if (held == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (backend::IsQpEvent(record->type)) {
-    --static_cast<SimQpImpl*>(held)->async_unacked;
-  } else {
-    --static_cast<SimCqImpl*>(held)->async_unacked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (backend::IsQpEvent(record->type)) {
+      --static_cast<SimQpImpl*>(held)->async_unacked;
+    } else {
+      --static_cast<SimCqImpl*>(held)->async_unacked;
+    }
+    record->Keep<void*>(nullptr);
+    async_acked_cv_.notify_all();
   }
-  record->Keep<void*>(nullptr);
-  async_acked_cv_.notify_all();
+  if (void (*hook)(void*) = after_ack_hook_.load(std::memory_order_acquire); hook != nullptr) {
+    hook(after_ack_arg_.load(std::memory_order_relaxed));
+  }
 }
 
 // ---- seam ----

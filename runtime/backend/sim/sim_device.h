@@ -261,6 +261,13 @@ class SimDeviceImpl final : public SimDevice {
   bool fatal() const { return fatal_.load(std::memory_order_acquire); }
   // Called by a CQ that overflowed: raises CQ_ERR, and QP_FATAL for its QPs (S11).
   void RaiseOverflow(SimCqImpl* cq);
+  // Tests: `hook(arg)` runs on the thread that acks an async event, right after the ack (a
+  // DestroyQp waiting for it may return from then on). Set it before raising the events it is
+  // for; a null hook: none.
+  void SetAfterAsyncAckForTest(void (*hook)(void*), void* arg) {
+    after_ack_arg_.store(arg, std::memory_order_relaxed);
+    after_ack_hook_.store(hook, std::memory_order_release);
+  }
 
  private:
   struct PendingAsync {
@@ -285,6 +292,8 @@ class SimDeviceImpl final : public SimDevice {
   PendingFd async_pending_;
   InjectedErrno async_errno_;
   std::atomic<bool> fatal_{false};
+  std::atomic<void (*)(void*)> after_ack_hook_{nullptr};
+  std::atomic<void*> after_ack_arg_{nullptr};
 };
 
 // The seam over a simulated device: what the runtime and the conformance suite drive.
