@@ -92,6 +92,12 @@ class Consumer {
   }
   // Engine-driven: the ThreadToken() (thread_role.h) of the thread that called Drain last.
   const std::atomic<uintptr_t>& last_drainer() const { return last_drainer_; }
+  // Engine thread: records the calling thread as the one that drains (as Drain does).
+  void NoteDrainer() noexcept {
+    if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
+      last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
+    }
+  }
   // Returns true if this thread is inside this consumer's Dispatch.
   bool DispatchingHere() const noexcept;
   // Returns true on a thread that is running some consumer's handlers.

@@ -104,9 +104,7 @@ int Consumer::Drain(int max) noexcept {
 }
 
 int Consumer::DrainHeld(int max) noexcept {
-  if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
-    last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
-  }
+  NoteDrainer();
   int n = Dispatch(max);
   if (notify_armed_ && !parker_.sleeping()) {  // a producer took the arm: its write is owed
     notify_armed_ = false;

@@ -113,7 +113,11 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   // A poller or the event thread (an OrphanHandler, a DeviceEventHandler) or the log sink: the
   // handlers would run where their control calls are refused (or under the runtime's mutex).
   if (CallerRoles() & kRefusedControlCallers) return -EBUSY;
-  return max <= 0 ? 0 : c.Drain(max);
+  if (max <= 0) {
+    c.NoteDrainer();  // a Drain of nothing still says which thread drains (Teardown::Wait)
+    return 0;
+  }
+  return c.Drain(max);
 }
 
 // Any role at all (what Runtime::InCallback answers): a poller's or the event thread, a handler

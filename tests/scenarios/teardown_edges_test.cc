@@ -331,6 +331,33 @@ TEST(TeardownWaits, EveryEngineThreadOfTheRuntimeIsRefused) {
   }
 }
 
+// A Drain of nothing (max 0) still makes its thread the consumer's drainer: a Wait there would
+// wait for markers only it dispatches. (Before, it was not refused and hung; the rescuer below
+// drains in its place after 5 s so that a wrong answer fails the test instead of hanging it.)
+TEST(TeardownWaits, ADrainOfNothingStillMarksItsThread) {
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  EXPECT_EQ(s.rt->Drain(0, 0), 0);
+  TeardownOptions no_deadline;
+  no_deadline.timeout = std::chrono::milliseconds::max();
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg, no_deadline));
+  std::promise<void> answered;
+  std::thread rescuer([&, answered = answered.get_future()] {
+    (void)answered.wait_for(std::chrono::seconds(5));
+    EXPECT_TRUE(testing::DrainUntil(*s.rt, 0, [&] { return teardown.done(); }));
+  });
+  const Status refused = teardown.Wait();
+  answered.set_value();
+  rescuer.join();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+}
+
 // Only the thread that drained last is refused: a thread that starts after it exited is not.
 TEST(TeardownWaits, ANewThreadIsNotTakenForAnExitedDrainer) {
   RuntimeOptions options;
