@@ -279,7 +279,7 @@ class Lane {
   std::atomic<bool> wants_room{false};
 
  private:
-  char pad_[64 - sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<bool>)];
+  [[maybe_unused]] char pad_[64 - sizeof(std::atomic<uint64_t>) - sizeof(std::atomic<bool>)];
 };
 
 }  // namespace cqd::internal
