@@ -4,13 +4,13 @@
 #
 #   tools/build_debs.sh [OUT_DIR]        (default: ${TMPDIR:-/tmp}/cqd-debs)
 #
+# OUT_DIR is removed first (rm -rf) and made again: give it a folder of its own.
 # 1. Copies the tree (tracked files and untracked ones git does not ignore) to OUT_DIR/cqd-VERSION
 #    and runs `dpkg-buildpackage -us -uc -b` there (debian/rules: Bazel, offline, Debian's
 #    flags). The .debs land in OUT_DIR: libcqd0.1, libcqd-dev, cqd-tools and their -dbgsym.
 #    The symbols file (debian/libcqd0.1.symbols) is checked during the build: an ABI change
 #    fails it.
-# 2. lintian on the result: no error or warning (debian/*.lintian-overrides say why for each
-#    tag overridden).
+# 2. lintian on the result: no error or warning, with no tag overridden.
 # 3. Unpacks every package into a scratch root (dpkg -x; nothing is installed on this machine)
 #    and builds engines against that root as an engine's build would: pkg-config (cqd and
 #    cqd-tbb), CMake (cqd::cqd, cqd::tbb) and Meson; each runs on the simulated device and must
