@@ -121,7 +121,8 @@ class ArenaConsumers {
  public:
   /// Returns a started object, or kInvalidArgument naming the consumer that is not engine-driven
   /// or listed twice (or a budget out of range), kAlreadyExists for a consumer another object
-  /// hosts, or kInternal if the watcher's epoll could not be made.
+  /// hosts (one whose Stop has returned hosts nothing), or kInternal if the watcher's epoll could
+  /// not be made.
   static Result<std::unique_ptr<ArenaConsumers>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                         const ArenaConsumersOptions& options);
   ~ArenaConsumers();  ///< Stop()
@@ -245,7 +246,8 @@ class StrandTeardown {
 ///     once, after the handler's last call, on the thread that delivered the strand's last item
 ///     (an arena thread), or on the runtime's teardown thread when the strand was empty;
 ///   - Stop: after Runtime::Shutdown, everything already polled is delivered (or, for unregistered
-///     QPs, orphaned); nothing queued is lost silently.
+///     QPs, orphaned); nothing queued is lost silently (a Drain a user handler has in progress is
+///     waited for, not taken for the end).
 /// Not kept: for a QP registered with its rdma_cm_id, once the registration ends the runtime hands
 /// the id's later events to the channel's CmHandler, which may then run before the strand has
 /// delivered the id's earlier events to the QP handler (the runtime sees them delivered when the

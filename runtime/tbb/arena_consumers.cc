@@ -82,7 +82,9 @@ Status ArenaConsumers::Stop() {
   if (Status refused = internal::RefuseWaitInCallback("ArenaConsumers::Stop"); !refused.ok()) {
     return refused;
   }
-  return drainer_->Stop();
+  Status stopped = drainer_->Stop();
+  if (stopped.ok()) drainer_->Unhost();
+  return stopped;
 }
 
 ArenaStats ArenaConsumers::GetStats() const { return drainer_->GetStats(); }

@@ -154,9 +154,14 @@ ArenaDrainer::~ArenaDrainer() {
   (void)Stop();
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (stop_fd_ >= 0) close(stop_fd_);
-  if (!hosting_) return;  // a failed Create hosted nothing
+  Unhost();
+}
+
+void ArenaDrainer::Unhost() noexcept {
   std::lock_guard<std::mutex> lock(hosted_mu);
+  if (!hosting_) return;  // a failed Create hosted nothing; or already given up
   for (const auto& slot : slots_) Hosted().erase({&runtime_, slot->id});
+  hosting_ = false;
 }
 
 bool ArenaDrainer::OnReadable(ConsumerId consumer) noexcept {
@@ -193,6 +198,14 @@ void ArenaDrainer::Run(Slot& slot) noexcept {
       slot.state.fetch_and(~kPending, std::memory_order_acq_rel);
       const int n = runtime_.Drain(slot.id, budget_);
       if (n > 0) dispatched_.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+      if (n == -EBUSY) {
+        // Another thread drains it now (a StrandConsumer's user handler may): that Drain may end
+        // with work left and no new write of the fd, and a wake may have come meanwhile. Keep
+        // the consumer scheduled and try again from a new task, after other work.
+        if (Enqueue(slot)) return;  // the new task takes over this one's inflight_ count
+        slot.state.store(0, std::memory_order_release);
+        break;
+      }
       if (n < 0) {  // -EINVAL cannot come for a consumer Create checked; give up this wake
         slot.state.store(0, std::memory_order_release);
         break;

@@ -157,6 +157,10 @@ class ArenaDrainer {
   bool OnReadable(ConsumerId consumer) noexcept;
   // See ArenaConsumers::Stop. `owner` tasks (besides the drainer's own) also refuse it.
   Status Stop(const void* also_refuse_owner = nullptr);
+  // Once its owner has stopped for good (after Stop, and for a StrandConsumer after its last
+  // delivery): its consumers leave the process-wide hosted set, so another object may host them,
+  // and a runtime made later at this one's address is not taken for it. Idempotent; any thread.
+  void Unhost() noexcept;
   ArenaStats GetStats() const;
 
  private:
@@ -179,7 +183,7 @@ class ArenaDrainer {
   const int budget_;
   std::vector<std::unique_ptr<Slot>> slots_;  // fixed after Create
   std::vector<Slot*> by_id_;                  // consumer id -> slot or nullptr; fixed after Create
-  bool hosting_ = false;  // slots_ are in the process-wide set of hosted consumers
+  bool hosting_ = false;  // slots_ are in the process-wide set of hosted consumers (hosted_mu)
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
   std::thread watcher_;

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cqd/tbb.h"
@@ -115,8 +116,14 @@ Status StopAndDeliver(Runtime& runtime, StrandCore& core, internal::ArenaDrainer
   std::lock_guard<std::mutex> stop_lock(core.stop_mu);
   if (Status s = drainer.Stop(); !s.ok()) return s;
   if (core.stopped.load(std::memory_order_acquire)) return Status::Ok();
-  // What the consumer still holds goes to the strands, on this thread: no drain task runs now.
-  while (runtime.Drain(core.consumer, core.drain_budget) > 0) {
+  // What the consumer still holds goes to the strands, on this thread: no drain task runs now,
+  // but a strand's user handler may be draining it (-EBUSY): wait for that Drain to end, then go
+  // on. It ends: a strand task never waits for Stop.
+  for (;;) {
+    const int n = runtime.Drain(core.consumer, core.drain_budget);
+    if (n > 0) continue;
+    if (n != -EBUSY) break;
+    std::this_thread::yield();
   }
   internal::WaitForZero(core.inflight);
   {
@@ -129,6 +136,7 @@ Status StopAndDeliver(Runtime& runtime, StrandCore& core, internal::ArenaDrainer
     }
   }
   internal::WaitForZero(core.inflight);
+  drainer.Unhost();
   return Status::Ok();
 }
 

@@ -324,6 +324,33 @@ TEST(ArenaConsumers, ConstraintsForADevice) {
   EXPECT_EQ(zero.status().code(), StatusCode::kInvalidArgument);
 }
 
+// A stopped object hosts nothing: another may host its consumers (and a runtime made later at a
+// destroyed one's address, which tbb.h allows once Stop has returned, is not taken for it).
+TEST(ArenaConsumers, AStoppedObjectNoLongerHostsItsConsumers) {
+  (void)Parallelism();
+  RuntimeOptions options;
+  options.consumers.assign(1, ConsumerOptions{});
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  auto rt = Runtime::Create(options).value();
+  ::tbb::task_arena arena(2, 0);
+  auto first = ArenaConsumers::Create(*rt, arena, {.consumers = {0}});
+  CQD_ASSERT_OK(first.status());
+  auto while_hosted = ArenaConsumers::Create(*rt, arena, {.consumers = {0}});
+  EXPECT_EQ(while_hosted.status().code(), StatusCode::kAlreadyExists);
+  CQD_ASSERT_OK((*first)->Stop());
+  auto second = ArenaConsumers::Create(*rt, arena, {.consumers = {0}});
+  CQD_ASSERT_OK(second.status());
+  auto strands = StrandConsumer::Create(*rt, arena, {.consumer = 0});
+  EXPECT_EQ(strands.status().code(), StatusCode::kAlreadyExists) << "the second hosts it now";
+  CQD_ASSERT_OK((*second)->Stop());
+  strands = StrandConsumer::Create(*rt, arena, {.consumer = 0});
+  CQD_ASSERT_OK(strands.status());
+  CQD_ASSERT_OK((*strands)->Stop());
+  auto after_strands = ArenaConsumers::Create(*rt, arena, {.consumers = {0}});
+  CQD_ASSERT_OK(after_strands.status());
+  CQD_ASSERT_OK((*after_strands)->Stop());
+}
+
 TEST(ArenaConsumers, BadInput) {
   Bed bed;
   CQD_ASSERT_OK(bed.Build(/*engine=*/2, /*cqs=*/1, /*qps=*/2));
