@@ -321,8 +321,11 @@ class Runtime {
   Result<Teardown> TeardownQp(Registration& registration, const TeardownOptions& options = {});
 
   /// Engine-driven consumers: dispatches up to `max` queued items (completion runs and async
-  /// events) to their handlers on the calling thread. Returns the number of completions and events
-  /// dispatched, -EINVAL if `consumer` is not an engine-driven consumer of this runtime, or -EBUSY
+  /// events) to their handlers on the calling thread. Returns the number of entries it took off
+  /// the queue: completions and events, counted also when they went to the orphan handler (their
+  /// QP was unregistered meanwhile) and a teardown's markers, which reach no handler (so a
+  /// positive count need not mean a handler ran; ConsumerStats::delivered counts those that
+  /// did); -EINVAL if `consumer` is not an engine-driven consumer of this runtime, or -EBUSY
   /// at once when called from one of that consumer's own handlers (a handler may Drain another
   /// consumer), from an OrphanHandler or DeviceEventHandler on a runtime thread or the
   /// RuntimeOptions::log sink (the handlers' control calls would be refused there), or while

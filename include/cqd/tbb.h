@@ -111,7 +111,7 @@ struct ArenaConsumersOptions {
 /// What an ArenaConsumers has done.
 struct ArenaStats {
   uint64_t drain_tasks = 0;       ///< drain tasks run
-  uint64_t dispatched = 0;        ///< completions and events they dispatched
+  uint64_t dispatched = 0;        ///< entries their Drain calls took (Runtime::Drain's count)
   uint64_t enqueue_failures = 0;  ///< enqueues that failed (std::bad_alloc), retried on next wake
 };
 
