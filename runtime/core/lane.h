@@ -241,10 +241,16 @@ class Lane {
   // Spill stats (poller writes, anyone reads), on a line of their own.
   alignas(64) std::atomic<uint64_t> depth_stat{0};  // spill_size() after the poller's last change
   std::atomic<uint64_t> high_water{0};              // most entries the spill held at once
-  std::atomic<uint64_t> stalls{0};      // times the spill filled up (its CQs were skipped)
-  std::atomic<uint64_t> stalled_ns{0};  // time spent full, summed over stalls that ended
+  std::atomic<uint64_t> stalls{0};  // times the spill filled up (its CQs were skipped)
+  // Time spent full, summed over stalls that ended. A stall ends with stalled_since_ns cleared
+  // first, then this stored with release: a reader that loads this (acquire) and sees the stall
+  // added also sees it ended, so it never counts a stall twice (it may miss one just ending).
+  std::atomic<uint64_t> stalled_ns{0};
   // Steady-clock ns when the stall in progress began; 0: none (poller-written, read by GetStats).
   std::atomic<int64_t> stalled_since_ns{0};
+  // The most stalled time GetStats has reported for this lane (readers, fetch-max): a reading
+  // that missed a stall just ending reports this instead, so the counter never goes down.
+  mutable std::atomic<uint64_t> stalled_ns_reported{0};
   std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
   bool stalled = false;                                // poller-owned
   bool listed = false;  // poller-owned: in the poller's list of lanes with a spill

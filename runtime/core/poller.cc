@@ -471,16 +471,24 @@ void Poller::AddSpillStats(uint32_t consumer, ConsumerStats& out) const {
   out.spill_high_water =
       std::max(out.spill_high_water, spill.high_water.load(std::memory_order_relaxed));
   out.stalls += spill.stalls.load(std::memory_order_relaxed);
-  out.stalled_ns += spill.stalled_ns.load(std::memory_order_relaxed);
+  // Acquire: a stall this includes has ended for the load below too (Lane::stalled_ns).
+  uint64_t stalled = spill.stalled_ns.load(std::memory_order_acquire);
   // The stall in progress counts too, so that an alert on stalled time sees a stuck consumer.
   if (const int64_t since = spill.stalled_since_ns.load(std::memory_order_relaxed); since != 0) {
     const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
                             std::chrono::steady_clock::now().time_since_epoch())
                             .count();
     const uint64_t stall = now > since ? static_cast<uint64_t>(now - since) : 0;
-    out.stalled_ns += stall;
+    stalled += stall;
     out.stall_ns = std::max(out.stall_ns, stall);
   }
+  // A counter: never below what an earlier snapshot reported (one that missed a stall ending
+  // between the two loads above would be).
+  uint64_t reported = spill.stalled_ns_reported.load(std::memory_order_relaxed);
+  while (reported < stalled && !spill.stalled_ns_reported.compare_exchange_weak(
+                                   reported, stalled, std::memory_order_relaxed)) {
+  }
+  out.stalled_ns += std::max(reported, stalled);
 }
 
 }  // namespace cqd::internal

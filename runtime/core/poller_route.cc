@@ -465,9 +465,12 @@ void Poller::NoteSpill(uint32_t consumer) noexcept {
           std::memory_order_relaxed);
       Count(spill.stalls, 1);
     } else {
-      Count(spill.stalled_ns,
-            std::chrono::duration_cast<std::chrono::nanoseconds>(now - spill.full_since).count());
+      // Ended first, then the time added (release): see Lane::stalled_ns.
       spill.stalled_since_ns.store(0, std::memory_order_relaxed);
+      const uint64_t stalled =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(now - spill.full_since).count();
+      spill.stalled_ns.store(spill.stalled_ns.load(std::memory_order_relaxed) + stalled,
+                             std::memory_order_release);
     }
   }
 }

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // A consumer that stops draining: its queue bound, its spill, and what it may not hold back.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "cqd/runtime.h"
@@ -215,6 +218,57 @@ TEST(SplitRun, APurgedRunDoesNotSwallowTheEntriesThatFollowIt) {
   EXPECT_EQ(first.received(), 0u);
   EXPECT_EQ(second.out_of_order(), 0u);
   EXPECT_EQ(second.wrong_qp(), 0u);
+}
+
+// ConsumerStats::stalled_ns is a counter (cqd_consumer_stalled_seconds_total): no snapshot may
+// report less than an earlier one, also while stalls start and end at every Drain. A snapshot
+// taken as a stall ended counted it twice or not at all, and the next one went down.
+TEST(SlowConsumerStats, StalledTimeNeverGoesDown) {
+  testing::SimBed bed;
+  RuntimeOptions options;
+  options.consumers.assign(1, ConsumerOptions{});
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  options.consumers[0].queue_capacity = 1;  // a stall starts and ends at nearly every Drain
+  options.consumers[0].spill_capacity = 1;
+  CQD_ASSERT_OK(bed.Start(options));
+  CqHandle cq = bed.Cq(0, {.depth = 1024});
+  SimQp* qp = bed.Qp(cq);
+  SequenceHandler handler;
+  handler.qp_num = qp->qp_num();
+  CQD_ASSERT_OK_AND_ASSIGN(reg, bed.rt->RegisterQp(*qp, handler, 0));
+  std::atomic<bool> stop{false};
+  std::thread traffic([&] {
+    for (uint64_t wr = 0; !stop.load(std::memory_order_relaxed);) {
+      if (qp->Complete(wr) == 1) {
+        ++wr;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  });
+  std::atomic<uint64_t> decreases{0};
+  std::thread sampler([&] {
+    uint64_t last = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      const uint64_t now = bed.rt->GetStats().consumers[0].stalled_ns;
+      if (now < last) decreases.fetch_add(1);
+      last = std::max(last, now);
+    }
+  });
+  // Two seconds of stalls starting and ending (how many fit does not change the verdict: any
+  // snapshot below an earlier one fails).
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < end) {
+    bed.rt->Drain(0, 1);
+    for (int k = 0; k < 50; ++k) std::atomic_signal_fence(std::memory_order_seq_cst);  // a pause
+  }
+  stop.store(true);
+  traffic.join();
+  sampler.join();
+  EXPECT_GT(bed.rt->GetStats().consumers[0].stalls, 0u) << "no stall to measure";
+  EXPECT_EQ(decreases.load(), 0u);
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  reg.Unregister();
 }
 
 }  // namespace
