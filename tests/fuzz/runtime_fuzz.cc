@@ -35,15 +35,16 @@
 //   - no handler call (completions or async event) after Unregister returned or after a teardown
 //     ended; no completion or event delivered to another QP's handler; no marker reaches a
 //     handler; a QP that reuses a qp_num gets no completion of its predecessor when that one
-//     ended with a teardown (OK, or past its deadline or Shutdown, for each stream with a marker
-//     behind it; it may get them after a plain Unregister: the runtime cannot tell them apart
-//     then, as on verbs);
+//     ended, whatever ended it, and whenever the predecessor completed them (also after its
+//     registration ended, before it was destroyed), unless the runtime released their CQ in
+//     between (an adopted CQ adopted again carries no history: runtime.h, DestroyCq);
 //   - TeardownQp: a teardown that returns OK delivered every completion injected for the QP
 //     before TeardownQp was called to the handler (not to the orphan handler); one whose
 //     consumer was not drained meanwhile cannot return OK; one drained until it ends, with a
 //     deadline past the input's limit, on a working device and CQs, returns OK; kCancelled only
 //     after Shutdown, kUnavailable only after DEVICE_FATAL; on_done reports the result Wait()
-//     returns; every control call and every Wait returns promptly after DEVICE_FATAL;
+//     returns; after DEVICE_FATAL a teardown with no deadline ends UNAVAILABLE (if it had not
+//     drained) and every control call and Wait returns (a hang is the input watchdog's HANG);
 //     Teardown::Wait from a handler of any consumer kind (every 32nd completion) or from on_done
 //     never blocks (refused, or the teardown had ended); a Wait on another thread across
 //     Shutdown returns;
@@ -101,7 +102,6 @@ constexpr uint64_t kMagicMask = uint64_t{0xff} << 56;
 constexpr int kStrayTag = 0x80;
 constexpr uint32_t kStrayQpNum = 0xfff000;  // + CQ index: completions of no QP
 constexpr auto kInputLimit = std::chrono::seconds(10);
-constexpr auto kPrompt = std::chrono::seconds(2);  // "promptly", for calls after DEVICE_FATAL
 constexpr auto kPastInputLimit = std::chrono::minutes(10);  // a teardown deadline never reached
 
 std::atomic<const char*> g_current_op{""};  // for messages: the op running
@@ -236,9 +236,12 @@ struct QpEnt {
   std::vector<std::shared_ptr<TdRecord>> all_td_recs;
   // What each stream had injected when its last registration was retired (plain Unregister, or
   // TeardownQp started): none of those may reach a successor, whatever ended the registration
-  // (README "QP lifecycle"). -1: never retired. (Completions injected after a plain Unregister
-  // break its contract, that the engine knows the QP's work is complete: not judged.)
+  // (README "QP lifecycle"). -1: never retired. What it completed later, before it was destroyed,
+  // may not either, unless the stream's CQ was released by the runtime since (an adopted CQ
+  // adopted again carries no history: runtime.h, DestroyCq): releases_at_retire is that CQ's
+  // CqEnt::releases at the retire.
   std::atomic<int64_t> retired_at[2] = {-1, -1};
+  std::atomic<uint32_t> releases_at_retire[2] = {0, 0};
 
   std::mutex ev_mu;
   std::vector<EventExpect> expected_events;
@@ -263,6 +266,7 @@ struct CqEnt {
   // our books would admit. Raised by the fuzzer thread and by self-unregistering handlers.
   std::atomic<int> undrained_ends{0};
   std::atomic<int64_t> committed{0};  // work requests of registrations on it (RegisterQp's guard)
+  std::atomic<uint32_t> releases{0};  // times the runtime released it (an adopted CQ's DestroyCq)
   // Numbers whose registration on it ended (or whose teardown started) and that have not
   // registered on it since: only such a number may be refused with UNAVAILABLE there (a fence,
   // or the catch-up of runtime/core/retired_numbers.h). Emptied when the runtime starts polling
@@ -281,9 +285,12 @@ struct CqEnt {
     std::lock_guard<std::mutex> lock(retired_mu);
     retired.erase(qp_num);
   }
+  // A new record in the runtime (created, adopted, adopted again): no fences, no retired numbers.
+  // No QP is registered on it yet, so no handler raises undrained_ends meanwhile.
   void NotePolledAfresh() {
     std::lock_guard<std::mutex> lock(retired_mu);
     retired.clear();
+    undrained_ends.store(0);
   }
 };
 
@@ -371,6 +378,16 @@ struct State {
 };
 
 int StreamOf(uint64_t wr_id) { return (wr_id & kSendBit) ? 1 : 0; }
+
+// The fuzzer thread or a self-unregistering handler: q's registration ended (or its teardown
+// started) now.
+void NoteRetire(State& st, QpEnt& q) {
+  for (int s = 0; s < 2; ++s) {
+    q.retired_at[s].store(q.streams[s].injected.load());
+    const int cq = q.streams[s].cq;
+    q.releases_at_retire[s].store(cq >= 0 ? st.cqs[cq].releases.load() : 0);
+  }
+}
 int TagOf(uint64_t wr_id) { return static_cast<int>((wr_id >> kTagShift) & 0xff); }
 
 void FuzzHandler::ReleaseCommit() noexcept {
@@ -404,6 +421,17 @@ void FuzzHandler::OnCompletions(std::span<const ibv_wc> wcs) noexcept {
       CHECK(seq >= old.retired_at[s].load(),
             "qp 0x%x (incarnation %d) got wr_id %lld (stream %d) of incarnation %d, injected "
             "before that incarnation's registration was retired",
+            wc.qp_num, q_->idx, static_cast<long long>(seq), s, tag);
+      // Completed after the retire, before the old QP was destroyed: the orphan handler's too
+      // (README "QP lifecycle"), unless the runtime released the CQ since (no history then). A
+      // QP that was never registered is not judged: the runtime never knew its number (README,
+      // "Reuse of a number").
+      const int old_cq = old.streams[s].cq;
+      CHECK(old.retired_at[s].load() < 0 || old_cq < 0 ||
+                st_->cqs[old_cq].releases.load() != old.releases_at_retire[s].load(),
+            "qp 0x%x (incarnation %d) got wr_id %lld (stream %d) of incarnation %d, completed "
+            "after that incarnation's registration was retired, from a CQ the runtime polled "
+            "throughout",
             wc.qp_num, q_->idx, static_cast<long long>(seq), s, tag);
       Stream& ost = old.streams[s];
       CHECK(seq < ost.injected.load(), "qp 0x%x: old wr_id %lld was never injected", wc.qp_num,
@@ -453,9 +481,15 @@ void CheckWaitDoesNotBlock(State& st, const char* where) {
     std::lock_guard<std::mutex> lock(st.latest_mu);  // its holders wait for nobody
     td = st.latest_td;
   }
+  const bool was_over = td.done();
   const cqd::Status r = td.Wait();
   CHECK(r.code() == cqd::StatusCode::kFailedPrecondition || td.done(),
         "Teardown::Wait from %s returned %s for a teardown still running", where,
+        r.ToString().c_str());
+  // An ended teardown's result comes back on any thread (runtime.h), and a teardown never ends
+  // FAILED_PRECONDITION: that code is a refusal, which only a teardown still running may give.
+  CHECK(!was_over || r.code() != cqd::StatusCode::kFailedPrecondition,
+        "Teardown::Wait from %s refused a teardown that had ended: %s", where,
         r.ToString().c_str());
   st.handler_waits.fetch_add(1);
 }
@@ -496,7 +530,7 @@ void FuzzHandler::SelfUnregister() noexcept {
   if (!q_->handlers.empty() && q_->handlers.back().get() == this && q_->reg.registered()) {
     q_->reg.Unregister();
     CHECK(!q_->reg.registered(), "Unregister from a handler left it registered");
-    for (int s = 0; s < 2; ++s) q_->retired_at[s].store(q_->streams[s].injected.load());
+    NoteRetire(*st_, *q_);
     ++st_->cqs[q_->send_cq].undrained_ends;
     ++st_->cqs[q_->recv_cq].undrained_ends;
     st_->cqs[q_->send_cq].NoteRetired(q_->qp_num.load());
@@ -591,20 +625,6 @@ void ExpectCode(const cqd::Status& s, cqd::StatusCode want, const char* what) {
         static_cast<int>(want));
 }
 
-// Runs a control call that must return promptly once the device failed.
-template <typename Fn>
-auto Timed(State& st, const char* what, Fn fn) {
-  const Clock::time_point start = Clock::now();
-  auto result = fn();
-  if (st.fatal) {
-    const auto took = Clock::now() - start;
-    CHECK(took < kPrompt, "HANG: %s took %lld ms after DEVICE_FATAL", what,
-          static_cast<long long>(
-              std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
-  }
-  return result;
-}
-
 // ---- the engine-driven shard ----
 
 void ReactorLoop(State& st) {
@@ -669,7 +689,7 @@ int EngineStep(State& st, int timeout_ms, int max) {
   if (n > 0) st.edge_pending = true;
   if (!st.edge_pending) return 0;
   st.edge_pending = false;  // level-triggered: it reports again while work is left
-  if (max > 0) st.drains_engine = true;
+  st.drains_engine = true;  // also a Drain of nothing (max 0): it names the drainer
   int got = st.rt->Drain(st.engine, max);
   CHECK(got >= 0, "Drain(engine consumer) returned %d", got);
   return got;
@@ -757,7 +777,7 @@ void SettleEarlierTeardown(State& st, QpEnt& q) {
 void SettleTeardown(State& st, QpEnt& q) {
   if (!q.td_active) return;
   CHECK(q.td.done(), "SettleTeardown of a running teardown");
-  const cqd::Status r = Timed(st, "Teardown::Wait", [&] { return q.td.Wait(); });
+  const cqd::Status r = q.td.Wait();
   using C = cqd::StatusCode;
   CHECK(r.code() == C::kOk || r.code() == C::kDeadlineExceeded || r.code() == C::kCancelled ||
             r.code() == C::kUnavailable,
@@ -859,7 +879,7 @@ void DoCreateCq(State& st, uint8_t a, uint8_t b) {
   options.depth = 1 + b % 16;
   options.solicited_only = (b >> 4) & 1;
   options.grow = !((b >> 5) & 1);
-  auto cq = Timed(st, "CreateCq", [&] { return st.rt->CreateCq(st.dev, shard, options); });
+  auto cq = st.rt->CreateCq(st.dev, shard, options);
   if (st.shut_down)
     return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition, "CreateCq after Shutdown");
   if (shard >= st.pollers)
@@ -896,10 +916,8 @@ void DoAdoptCq(State& st, uint8_t a, uint8_t b) {
   }
   if (i >= 0) {
     CqEnt& e = st.cqs[i];
-    auto cq = Timed(st, "AdoptCq", [&] {
-      return st.rt->AdoptCq(st.dev, wrong_shard ? 1 - e.shard : e.shard, e.sim,
-                            {.solicited_only = e.solicited_only, .grow = grow});
-    });
+    auto cq = st.rt->AdoptCq(st.dev, wrong_shard ? 1 - e.shard : e.shard, e.sim,
+                             {.solicited_only = e.solicited_only, .grow = grow});
     if (st.shut_down)
       return ExpectCode(cq.status(), cqd::StatusCode::kFailedPrecondition,
                         "AdoptCq after Shutdown");
@@ -972,7 +990,7 @@ int SimQpsOn(State& st, int cq) {
 // Destroys a CQ on the device (an adopted one after the runtime released it).
 void SimDestroyCq(State& st, CqEnt& e) {
   e.stranded = e.sim->size();
-  cqd::Status s = Timed(st, "SimDevice::DestroyCq", [&] { return st.sim->DestroyCq(e.sim); });
+  cqd::Status s = st.sim->DestroyCq(e.sim);
   CHECK(s.ok(), "SimDevice::DestroyCq: %s", s.ToString().c_str());
   e.sim_destroyed = true;
 }
@@ -991,7 +1009,7 @@ void DoDestroyCq(State& st, int i) {
   int pending = 0;
   const int registered = RegisteredQpsOn(st, i, &pending);
   const int64_t size_before = e.sim->size();
-  cqd::Status s = Timed(st, "DestroyCq", [&] { return st.rt->DestroyCq(e.handle); });
+  cqd::Status s = st.rt->DestroyCq(e.handle);
   if (registered > 0) {
     ExpectCode(s, cqd::StatusCode::kFailedPrecondition, "DestroyCq with registered QPs");
     return;
@@ -1005,6 +1023,7 @@ void DoDestroyCq(State& st, int i) {
   e.polled = false;
   e.stale = e.handle;
   if (e.adopted) {
+    e.releases.fetch_add(1);
     if (SimQpsOn(st, i) == 0) SimDestroyCq(st, e);
   } else {
     // DestroyCq polls the CQ empty into the orphan handler first, unless it overflowed.
@@ -1091,8 +1110,7 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
     judge(scq, send_wrs);
     judge(rcq, recv_wrs);
   }
-  auto reg = Timed(st, "RegisterQp",
-                   [&] { return st.rt->RegisterQp(*q->sim, *handler, consumer, options); });
+  auto reg = st.rt->RegisterQp(*q->sim, *handler, consumer, options);
   using C = cqd::StatusCode;
   if (st.shut_down)
     return ExpectCode(reg.status(), C::kFailedPrecondition, "RegisterQp after Shutdown");
@@ -1117,9 +1135,11 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (live >= static_cast<int>(st.max_registrations) && !reg.ok())
     return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past max_registrations");
   if (st.fatal && !reg.ok() && reg.status().code() == C::kResourceExhausted) return;  // no resize
+  // Fences of retired registrations still count against a CQ that may not grow (one that may
+  // grows past them: README "QP lifecycle").
   if (!reg.ok() && reg.status().code() == C::kResourceExhausted &&
-      (scq.undrained_ends > 0 || rcq.undrained_ends > 0)) {
-    return;  // fences of retired registrations still count against the CQ
+      ((!scq.grow && scq.undrained_ends > 0) || (!rcq.grow && rcq.undrained_ends > 0))) {
+    return;
   }
   if (!reg.ok() && reg.status().code() == C::kUnavailable &&
       (scq.Retired(q->qp_num.load()) || rcq.Retired(q->qp_num.load()))) {
@@ -1164,12 +1184,9 @@ void DoRegisterOp(State& st, uint8_t a, uint8_t b) {
 void Unregister(State& st, QpEnt& q) {
   std::lock_guard<std::mutex> lock(q.reg_mu);
   if (!q.reg.registered()) return;
-  Timed(st, "Unregister", [&] {
-    q.reg.Unregister();
-    return 0;
-  });
+  q.reg.Unregister();
   CHECK(!q.reg.registered(), "Unregister from the fuzzer thread left it registered");
-  for (int s = 0; s < 2; ++s) q.retired_at[s].store(q.streams[s].injected.load());
+  NoteRetire(st, q);
   // Its fences hold its commitment until what it left in the CQs is polled.
   ++st.cqs[q.send_cq].undrained_ends;
   ++st.cqs[q.recv_cq].undrained_ends;
@@ -1194,7 +1211,7 @@ bool DoDestroyQp(State& st, QpEnt& q) {
     if (!q.td.done()) return false;
     SettleTeardown(st, q);
   }
-  cqd::Status s = Timed(st, "SimDevice::DestroyQp", [&] { return st.sim->DestroyQp(q.sim); });
+  cqd::Status s = st.sim->DestroyQp(q.sim);
   CHECK(s.ok(), "SimDevice::DestroyQp: %s", s.ToString().c_str());
   q.sim = nullptr;
   return true;
@@ -1339,11 +1356,12 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   const int mode = (b >> 4) & 3;
   CqEnt& scq = st.cqs[q->send_cq];
   CqEnt& rcq = st.cqs[q->recv_cq];
-  // Drained until it ends, with no deadline inside the input, on a device and CQs that work: it
-  // must end OK. Whether a teardown ends by a deadline of seconds depends on the machine's speed;
-  // this one has none to miss, so a lost wakeup shows as the watchdog's HANG instead.
+  // Drained until it ends, with no deadline inside the input, on CQs that work: it must end OK,
+  // or UNAVAILABLE once the device failed. Whether a teardown ends by a deadline of seconds
+  // depends on the machine's speed; this one has none to miss, so a lost wakeup, or a teardown
+  // that waits on a dead device, shows as the watchdog's HANG instead.
   const bool unbounded =
-      (b & 3) == 3 && (mode == 0 || mode == 3) && !st.fatal && !scq.overflowed && !rcq.overflowed;
+      (b & 3) == 3 && (mode == 0 || mode == 3) && !scq.overflowed && !rcq.overflowed;
   std::unique_lock<std::mutex> lock(q->reg_mu);
   if (!q->reg.registered()) {
     if (!(a & 0x10)) return;
@@ -1357,7 +1375,11 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   if (unbounded) options.timeout = kPastInputLimit;
   options.last_wqe_grace = std::chrono::milliseconds(kGraceMs[(b >> 2) & 3]);
   // Wait() without draining: keep it short (it runs into the deadline on the engine consumer).
-  if (mode == 1) options.timeout = std::min(options.timeout, std::chrono::milliseconds(20));
+  // So too where only the deadline can end it (an overflowed CQ is never polled again): several
+  // such teardowns of 2 s would add up to the input's limit.
+  if (mode == 1 || scq.overflowed || rcq.overflowed) {
+    options.timeout = std::min(options.timeout, std::chrono::milliseconds(20));
+  }
   auto rec = std::make_shared<TdRecord>();
   rec->handler = q->handlers.back().get();
   rec->wants_on_done = (a & 0x40) != 0;
@@ -1379,7 +1401,7 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   const bool send_fits = !scq.sim->failed() && send_room >= 1;
   const uint32_t injected[2] = {q->streams[0].injected.load(), q->streams[1].injected.load()};
   if (srq && st.last_wqe_device) ExpectEvent(*q, IBV_EVENT_QP_LAST_WQE_REACHED);
-  auto td = Timed(st, "TeardownQp", [&] { return st.rt->TeardownQp(q->reg, options); });
+  auto td = st.rt->TeardownQp(q->reg, options);
   ++st.teardowns_started;
   if (st.shut_down) {
     ExpectCode(td.status(), cqd::StatusCode::kFailedPrecondition, "TeardownQp after Shutdown");
@@ -1414,7 +1436,11 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   // runtime ends after last_wqe_grace, which only bounds how late a receive may come.
   q->td_strict[1] = true;
   q->td_strict[0] = true;
-  for (int s = 0; s < 2; ++s) q->retired_at[s].store(injected[s]);
+  for (int s = 0; s < 2; ++s) {
+    q->retired_at[s].store(injected[s]);
+    const int cq = q->streams[s].cq;
+    q->releases_at_retire[s].store(cq >= 0 ? st.cqs[cq].releases.load() : 0);
+  }
   {
     std::lock_guard<std::mutex> latest(st.latest_mu);
     st.latest_td = *td;  // for waits from handlers and on_done
@@ -1425,23 +1451,20 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   switch (mode) {
     case 0:
     case 3: {
-      const Clock::time_point start = Clock::now();
       WaitUntil(
           st, [&] { return q->td.done(); }, "HANG: a teardown does not end");
-      CHECK(
-          !st.fatal || Clock::now() - start < kPrompt,
-          "HANG: a teardown took %lld ms to end after DEVICE_FATAL",
-          static_cast<long long>(
-              std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()));
-      if (unbounded && !st.fatal && !scq.overflowed && !rcq.overflowed) {
+      if (unbounded) {
+        // No deadline inside the input: it ended drained, or (the device failed) by the
+        // DEVICE_FATAL, not by waiting for what a dead device never sends.
         const cqd::Status r = q->td.Wait();
-        CHECK(r.ok(), "teardown of qp 0x%x (the engine drained meanwhile, no deadline) returned %s",
-              q->qp_num.load(), r.ToString().c_str());
+        CHECK(r.ok() || (st.fatal && r.code() == cqd::StatusCode::kUnavailable),
+              "teardown of qp 0x%x (the engine drained meanwhile, no deadline%s) returned %s",
+              q->qp_num.load(), st.fatal ? ", after DEVICE_FATAL" : "", r.ToString().c_str());
       }
       break;
     }
     case 1: {
-      const cqd::Status r = Timed(st, "Teardown::Wait", [&] { return q->td.Wait(); });
+      const cqd::Status r = q->td.Wait();
       if (r.code() == cqd::StatusCode::kFailedPrecondition && !q->td.done()) {
         // This thread drains the engine consumer: the markers may wait behind what it delivers
         // (the QP's consumer, or a full one sharing its CQs).
@@ -1547,7 +1570,7 @@ void DoGetStats(State& st) {
 
 void DoShutdown(State& st) {
   if (st.shut_down) {
-    cqd::Status s = Timed(st, "Shutdown", [&] { return st.rt->Shutdown(); });
+    cqd::Status s = st.rt->Shutdown();
     CHECK(s.ok(), "second Shutdown: %s", s.ToString().c_str());
     return;
   }
@@ -1558,7 +1581,7 @@ void DoShutdown(State& st) {
   }
   std::atomic<int> waited_code{-1};
   std::thread waiter([&] { waited_code.store(static_cast<int>(waited.Wait().code())); });
-  cqd::Status s = Timed(st, "Shutdown", [&] { return st.rt->Shutdown(); });
+  cqd::Status s = st.rt->Shutdown();
   CHECK(s.ok(), "Shutdown: %s", s.ToString().c_str());
   waiter.join();  // a wait Shutdown did not end shows as the watchdog's HANG
   using C = cqd::StatusCode;
@@ -1621,7 +1644,7 @@ void RunOp(State& st, int op, uint8_t a, uint8_t b) {
         CHECK(st.hosted->OnReadable(c), "ArenaConsumers::OnReadable of its consumer failed");
         return;
       }
-      if (c == st.engine && b % 65 > 0) st.drains_engine = true;
+      if (c == st.engine) st.drains_engine = true;  // max 0 too
       const int got = st.rt->Drain(c, b % 65);
       if (c == st.engine) {
         CHECK(got >= 0, "Drain(engine) returned %d", got);
