@@ -76,13 +76,18 @@ rc=$?
 [ $rc != 0 ] && ok "the client saw the server go (exit $rc)" || fail "the client exited 0"
 
 # ---- 3. SIGINT ends blockd_server cleanly. ----
-blockd_server --blocks=1024 >/work/blockd_server.log 2>&1 &
+blockd_server --blocks=1024 --stats-tcp=127.0.0.1:9465 >/work/blockd_server.log 2>&1 &
 server=$!
 wait_for /work/blockd_server.log '^cqd-ready'
 blockd_client --server=$addr --connections=2 --blocks-per-connection=16 --rounds=1000000 \
   >/work/blockd_client.log 2>&1 &
 client=$!
-sleep 3
+# Until the server has a connection registered (its metrics say so), however slow the VMs are.
+for _ in $(seq 1200); do
+  wget -q -O /work/blockd_metrics.txt http://127.0.0.1:9465/metrics &&
+    grep -Eq '^cqd_registrations [1-9]' /work/blockd_metrics.txt && break
+  sleep 0.1
+done
 kill -INT $server
 wait $server
 rc=$?
