@@ -172,6 +172,8 @@ uint32_t Consumer::GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size
 int Consumer::Dispatch(int max) noexcept {
   // An idle consumer spins here, on the one line producers write once per hand-over.
   if (depth_.load(std::memory_order_relaxed) == 0) return 0;
+  // The next entries' lines start crossing now, beside the published positions read below.
+  for (const auto& lane : lanes_) lane->PrefetchNext();
   // The lanes' positions first, then the queue: an item queued before a hand-over this batch sees
   // (its producer pushed it, then published more) is in the queue by then, so no lane is read
   // past an item still queued. Items that do not fit in alone_ stay queued: items_hidden.
