@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +55,12 @@ std::string Lower(std::string_view text) {
   return lower;
 }
 
+// Returns true for the characters the environment's sink writes as \xNN.
+bool NeedsEscape(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u < 0x20 || u == 0x7f || c == '\\';
+}
+
 // Where the lines go: stderr, or the file CQD_LOG_FILE names (appended to; closed with the sink).
 std::shared_ptr<FILE> LogStream() {
   const char* path = std::getenv("CQD_LOG_FILE");
@@ -88,6 +95,22 @@ std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
   }
   return [least = *least, out = LogStream()](LogLevel level, std::string_view message) {
     if (level < least) return;
+    // One line per message, whatever the engine named things: control characters (a newline in
+    // a consumer or device name, say) and the backslash are written as \xNN.
+    std::string escaped;
+    if (std::any_of(message.begin(), message.end(), NeedsEscape)) {
+      escaped.reserve(message.size() + 16);
+      for (const char c : message) {
+        if (!NeedsEscape(c)) {
+          escaped.push_back(c);
+          continue;
+        }
+        char hex[5];
+        std::snprintf(hex, sizeof(hex), "\\x%02x", static_cast<unsigned char>(c));
+        escaped += hex;
+      }
+      message = escaped;
+    }
     const std::string_view name = LogLevelName(level);
     timespec now{};
     clock_gettime(CLOCK_REALTIME, &now);

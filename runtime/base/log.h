@@ -36,6 +36,8 @@ class Logger {
 // the environment to debug, info, warning (warn) or error, in any case, each message at that
 // level or above goes out as one line,
 //   "cqd: <UTC time, microseconds>Z <pid>:<tid> <level>: <message>"
+// with the message's control characters and backslashes written as \xNN (a name an engine gave
+// cannot start a line of its own)
 // to stderr, or appended to the file CQD_LOG_FILE names (opened here, closed with the sink; one
 // that cannot be opened is reported on stderr, and stderr is used). CQD_LOG_LEVEL unset, empty
 // or "off": none (an empty function). Any other value is reported on stderr once per call and

@@ -198,6 +198,38 @@ TEST(LogSink, CqdLogFileTakesTheLines) {
   EXPECT_NE(printed.find(" info: device "), std::string::npos) << printed;
 }
 
+// The environment's sink writes each message on one line, whatever the engine named things: a
+// newline in a device name went out as is and forged a line of its own.
+TEST(LogSink, TheEnvironmentsSinkKeepsEachMessageOnOneLine) {
+  const std::string path = SocketPath("cqd_escape.log");
+  std::remove(path.c_str());
+  setenv("CQD_LOG_FILE", path.c_str(), 1);
+  setenv("CQD_LOG_LEVEL", "info", 1);
+  {
+    auto rt = Runtime::Create(RuntimeOptions{});
+    ASSERT_TRUE(rt.ok());
+    SimDeviceOptions device;
+    device.name = "evil\ncqd: 2026-01-01T00:00:00.000000Z 1:1 error: forged\\";
+    EXPECT_TRUE((*rt)->AddSimDevice(SimDevice::Create(device)).ok());
+  }
+  unsetenv("CQD_LOG_LEVEL");
+  unsetenv("CQD_LOG_FILE");
+  std::ifstream in(path);
+  std::string line;
+  int lines = 0;
+  bool escaped = false;
+  while (std::getline(in, line)) {
+    ++lines;
+    EXPECT_NE(line.rfind("cqd: 2026-01-01", 0), 0u) << "a forged line: " << line;
+    if (line.find("evil\\x0acqd: 2026-01-01T00:00:00.000000Z 1:1 error: forged\\x5c") !=
+        std::string::npos) {
+      escaped = true;
+    }
+  }
+  EXPECT_GT(lines, 0);
+  EXPECT_TRUE(escaped) << "the device's name, escaped, in the line that says it was added";
+}
+
 // Without a sink the library writes nothing to stdout or stderr, even when things go wrong.
 TEST(LogSink, NothingIsPrintedWithoutOne) {
   unsetenv("CQD_LOG_LEVEL");
