@@ -103,6 +103,9 @@ TEST(Faults, DeviceFatal) {
   }
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(InjectRecvs(qps[i], 0, 10));
   ASSERT_TRUE(WaitFor([&] { return SumPollers(rt->GetStats(), &PollerStats::completions) == 80; }));
+  // A CQ the engine made on a shard's channel, to adopt once the device has failed.
+  CQD_ASSERT_OK_AND_ASSIGN(channel, rt->SimChannelFor(dev, 0));
+  CQD_ASSERT_OK_AND_ASSIGN(spare, sim->CreateCq(64, channel));
 
   sim->RaiseDeviceFatal();
   ASSERT_TRUE(testing::DrainUntil(*rt, 0, [&] {
@@ -119,6 +122,8 @@ TEST(Faults, DeviceFatal) {
   }
 
   EXPECT_EQ(rt->CreateCq(dev, 0).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(rt->AdoptCq(dev, 0, spare).status().code(), StatusCode::kUnavailable);
+  CQD_ASSERT_OK(sim->DestroyCq(spare));
   CQD_ASSERT_OK_AND_ASSIGN(teardown, rt->TeardownQp(regs[0]));
   EXPECT_EQ(teardown.Wait().code(), StatusCode::kUnavailable);
 
