@@ -1130,6 +1130,12 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (!could_fit)
     return ExpectCode(reg.status(), C::kResourceExhausted,
                       "RegisterQp on a CQ that can never hold its work requests");
+  // "Later" comes before the refusals that a later state may lift too (the CQ's room, the
+  // registrations in use): the runtime checks a retired number's catch-up first.
+  if (!reg.ok() && reg.status().code() == C::kUnavailable &&
+      (scq.Retired(q->qp_num.load()) || rcq.Retired(q->qp_num.load()))) {
+    return;  // a retired QP with this number may have left completions it cannot poll out yet
+  }
   if (!fits && !reg.ok())
     return ExpectCode(reg.status(), C::kResourceExhausted, "RegisterQp past the CQ's capacity");
   if (live >= static_cast<int>(st.max_registrations) && !reg.ok())
@@ -1140,10 +1146,6 @@ void DoRegister(State& st, QpEnt* q, cqd::ConsumerId consumer, uint8_t b) {
   if (!reg.ok() && reg.status().code() == C::kResourceExhausted &&
       ((!scq.grow && scq.undrained_ends > 0) || (!rcq.grow && rcq.undrained_ends > 0))) {
     return;
-  }
-  if (!reg.ok() && reg.status().code() == C::kUnavailable &&
-      (scq.Retired(q->qp_num.load()) || rcq.Retired(q->qp_num.load()))) {
-    return;  // a retired QP with this number may have left completions it cannot poll out yet
   }
   CHECK(reg.ok(), "RegisterQp: %s", reg.status().ToString().c_str());
   scq.NoteRegistered(q->qp_num.load());
