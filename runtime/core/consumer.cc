@@ -256,10 +256,17 @@ void Consumer::RunBatch(size_t pieces) noexcept {
       list(piece.item->slot);
       continue;
     }
+    // A run is listed once. Stepping over it is a branch, not arithmetic on the run's length:
+    // with short runs (many QPs) the branch is predicted and the next entry's load starts
+    // without waiting for this one's (a computed step made each load wait for the last).
     for (uint32_t i = piece.at, end = piece.at + piece.n; i < end;) {
       const EntryMeta& meta = piece.lane->meta(i);
       list(meta.slot);
-      i += meta.kind == EntryKind::kCompletion ? std::min<uint32_t>(meta.run, end - i) : 1;
+      if (meta.kind == EntryKind::kCompletion && meta.run > 1) [[unlikely]] {
+        i += std::min<uint32_t>(meta.run, end - i);
+      } else {
+        ++i;
+      }
     }
   }
   batch_slot_count_.store(listed, std::memory_order_release);
