@@ -145,6 +145,46 @@ class LimitPipeline : public Pipeline {
   std::vector<std::thread> threads_;
 };
 
+// ---- handlers: the consumer's floor ----
+
+// One thread on the first consumer's CPU calling the handlers over the replay pattern, batch by
+// batch, with nothing polled and nothing handed over: what a consumer that did nothing but call
+// this benchmark's handlers would deliver. No single-consumer pipeline can deliver more.
+class HandlersPipeline : public Pipeline {
+ public:
+  explicit HandlersPipeline(const PipelineConfig& c) {
+    sim_ = SimDevice::Create();
+    SimCq* cq = sim_->CreateCq(4096, nullptr).value();
+    source_ = std::make_unique<Source>(*sim_, std::vector<SimCq*>{cq}, std::max(1, c.qps),
+                                       c.random_order);
+    thread_ =
+        std::thread([this, batch = static_cast<size_t>(c.batch), pin = c.pin, base = c.cpu_base] {
+          NameThread("handlers");
+          Pin(pin, ConsumerCpu(0, base));
+          const std::vector<ibv_wc>& pattern = source_->patterns[0];
+          size_t at = 0;
+          while (!stop_.load(std::memory_order_relaxed)) {
+            const size_t n = std::min(batch, pattern.size() - at);
+            source_->Dispatch(pattern.data() + at, n);
+            at += n;
+            if (at == pattern.size()) at = 0;
+          }
+        });
+  }
+  ~HandlersPipeline() override { Stop(); }
+  uint64_t Delivered() const override { return source_->Delivered(); }
+  void Stop() override {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::shared_ptr<SimDevice> sim_;
+  std::unique_ptr<Source> source_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // ---- cqd, cqd_rtc ----
 
 class CqdPipeline : public Pipeline {
@@ -519,8 +559,10 @@ class ShardedPipeline : public Pipeline {
 std::unique_ptr<Pipeline> StartPipeline(const PipelineConfig& config) {
   const bool runtime = config.impl == "cqd" || config.impl == "cqd_rtc";
   const bool known = runtime || config.impl == "limit" || config.impl == "limit2" ||
-                     config.impl == "mutex" || config.impl == "tbb" || config.impl == "ceph";
+                     config.impl == "mutex" || config.impl == "tbb" || config.impl == "ceph" ||
+                     config.impl == "handlers";
   if (!known) return nullptr;
+  if (config.impl == "handlers") return std::make_unique<HandlersPipeline>(config);
   if (config.shards > 1 && !runtime) return std::make_unique<ShardedPipeline>(config);
   if (config.impl == "limit") return std::make_unique<LimitPipeline>(config, 1);
   if (config.impl == "limit2") return std::make_unique<LimitPipeline>(config, 2);

@@ -43,7 +43,7 @@ class CountingHandler : public QpHandler {
 };
 
 struct PipelineConfig {
-  std::string impl;  // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph
+  std::string impl;  // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph, handlers
   int batch = 32;    // completions per poll
   int qps = 1;
   int consumers = 1;  // handoff pipelines only
