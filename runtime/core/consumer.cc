@@ -298,6 +298,7 @@ void Consumer::DeliverHeldEvents() noexcept {
 void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   const uint32_t end = at + n;
   uint32_t i = at;
+  uint64_t delivered = 0;  // counted once for the piece, not once per run
   while (i < end) {
     const EntryMeta& first = lane.meta(i);
     if (first.kind == EntryKind::kCompletion) [[likely]] {
@@ -312,7 +313,7 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
         }
         len += std::min<uint32_t>(next.run, end - i - len);
       }
-      DeliverRun(&lane.wc(i), len, first.slot, first.generation);
+      delivered += DeliverRun(&lane.wc(i), len, first.slot, first.generation);
       i += len;
       continue;
     }
@@ -325,12 +326,13 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
     }
     ++i;
   }
+  CountDelivered(delivered);
 }
 
 void Consumer::RunItem(const Item& item) noexcept {
   switch (item.kind) {
     case EntryKind::kCompletion:
-      DeliverRun(&item.wc, 1, item.slot, item.generation);
+      CountDelivered(DeliverRun(&item.wc, 1, item.slot, item.generation));
       break;
     case EntryKind::kEventPart:
       DeliverEvent(item.join, item.slot, item.generation);
@@ -351,15 +353,19 @@ inline Disposal Consumer::RouteHere(EntryKind kind, const Slot& slot,
   return Route(RouteStage::kConsumer, {.kind = kind, .live = StateLiveAs(state, generation)});
 }
 
-void Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
-                          uint32_t generation) noexcept {
+size_t Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
+                            uint32_t generation) noexcept {
   Slot& slot = slots_.slot(slot_index);
   if (RouteHere(EntryKind::kCompletion, slot, generation) == Disposal::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
-    delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  } else {
-    orphans_.Take({wcs, n});  // unregistered after it was routed here
+    return n;
   }
+  orphans_.Take({wcs, n});  // unregistered after it was routed here
+  return 0;
+}
+
+void Consumer::CountDelivered(uint64_t n) noexcept {
+  delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
 void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t generation) noexcept {

@@ -172,7 +172,9 @@ class Consumer {
   void RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
   void RunItem(const Item& item) noexcept;
   // Delivers one registration's run of completions.
-  void DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot, uint32_t generation) noexcept;
+  // Returns how many of the run's completions reached the handler (n, or 0: orphaned).
+  size_t DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot, uint32_t generation) noexcept;
+  void CountDelivered(uint64_t n) noexcept;  // adds to `delivered_` (this thread only)
   void DeliverEvent(EventJoin* join, uint32_t slot, uint32_t generation) noexcept;
   void DeliverCm(EventJoin* join, const Slot& slot) noexcept;
   void DeliverListenerEvent(EventJoin* join) noexcept;
