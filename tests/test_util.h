@@ -293,12 +293,14 @@ inline uint64_t SumPollers(const Stats& s, uint64_t PollerStats::*counter) {
   return n;
 }
 
-// Waits until every poller of `rt` is asleep: no poll for 30 ms.
+// Waits until every runtime-driven poller of `rt` sleeps (PollerStats::asleep): armed, found
+// nothing after arming, and waiting for an event or a wake. Engine-driven shards are the test's.
 inline bool WaitForPollersAsleep(const Runtime& rt) {
   return WaitFor([&] {
-    uint64_t before = SumPollers(rt.GetStats(), &PollerStats::polls);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    return SumPollers(rt.GetStats(), &PollerStats::polls) == before;
+    for (const PollerStats& p : rt.GetStats().pollers) {
+      if (p.engine_driven == 0 && p.asleep == 0) return false;
+    }
+    return true;
   });
 }
 

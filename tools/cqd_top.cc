@@ -196,7 +196,8 @@ bool Fetch(const std::string& endpoint, std::string* body, std::string* error) {
 struct Snapshot {
   struct Poller {
     int64_t cpu;
-    uint64_t polls, empty_polls, completions, arms, arm_failures, sleeps, stalls, parks, parked_cqs;
+    uint64_t polls, empty_polls, completions, arms, arm_failures, sleeps, stalls, parks, parked_cqs,
+        asleep;
   };
   struct Cq {
     int64_t shard;
@@ -242,7 +243,7 @@ void Extract(const json& root, Snapshot* s) {
     s->pollers.push_back({p.value("cpu", int64_t{-1}), U64(p, "polls"), U64(p, "empty_polls"),
                           U64(p, "completions"), U64(p, "arms"), U64(p, "arm_failures"),
                           U64(p, "sleeps"), U64(p, "backpressure_stalls"), Newer(p, "parks"),
-                          Newer(p, "parked_cqs")});
+                          Newer(p, "parked_cqs"), Newer(p, "asleep")});
   }
   for (const json& c : root.at("cqs")) {
     s->cqs[U64(c, "id")] = {
@@ -372,7 +373,7 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
 
   std::vector<std::vector<std::string>> rows = {{"POLLER", "CPU", "COMPL/s", "POLLS/s", "EMPTY/s",
                                                  "SLEEPS/s", "ARMS/s", "ARM_FAIL/s", "SKIPPED/s",
-                                                 "PARKS/s", "PARKED"}};
+                                                 "PARKS/s", "PARKED", "ASLEEP"}};
   for (size_t i = 0; i < cur.pollers.size(); ++i) {
     const Snapshot::Poller& c = cur.pollers[i];
     const Snapshot::Poller p = i < prev.pollers.size() ? prev.pollers[i] : c;
@@ -380,7 +381,7 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
                     Rate(c.polls, p.polls, dt), Rate(c.empty_polls, p.empty_polls, dt),
                     Rate(c.sleeps, p.sleeps, dt), Rate(c.arms, p.arms, dt),
                     Rate(c.arm_failures, p.arm_failures, dt), Rate(c.stalls, p.stalls, dt),
-                    Rate(c.parks, p.parks, dt), Num(c.parked_cqs)});
+                    Rate(c.parks, p.parks, dt), Num(c.parked_cqs), Num(c.asleep)});
   }
   PrintTable(rows);
   printf("\n");

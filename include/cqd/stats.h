@@ -29,6 +29,11 @@ struct PollerStats {
   uint64_t backpressure_stalls = 0;  ///< CQ polls skipped because a consumer it serves was full
   uint64_t parks = 0;       ///< times an idle CQ was parked (RuntimeOptions::cq_park_after)
   uint64_t parked_cqs = 0;  ///< CQs parked now: armed, and not polled until their event
+  /// 1 while the poller sleeps: it armed its CQs, found nothing after arming, and waits for an
+  /// event or a wake (an engine-driven shard: from a TrySleepShard that said sleep until a wake
+  /// or its next call); 0 while it runs. A completion that comes while it is 1 is found through
+  /// the completion channel.
+  uint64_t asleep = 0;
 };
 
 /// One CQ the runtime polls.

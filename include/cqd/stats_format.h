@@ -13,7 +13,7 @@
 ///    "devices":[{"id":1,"name":"mlx5_0","numa_node":0,"comp_vectors":8},...],
 ///    "pollers":[{"index":0,"cpu":-1,"numa_node":-1,"polls":N,"empty_polls":N,"completions":N,
 ///                "arms":N,"arm_failures":N,"sleeps":N,"backpressure_stalls":N,"parks":N,
-///                "parked_cqs":N},...],
+///                "parked_cqs":N,"asleep":N},...],
 ///    "cqs":[{"id":1,"shard":0,"comp_vector":0,"completions":N,"events":N,"acked_events":N,
 ///            "ack_calls":N,"poll_errors":N},...],
 ///    "consumers":[{"index":0,"name":"consumer0","cpu":-1,"numa_node":-1,"delivered":N,

@@ -119,6 +119,7 @@ void Poller::ServeAndGiveBack() noexcept {
 void Poller::EndSleep() noexcept {
   if (sleep_prepared_) {
     sleep_prepared_ = false;
+    asleep_.store(false, std::memory_order_relaxed);
     if (!parker_.TryCancel()) wake_owed_ = true;  // a Wake got there first: its write comes
   }
   if (!wake_owed_) return;
@@ -209,6 +210,7 @@ int Poller::PrepareSleep() noexcept {
       // still wakes it earlier.
       bounded_sleep_ = SleepMustBeBounded();
       sleep_prepared_ = true;
+      asleep_.store(true, std::memory_order_relaxed);
       sleeper_ = ThreadToken();
       verdict = bounded_sleep_ ? 2 : 1;
       Count(sleeps_, 1);
@@ -425,11 +427,13 @@ void Poller::TrySleep() noexcept {
     return;
   }
   Count(sleeps_, 1);
+  asleep_.store(true, std::memory_order_relaxed);
   if (SleepMustBeBounded()) {
     parker_.ParkFor(ticket, kRecheckUnarmed);
   } else {
     parker_.Park(ticket);
   }
+  asleep_.store(false, std::memory_order_relaxed);
 }
 
 void Poller::ArmAll() noexcept {
@@ -462,6 +466,8 @@ PollerStats Poller::stats() const {
   s.backpressure_stalls = backpressure_stalls_.load(std::memory_order_relaxed);
   s.parks = parks_.load(std::memory_order_relaxed);
   s.parked_cqs = parked_count_.load(std::memory_order_relaxed);
+  // Committed to a sleep, and no Wake has taken it since (a woken poller is about to run).
+  s.asleep = asleep_.load(std::memory_order_relaxed) && parker_.sleeping() ? 1 : 0;
   return s;
 }
 

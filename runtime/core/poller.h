@@ -425,6 +425,7 @@ class Poller {
   std::atomic<uint64_t> arms_{0};
   std::atomic<uint64_t> arm_failures_{0};
   std::atomic<uint64_t> sleeps_{0};
+  std::atomic<bool> asleep_{false};  // committed to a sleep (PollerStats::asleep)
   std::atomic<uint64_t> backpressure_stalls_{0};
   std::atomic<uint64_t> parks_{0};
   std::atomic<uint64_t> parked_count_{0};  // parked_.size()

@@ -99,6 +99,9 @@ inline constexpr Field<PollerStats> kPollerFields[] = {
                    "Times an idle CQ was armed and left out of the passes.", &PollerStats::parks),
     U<PollerStats>("parked_cqs", "cqd_poller_parked_cqs", "gauge",
                    "CQs parked now: armed, not polled until an event.", &PollerStats::parked_cqs),
+    U<PollerStats>("asleep", "cqd_poller_asleep", "gauge",
+                   "1 while the poller sleeps, waiting for an event or a wake.",
+                   &PollerStats::asleep),
 };
 
 inline constexpr Field<CqStats> kCqFields[] = {

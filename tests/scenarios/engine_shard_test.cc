@@ -178,13 +178,16 @@ TEST(EngineShard, TrySleepSaysWhetherSleepingIsSafeAndTheFdWakes) {
   for (int round = 0; round < 50; ++round) {
     ASSERT_EQ(one.rt->TrySleepShard(0), 1) << round;
     ASSERT_EQ(one.rt->TrySleepShard(0), 1) << round;  // twice in a row is harmless
+    EXPECT_EQ(one.rt->GetStats().pollers[0].asleep, 1u) << round;
     pollfd p{fd, POLLIN, 0};
     EXPECT_EQ(poll(&p, 1, 0), 0) << round;  // nothing yet: not readable
     ASSERT_TRUE(InjectRecvs(one.qp, 3 + round, 1));
     ASSERT_EQ(poll(&p, 1, 30000), 1) << round;  // the event thread made it readable
+    EXPECT_EQ(one.rt->GetStats().pollers[0].asleep, 0u) << round;  // woken: no longer asleep
     while (one.rt->PollShard(0, 64) > 0) {
     }
     ASSERT_EQ(handler.completions(), 4u + round);
+    EXPECT_EQ(one.rt->GetStats().pollers[0].asleep, 0u) << round;
   }
   reg.Unregister();
   CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));

@@ -42,6 +42,38 @@ TEST(EventMode, IdlePollersSleepAndWakeForTraffic) {
   CQD_ASSERT_OK(topo.TearDown());
 }
 
+// PollerStats::asleep: 1 only once the poller has armed its CQs and sleeps, so that the next
+// completion is found through the completion channel; never 1 for a busy-polling poller.
+TEST(EventMode, TheAsleepGaugeMeansTheNextCompletionComesByEvent) {
+  RuntimeOptions options = testing::OwnedConsumers(1, 1);
+  options.idle_budget = std::chrono::microseconds(100);
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 1));
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_TRUE(WaitFor([&] { return topo.rt->GetStats().pollers[0].asleep == 1; })) << round;
+    const uint64_t events = topo.rt->GetStats().cq_events;
+    ASSERT_EQ(topo.qps[0]->Complete(round), 1);
+    ASSERT_TRUE(WaitFor([&] { return topo.received() == uint64_t(round) + 1; })) << round;
+    EXPECT_GT(topo.rt->GetStats().cq_events, events)
+        << "round " << round << ": said asleep, yet found the completion without an event";
+  }
+  CQD_ASSERT_OK(topo.TearDown());
+
+  options.busy_poll = true;
+  SimTopology busy;
+  CQD_ASSERT_OK(busy.Build(options, 1, 1));
+  uint64_t polls = 0;
+  for (int sample = 0; sample < 50; ++sample) {
+    // Each sample after the poller has polled again: it runs, and says so.
+    ASSERT_TRUE(WaitFor([&] { return busy.rt->GetStats().pollers[0].polls > polls; }));
+    const PollerStats p = busy.rt->GetStats().pollers[0];
+    polls = p.polls;
+    EXPECT_EQ(p.asleep, 0u) << "a busy-polling poller said it sleeps";
+    EXPECT_EQ(p.sleeps, 0u);
+  }
+  CQD_ASSERT_OK(busy.TearDown());
+}
+
 // Stress: single completions at random moments, each waited for before the next, on 4 CQs over
 // 2 pollers that arm immediately when idle (idle_budget 0).
 TEST(EventMode, NoLostWakeups) {
