@@ -542,6 +542,13 @@ TEST_F(RxeCmAttack, UdEstablishedCarriesTheRemoteQp) {
   ASSERT_EQ(event.type, RDMA_CM_EVENT_ESTABLISHED) << Str(event.type) << " " << event.status;
   EXPECT_EQ(event.ud.qp_num, server_qpn.load()) << "a UD ESTABLISHED's remote QP number";
   EXPECT_NE(event.ud.qkey, 0u);
+
+  // TeardownQp refuses a UD QP with a status (runtime.h), and leaves it registered.
+  ASSERT_TRUE(client_conn_.registration.registered());
+  Result<Teardown> refused = rt_->TeardownQp(client_conn_.registration);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_TRUE(client_conn_.registration.registered());
 }
 
 }  // namespace

@@ -194,6 +194,66 @@ TEST(EngineShard, TrySleepSaysWhetherSleepingIsSafeAndTheFdWakes) {
   CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
 }
 
+// TrySleepShard's 2: after a failed arm, and for good once the shard's completion channel failed,
+// the engine may sleep only briefly, since no event would wake it; nothing is lost meanwhile, and
+// a later sleep whose arm succeeds is unbounded again.
+TEST(EngineShard, AFailedArmOrChannelBoundsTheSleep) {
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(EngineOptions(1)));
+  RecordingHandler handler;
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  const int fd = one.rt->ShardFd(0).value();
+  auto poll_until = [&](uint64_t completions) {
+    return WaitFor([&] {
+      (void)one.rt->PollShard(0, 64);
+      return handler.completions() == completions;
+    });
+  };
+  auto drain_fd = [&] {
+    while (one.rt->PollShard(0, 64) > 0) {
+    }
+  };
+
+  // An arm that fails: a bounded sleep; the completion that comes meanwhile raises no event, and
+  // polling finds it.
+  one.sim->FailRequestNotify(one.cq.sim(), EIO, 1);
+  EXPECT_EQ(one.rt->TrySleepShard(0), 2);
+  EXPECT_EQ(one.rt->GetStats().pollers[0].arm_failures, 1u);
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 1));
+  ASSERT_TRUE(poll_until(1));
+
+  // The next sleep arms it for real: unbounded, and the fd wakes the engine.
+  ASSERT_EQ(one.rt->TrySleepShard(0), 1);
+  ASSERT_TRUE(InjectRecvs(one.qp, 1, 1));
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 30000), 1);
+  ASSERT_TRUE(poll_until(2));
+  drain_fd();
+
+  // The channel fails while the shard sleeps on it: the completion that raised the failing event
+  // still arrives, and every sleep from then on is bounded.
+  CQD_ASSERT_OK_AND_ASSIGN(channel, one.rt->SimChannelFor(one.dev, 0));
+  ASSERT_EQ(one.rt->TrySleepShard(0), 1);
+  one.sim->FailGetEvent(channel, EIO, 1 << 30);
+  ASSERT_TRUE(InjectRecvs(one.qp, 2, 1));
+  ASSERT_TRUE(WaitFor([&] { return one.rt->GetStats().failed_fds == 1; }));
+  ASSERT_TRUE(poll_until(3));
+  int bounded = 0;
+  for (int round = 0; round < 20; ++round) {
+    const int verdict = one.rt->TrySleepShard(0);
+    EXPECT_NE(verdict, 1) << round << ": an unbounded sleep on a failed channel";
+    if (verdict == 2) ++bounded;
+    drain_fd();
+    ASSERT_TRUE(InjectRecvs(one.qp, 3 + round, 1));
+    ASSERT_TRUE(poll_until(4 + round));
+  }
+  EXPECT_GT(bounded, 0);
+  one.sim->FailGetEvent(channel, 0, 0);
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
 // No lost wakeup: every time the reactor is asleep in epoll with no timeout, one completion,
 // one async event, or a CQ created on its shard (then used) wakes it.
 TEST(EngineShard, ASleepingReactorAlwaysWakes) {

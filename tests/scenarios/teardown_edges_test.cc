@@ -353,6 +353,50 @@ TEST(TeardownWaits, ANewThreadIsNotTakenForAnExitedDrainer) {
   EXPECT_EQ(result.code(), StatusCode::kDeadlineExceeded) << result.ToString();
 }
 
+// TeardownOptions::on_done: once per teardown, on the runtime's one teardown thread (never the
+// caller's), after the QP was unregistered, with the result Wait returns.
+TEST(TeardownWaits, OnDoneRunsOnceOnTheTeardownThreadAfterTheUnregister) {
+  Sim s;
+  s.Build(RuntimeOptions{});
+  CqHandle cq = s.Cq(0);
+  SimQp* first = s.Qp(cq);
+  SimQp* second = s.Qp(cq);
+  RecordingHandler h1, h2;
+  Registration r1 = s.rt->RegisterQp(*first, h1, 0).value();
+  Registration r2 = s.rt->RegisterQp(*second, h2, 0).value();
+  struct Seen {
+    std::atomic<int> calls{0};
+    std::atomic<bool> recorded{false};  // the fields below are set
+    std::thread::id thread;
+    uint64_t registrations = 0;
+    Status status;
+  };
+  Seen seen[2];
+  for (int i = 0; i < 2; ++i) {
+    TeardownOptions options;
+    options.on_done = [&s, &seen, i](const Status& status) {
+      Seen& mine = seen[i];
+      if (mine.calls.fetch_add(1) != 0) return;
+      mine.thread = std::this_thread::get_id();
+      mine.registrations = s.rt->GetStats().registrations;
+      mine.status = status;
+      mine.recorded.store(true, std::memory_order_release);
+    };
+    CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(i == 0 ? r1 : r2, options));
+    const Status result = teardown.Wait();
+    CQD_ASSERT_OK(result);
+    // Wait returns once the result is there; on_done may still be on its way.
+    ASSERT_TRUE(testing::WaitFor([&] { return seen[i].recorded.load(std::memory_order_acquire); }));
+    EXPECT_EQ(seen[i].status.code(), result.code());
+    EXPECT_EQ(seen[i].registrations, 1u - i) << "on_done ran before its QP was unregistered";
+    EXPECT_NE(seen[i].thread, std::this_thread::get_id());
+  }
+  EXPECT_EQ(seen[0].thread, seen[1].thread) << "two teardown threads";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(seen[0].calls.load(), 1);
+  EXPECT_EQ(seen[1].calls.load(), 1);
+}
+
 // on_done runs on the teardown thread: Shutdown from there is refused with a status (it joined
 // that thread from itself), and so is Wait of another teardown.
 TEST(TeardownWaits, ShutdownAndWaitFromOnDoneAreRefused) {

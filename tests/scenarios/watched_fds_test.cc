@@ -157,5 +157,30 @@ TEST(WatchedFds, UnwatchedCmChannelComesBackAsItCame) {
   }
 }
 
+// A CM channel whose reads fail is given up (Stats::failed_fds) and, as the README's failure
+// table says, gets its O_NONBLOCK flag back as it came, blocking or not.
+TEST(WatchedFds, AFailedCmChannelGetsItsFlagBack) {
+  auto rt = MakeRuntime();
+  ASSERT_NE(rt, nullptr);
+  NoCm handler;
+  uint64_t failed = 0;
+  for (const bool nonblocking : {false, true}) {
+    SCOPED_TRACE(nonblocking ? "non-blocking channel" : "blocking channel");
+    const int fd = eventfd(0, EFD_CLOEXEC | (nonblocking ? EFD_NONBLOCK : 0));
+    ASSERT_GE(fd, 0);
+    rdma_event_channel channel{fd};
+    CQD_ASSERT_OK(rt->WatchCmChannel(&channel, handler, 0));
+    EXPECT_NE(fcntl(fd, F_GETFL) & O_NONBLOCK, 0) << "the event thread reads it non-blocking";
+    const uint64_t one = 1;  // readable: rdma_get_cm_event on an eventfd fails
+    ASSERT_EQ(write(fd, &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+    ++failed;
+    ASSERT_TRUE(WaitFor([&] { return rt->GetStats().failed_fds == failed; }));
+    EXPECT_EQ((fcntl(fd, F_GETFL) & O_NONBLOCK) != 0, nonblocking)
+        << "the failed channel did not get its O_NONBLOCK flag back";
+    EXPECT_EQ(rt->UnwatchCmChannel(&channel).code(), StatusCode::kNotFound);
+    close(fd);
+  }
+}
+
 }  // namespace
 }  // namespace cqd
