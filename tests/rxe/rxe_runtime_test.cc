@@ -3,6 +3,9 @@
 // public API only: RC QP pairs connected through the device's own GID.
 #include <endian.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -172,6 +175,35 @@ TEST_F(Rxe, AsyncEventReachesItsHandler) {
 
 // Teardown with unacked completion events returns: DestroyCq and the runtime's destructor flush
 // the acks before ibv_destroy_cq (which would otherwise wait forever, S2).
+// A QP still in RESET has nothing posted and cannot move to the error state: its teardown ends
+// at once, OK, with no deadline to wait for, and the QP stays as it was.
+TEST_F(Rxe, TeardownOfAQpInResetEndsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(testing::OwnedConsumers(1, 1)));
+  CqHandle cq = MakeCq(0);
+  ibv_qp_init_attr attr{};
+  attr.send_cq = attr.recv_cq = cq.verbs();
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 16;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp(pd_, &attr);
+  ASSERT_NE(qp, nullptr) << strerror(errno);
+  WcRecorder handler;
+  CQD_ASSERT_OK_AND_ASSIGN(reg, rt_->RegisterQp(qp, handler, 0));
+  TeardownOptions never;
+  never.timeout = std::chrono::milliseconds::max();  // only ending at once can end it
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, rt_->TeardownQp(reg, never));
+  EXPECT_FALSE(reg.registered());
+  const Status result = teardown.Wait();
+  EXPECT_TRUE(result.ok()) << result.ToString();
+  EXPECT_TRUE(teardown.done());
+  ibv_qp_attr now{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(qp, &now, IBV_QP_STATE, &init), 0);
+  EXPECT_EQ(now.qp_state, IBV_QPS_RESET);
+  EXPECT_EQ(handler.count(), 0u);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+}
+
 TEST_F(Rxe, TeardownWithUnackedEventsReturns) {
   RuntimeOptions options = testing::OwnedConsumers(1, 1);
   options.idle_budget = std::chrono::microseconds(0);
