@@ -509,6 +509,21 @@ TEST(Runtime, CqOverflowFaultsItsQps) {
   // The healthy CQ keeps working.
   ASSERT_EQ(qp_b->Complete(0), 1);
   ASSERT_TRUE(WaitFor([&] { return b.received() == 1; }));
+  // The failed poll is counted (CqStats::poll_errors), and the CQ is left alone from then on:
+  // passes that poll the healthy one never poll it again.
+  auto poll_errors = [&](uint32_t id) {
+    for (const CqStats& c : rt->GetStats().cqs) {
+      if (c.id == id) return c.poll_errors;
+    }
+    return UINT64_MAX;
+  };
+  ASSERT_TRUE(WaitFor([&] { return poll_errors(doomed.id()) == 1; }));
+  for (uint64_t i = 1; i < 20; ++i) {
+    ASSERT_EQ(qp_b->Complete(i), 1);
+    ASSERT_TRUE(WaitFor([&] { return b.received() == i + 1; }));
+  }
+  EXPECT_EQ(poll_errors(doomed.id()), 1u);
+  EXPECT_EQ(poll_errors(healthy.id()), 0u);
   reg_a.Unregister();
   reg_b.Unregister();
   CQD_ASSERT_OK(sim->DestroyQp(qp_a));
