@@ -63,6 +63,7 @@ class Parker {
     ChaosPoint();  // the work published, the sleeper not yet looked at
     if (!sleeping_.load(std::memory_order_seq_cst)) return false;
     if (!sleeping_.exchange(false, std::memory_order_acq_rel)) return false;
+    ChaosPoint();  // taken, not yet written: the sleeper's cancel fails and the write is owed
     seq_.fetch_add(1, std::memory_order_release);
     if (event_fd_ >= 0) {
       uint64_t one = 1;  // any non-zero count makes the eventfd readable
@@ -74,7 +75,8 @@ class Parker {
     }
     return true;
   }
-  bool sleeping() const noexcept { return sleeping_.load(std::memory_order_relaxed); }
+  // Acquire: a true read follows the Prepare that stored it, and what its thread did before.
+  bool sleeping() const noexcept { return sleeping_.load(std::memory_order_acquire); }
 
  private:
   alignas(64) std::atomic<uint32_t> seq_{0};

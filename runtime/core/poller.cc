@@ -193,6 +193,14 @@ int Poller::PrepareSleep() noexcept {
     // Still prepared with no Wake since (it writes the fd), or a write is still on its way
     // (the fd will be readable): sleeping stays safe; keep the bound of the first verdict.
     if (verdict != 0 && bounded_sleep_) verdict = 2;
+    if (verdict != 0 && !sleep_prepared_) {
+      // Sleeping on the write still on its way: this thread is the sleeper, as after any sleep,
+      // so another thread's call is turned away (KickOtherSleeper: its Wake finds nothing to
+      // take, and the write on its way wakes this one) until this one calls again, and does not
+      // read the write this one sleeps on.
+      sleep_prepared_ = true;
+      sleeper_ = ThreadToken();
+    }
   } else {
     bool busy;
     {
@@ -210,7 +218,8 @@ int Poller::PrepareSleep() noexcept {
       // still wakes it earlier.
       bounded_sleep_ = SleepMustBeBounded();
       sleep_prepared_ = true;
-      asleep_.store(true, std::memory_order_relaxed);
+      // Stopped, nothing is armed or watched any more: idle, not asleep in the gauge's sense.
+      if (!stopped_.load(std::memory_order_relaxed)) asleep_.store(true, std::memory_order_relaxed);
       sleeper_ = ThreadToken();
       verdict = bounded_sleep_ ? 2 : 1;
       Count(sleeps_, 1);
@@ -466,8 +475,11 @@ PollerStats Poller::stats() const {
   s.backpressure_stalls = backpressure_stalls_.load(std::memory_order_relaxed);
   s.parks = parks_.load(std::memory_order_relaxed);
   s.parked_cqs = parked_count_.load(std::memory_order_relaxed);
-  // Committed to a sleep, and no Wake has taken it since (a woken poller is about to run).
-  s.asleep = asleep_.load(std::memory_order_relaxed) && parker_.sleeping() ? 1 : 0;
+  // Committed to a sleep, and no Wake has taken it since (a woken poller is about to run). The
+  // announcement first (acquire): a later sleep's Prepare comes after the last one's asleep_ was
+  // cleared, so asleep_ read true after it belongs to the sleep announced, past its re-check.
+  const bool announced = parker_.sleeping();
+  s.asleep = announced && asleep_.load(std::memory_order_relaxed) ? 1 : 0;
   return s;
 }
 
