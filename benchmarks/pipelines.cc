@@ -149,7 +149,8 @@ class LimitPipeline : public Pipeline {
 
 // One thread on the first consumer's CPU calling the handlers over the replay pattern, batch by
 // batch, with nothing polled and nothing handed over: what a consumer that did nothing but call
-// this benchmark's handlers would deliver. No single-consumer pipeline can deliver more.
+// this benchmark's handlers would deliver. No single-consumer pipeline can deliver more. One
+// thread whatever `consumers` and `shards` say.
 class HandlersPipeline : public Pipeline {
  public:
   explicit HandlersPipeline(const PipelineConfig& c) {

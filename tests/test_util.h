@@ -296,9 +296,24 @@ inline uint64_t SumPollers(const Stats& s, uint64_t PollerStats::*counter) {
 // Waits until every runtime-driven poller of `rt` sleeps (PollerStats::asleep): armed, found
 // nothing after arming, and waiting for an event or a wake. Engine-driven shards are the test's.
 inline bool WaitForPollersAsleep(const Runtime& rt) {
-  return WaitFor([&] {
-    for (const PollerStats& p : rt.GetStats().pollers) {
+  // All of them at once: two snapshots in a row that find each asleep, none having polled or
+  // slept again in between (pollers may wake each other).
+  auto asleep = [](const Stats& s) {
+    for (const PollerStats& p : s.pollers) {
       if (p.engine_driven == 0 && p.asleep == 0) return false;
+    }
+    return true;
+  };
+  return WaitFor([&] {
+    const Stats first = rt.GetStats();
+    if (!asleep(first)) return false;
+    const Stats second = rt.GetStats();
+    if (!asleep(second)) return false;
+    for (size_t i = 0; i < first.pollers.size(); ++i) {
+      if (first.pollers[i].polls != second.pollers[i].polls ||
+          first.pollers[i].sleeps != second.pollers[i].sleeps) {
+        return false;
+      }
     }
     return true;
   });

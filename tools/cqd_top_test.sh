@@ -62,7 +62,7 @@ expect() {
     fail=1
   fi
 }
-expect '^POLLER +CPU +COMPL/s +POLLS/s +EMPTY/s +SLEEPS/s +ARMS/s .* PARKS/s +PARKED$'
+expect '^POLLER +CPU +COMPL/s +POLLS/s +EMPTY/s +SLEEPS/s +ARMS/s .* PARKS/s +PARKED +ASLEEP$'
 expect '^registrations [1-9][0-9]* of [1-9][0-9]*$'
 expect '^CQ +SHARD +COMPL/s +EVENTS/s +ACKED/s'
 expect '^CONSUMER +DELIV/s .* STALLED/s +STALL_NOW +P50 +P99 +P99\.9 +MAX_EVER$'

@@ -31,8 +31,10 @@ struct PollerStats {
   uint64_t parked_cqs = 0;  ///< CQs parked now: armed, and not polled until their event
   /// 1 while the poller sleeps: it armed its CQs, found nothing after arming, and waits for an
   /// event or a wake (an engine-driven shard: from a TrySleepShard that said sleep until a wake
-  /// or its next call); 0 while it runs. A completion that comes while it is 1 is found through
-  /// the completion channel.
+  /// or its next call; 0 at once if a wake had come before that call); 0 while it runs, and
+  /// after Shutdown. A completion that comes while it is 1 is found through the completion
+  /// channel, unless the sleep is bounded (a failed arm or channel: the poller polls again
+  /// within 1 ms) or the CQ is solicited-only and the completion raises no event (S8).
   uint64_t asleep = 0;
 };
 
