@@ -49,7 +49,9 @@
 //     never blocks (refused, or the teardown had ended); a Wait on another thread across
 //     Shutdown returns;
 //   - async events of a QP reach its handler after every completion injected for it before the
-//     event was raised (RaiseQpEvent, a teardown's LAST_WQE_REACHED, CQ overflow, DEVICE_FATAL);
+//     event was raised (RaiseQpEvent, a teardown's LAST_WQE_REACHED, CQ overflow, DEVICE_FATAL),
+//     and every one raised for a registration still live at the end (before DEVICE_FATAL and
+//     Shutdown) has reached it by then: none is lost;
 //   - control calls succeed or fail as documented (RegisterQp twice is kAlreadyExists, a CQ
 //     that cannot hold the QPs' work requests grows or is kResourceExhausted, CreateCq after
 //     Shutdown is kFailedPrecondition, a stale CqHandle is kNotFound and another runtime's is
@@ -168,10 +170,15 @@ struct State;
 
 // An async event the device was asked to raise for a QP, with what had been injected for the QP
 // by then: the event must reach the handler after all of that.
+class FuzzHandler;
+
 struct EventExpect {
   ibv_event_type type;
   uint32_t floor[2];
   bool matched = false;
+  // The registration live when it was raised (nullptr: none). Should that registration still be
+  // live at the end, the event must have reached it (CheckEventsArrived).
+  const FuzzHandler* registration = nullptr;
 };
 
 class FuzzHandler final : public cqd::QpHandler {
@@ -517,10 +524,27 @@ void FuzzHandler::OnAsyncEvent(const cqd::AsyncEvent& event) noexcept {
 }
 
 // Records that an event of `type` is about to be raised for q (before it can be delivered).
-void ExpectEvent(QpEnt& q, ibv_event_type type) {
+// `registration`: the registration it must reach if that is still live at the end (nullptr: none
+// to check).
+void ExpectEvent(QpEnt& q, ibv_event_type type, const FuzzHandler* registration) {
   std::lock_guard<std::mutex> lock(q.ev_mu);
   EventExpect e{type, {q.streams[0].injected.load(), q.streams[1].injected.load()}};
+  e.registration = registration;
   q.expected_events.push_back(e);
+}
+
+// The last `count` events recorded for q were not raised after all: none must arrive.
+void NotRaised(QpEnt& q, size_t count) {
+  std::lock_guard<std::mutex> lock(q.ev_mu);
+  for (size_t i = q.expected_events.size() - count; i < q.expected_events.size(); ++i) {
+    q.expected_events[i].registration = nullptr;
+  }
+}
+
+// The handler of q's live registration, or nullptr. Not with q.reg_mu held.
+const FuzzHandler* LiveRegistration(QpEnt& q) {
+  std::lock_guard<std::mutex> lock(q.reg_mu);
+  return q.reg.registered() && !q.handlers.empty() ? q.handlers.back().get() : nullptr;
 }
 
 // A handler unregistering its own QP (allowed from a handler: runtime.h). The rest of this call's
@@ -1248,19 +1272,26 @@ void InjectInto(State& st, QpEnt& q, int s, int tag, int n, uint8_t flags) {
   const bool solicited = (flags >> 2) & 1;
   // Overflow (S11) is rare: only when bits 3-6 are all set.
   const bool overflow = ((flags >> 3) & 0xf) == 0xf;
+  std::vector<QpEnt*> expecting;  // the QPs whose overflow events are recorded below
   if (overflow) {
     // The device raises CQ_ERR and QP_FATAL for every QP of the CQ: record them first.
     for (QpEnt& other : st.qps) {
       if (other.exists && (other.send_cq == stream.cq || other.recv_cq == stream.cq)) {
-        ExpectEvent(other, IBV_EVENT_CQ_ERR);
-        ExpectEvent(other, IBV_EVENT_QP_FATAL);
+        ExpectEvent(other, IBV_EVENT_CQ_ERR, LiveRegistration(other));
+        ExpectEvent(other, IBV_EVENT_QP_FATAL, LiveRegistration(other));
+        expecting.push_back(&other);
       }
     }
   }
+  const bool failed_before = cq.sim->failed();
   // The CQ's ring must not be written past what we counted as injected: publish the count first
   // (the handler checks wr_id < injected), then inject, then take back what did not fit.
   stream.injected.store(first + n);
   int added = cq.sim->Inject({wcs, static_cast<size_t>(n)}, solicited, overflow);
+  if (added >= 0 || failed_before) {
+    // It fit, or the CQ (or the device) had failed already: no event was raised.
+    for (QpEnt* other : expecting) NotRaised(*other, 2);
+  }
   if (added < 0) {
     CHECK(cq.sim->failed(), "Inject returned -1 on a CQ that has not failed");
     if (overflow && !st.fatal) cq.overflowed = true;
@@ -1319,7 +1350,7 @@ void DoRaiseQpEvent(State& st, uint8_t a, uint8_t b) {
   QpEnt* q = PickQp(st, a);
   if (q == nullptr || q->sim == nullptr) return;
   const ibv_event_type type = kTypes[b % 8];
-  ExpectEvent(*q, type);
+  ExpectEvent(*q, type, LiveRegistration(*q));
   cqd::Status s = st.sim->RaiseQpEvent(q->sim, type);
   CHECK(s.ok(), "RaiseQpEvent: %s", s.ToString().c_str());
 }
@@ -1327,7 +1358,7 @@ void DoRaiseQpEvent(State& st, uint8_t a, uint8_t b) {
 void RaiseDeviceFatal(State& st) {
   if (st.fatal) return;
   for (QpEnt& q : st.qps) {
-    if (q.exists) ExpectEvent(q, IBV_EVENT_DEVICE_FATAL);
+    if (q.exists) ExpectEvent(q, IBV_EVENT_DEVICE_FATAL, LiveRegistration(q));
   }
   st.sim->RaiseDeviceFatal();
   st.fatal = true;
@@ -1402,7 +1433,10 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
   // waits in the receive queue if the CQ has no room for it then.
   const bool send_fits = !scq.sim->failed() && send_room >= 1;
   const uint32_t injected[2] = {q->streams[0].injected.load(), q->streams[1].injected.load()};
-  if (srq && st.last_wqe_device) ExpectEvent(*q, IBV_EVENT_QP_LAST_WQE_REACHED);
+  if (srq && st.last_wqe_device) {
+    // Under reg_mu; the registration ends with the teardown, so there is none to check.
+    ExpectEvent(*q, IBV_EVENT_QP_LAST_WQE_REACHED, nullptr);
+  }
   auto td = st.rt->TeardownQp(q->reg, options);
   ++st.teardowns_started;
   if (st.shut_down) {
@@ -1695,10 +1729,31 @@ void CheckAckBalance(State& st, const char* when, bool settle) {
   }
 }
 
+// Every async event raised for a registration that is still live has reached its handler (once
+// the consumers run): none is lost. Not after DEVICE_FATAL or Shutdown, and not for a QP being
+// torn down (its registration ends with the teardown).
+void CheckEventsArrived(State& st) {
+  if (st.fatal || st.shut_down) return;
+  for (QpEnt& q : st.qps) {
+    if (!q.exists || q.td_active) continue;
+    const FuzzHandler* live = LiveRegistration(q);
+    if (live == nullptr) continue;
+    uint32_t raised = 0;
+    {
+      std::lock_guard<std::mutex> lock(q.ev_mu);
+      for (const EventExpect& e : q.expected_events) raised += e.registration == live;
+    }
+    WaitUntil(
+        st, [&] { return live->unregistered.load() || live->events.load() >= raised; },
+        "LOST: an async event raised for a registered QP never reached its handler");
+  }
+}
+
 void TearDown(State& st) {
   if (st.fatal_at_end) RaiseDeviceFatal(st);
   if (!st.shut_down) Quiesce(st);
   DoGetStats(st);
+  CheckEventsArrived(st);
   // Registered QPs: a drained teardown for some (it must succeed while the runtime runs and the
   // device works), a plain Unregister for the rest.
   for (QpEnt& q : st.qps) {
