@@ -129,11 +129,13 @@ struct RuntimeOptions {
   /// may send one request line: "json" or an empty line (or nothing, closing its sending side or
   /// waiting 200 ms) gets StatsToJson's line and "\n"; "prometheus" gets StatsToPrometheus's text;
   /// "GET <path> HTTP/1.x" (or HEAD) and headers, as curl --unix-socket sends them, get an
-  /// HTTP/1.0 response (/metrics: Prometheus; / and /json: JSON; else 404; other methods 405);
-  /// anything else gets "error: unknown request (json|prometheus)\n". A client that takes no data
-  /// for 1 s, or 5 s in all, is dropped. Empty: off. A stale socket file there is
+  /// HTTP/1.0 response (/metrics: Prometheus; / and /json: JSON; else 404; other methods 405;
+  /// a request line still unfinished after 4096 bytes: 414, or after 200 ms: 408); anything
+  /// else gets "error: unknown request (json|prometheus)\n". The server reads at most 4096 bytes
+  /// of a request and ignores the rest; the response is sent whole all the same. A client that
+  /// takes no data for 1 s, or 5 s in all, is dropped. Empty: off. A stale socket file there is
   /// replaced; any other file, or a socket someone serves, fails Runtime::Create. The file is
-  /// removed at Shutdown.
+  /// removed at Shutdown (a relative path: in the directory the process was in at Create).
   std::string stats_socket{};
   /// The socket file's permission bits, set exactly (the umask does not apply): connecting needs
   /// write permission, so the default 0600 lets only the runtime's user read the stats. 0660

@@ -172,6 +172,8 @@ void AppendLabelValue(std::string& out, std::string_view s) {
       out += "\\\"";
     } else if (cp == '\n') {
       out += "\\n";
+    } else if (cp == 0) {
+      AppendUtf8(out, 0xfffd);  // Prometheus's parser stops at a NUL in a label value
     } else {
       AppendUtf8(out, cp);
     }

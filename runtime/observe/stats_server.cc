@@ -2,6 +2,7 @@
 #include "runtime/observe/stats_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -55,6 +56,14 @@ std::string HttpResponse(std::string_view status, std::string_view type, std::st
 }
 
 constexpr std::string_view kPrometheusType = "text/plain; version=0.0.4; charset=utf-8";
+
+// Returns true if `request` starts as an HTTP request line does: a method in capitals, a space.
+// (The line protocol's requests are lower case.)
+bool LooksLikeHttp(std::string_view request) {
+  size_t i = 0;
+  while (i < request.size() && request[i] >= 'A' && request[i] <= 'Z') ++i;
+  return i > 0 && i < request.size() && request[i] == ' ';
+}
 
 }  // namespace
 
@@ -225,6 +234,9 @@ Status StatsServer::ListenUnix(uint32_t mode) {
     dev_ = st.st_dev;
     ino_ = st.st_ino;
   }
+  // A relative path names a file in this directory, wherever the process goes meanwhile: Stop
+  // removes it through this handle.
+  if (path[0] != '/') dir_fd_ = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (chmod(path.c_str(), mode) != 0) return ErrnoStatus(what + ": chmod", errno);
   if (listen(unix_fd_, 64) != 0) return ErrnoStatus(what + ": listen", errno);
   log_.Info(what + ": serving stats");
@@ -266,10 +278,14 @@ void StatsServer::Stop() {
   }
   // Remove the file only if it is still the one we bound.
   struct stat st;
-  if (ino_ != 0 && stat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
-    unlink(path_.c_str());
+  const int dir = dir_fd_ >= 0 ? dir_fd_ : AT_FDCWD;
+  if (ino_ != 0 && fstatat(dir, path_.c_str(), &st, 0) == 0 && st.st_dev == dev_ &&
+      st.st_ino == ino_) {
+    unlinkat(dir, path_.c_str(), 0);
   }
   ino_ = 0;
+  if (dir_fd_ >= 0) close(dir_fd_);
+  dir_fd_ = -1;
   for (int* fd : {&unix_fd_, &tcp_fd_}) {
     if (*fd >= 0) close(*fd);
     *fd = -1;
@@ -349,7 +365,8 @@ void StatsServer::Serve(int fd) {
     if (ready < 0) return;                                      // stopping
     if (ready == 0 && Clock::now() >= request_deadline) break;  // nothing more: answer now
   }
-  std::string line = request.substr(0, request.find('\n'));
+  const size_t nl = request.find('\n');
+  std::string line = request.substr(0, nl);
   if (!line.empty() && line.back() == '\r') line.pop_back();
 
   std::string response;
@@ -373,6 +390,16 @@ void StatsServer::Serve(int fd) {
       }
       // HEAD: the same headers, Content-Length included, and no body (RFC 9110, 9.3.2).
       if (method == "HEAD") response.erase(response.find("\r\n\r\n") + 4);
+    } else if (nl == std::string::npos && LooksLikeHttp(request)) {
+      // An HTTP request line that did not end within the limits: an HTTP error, not the line
+      // protocol's.
+      response =
+          request.size() >= kMaxRequest
+              ? HttpResponse("414 URI Too Long", "text/plain",
+                             "the request line is over " + std::to_string(kMaxRequest) + " bytes\n")
+              : HttpResponse("408 Request Timeout", "text/plain",
+                             "no whole request line within " +
+                                 std::to_string(kRequestWait.count()) + " ms\n");
     } else if (line.empty() || line == "json") {
       response = StatsToJson(snapshot_()) + "\n";
     } else if (line == "prometheus") {
@@ -405,6 +432,22 @@ void StatsServer::Serve(int fd) {
       }
       return;
     }
+  }
+  // All of it is out: say so (a FIN behind it), then read whatever the client still sends until
+  // it closes. Closing with unread bytes (headers past kMaxRequest, a request sent after the
+  // first) would reset the connection, and a reset makes the client's kernel throw away the
+  // part of the response it has not read yet.
+  shutdown(fd, SHUT_WR);
+  const Clock::time_point linger_deadline = std::min(Clock::now() + kRequestWait, client_deadline);
+  for (;;) {
+    const ssize_t got = recv(fd, buf, sizeof(buf), 0);
+    if (got == 0) return;  // the client closed
+    if (got > 0) continue;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return;
+    const int ready = Wait(fd, POLLIN, Remaining(linger_deadline));
+    if (ready < 0) return;
+    if (ready == 0 && Clock::now() >= linger_deadline) return;
   }
 }
 

@@ -100,6 +100,7 @@ class StatsServer {
   int wake_fd_ = -1;
   dev_t dev_ = 0;  // of the socket file we bound, to remove only ours
   ino_t ino_ = 0;
+  int dir_fd_ = -1;  // a relative path's directory, as it was at Start (O_PATH)
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> served_{0};

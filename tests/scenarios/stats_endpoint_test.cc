@@ -360,6 +360,83 @@ TEST(StatsEndpoint, SlowClientsDoNotHoldAnythingUp) {
   close(silent);
 }
 
+// A request bigger than the server reads (16 KB of headers) still gets its whole response: the
+// unread part must not make the close reset the connection, which cut the response short.
+TEST(StatsEndpoint, ARequestWithLargeHeadersGetsTheWholeResponse) {
+  const int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  RuntimeOptions options;
+  options.consumers.assign(8, ConsumerOptions{});  // a response of several socket buffers' worth
+  for (size_t i = 0; i < options.consumers.size(); ++i) {
+    options.consumers[i].name = std::string(20000, static_cast<char>('a' + i));
+  }
+  options.stats_tcp = "127.0.0.1:" + std::to_string(port);
+  options.stats_socket = SocketPath("large_headers.sock");
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  const std::string request =
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nCookie: " + std::string(16384, 'c') + "\r\n\r\n";
+  for (int round = 0; round < 10; ++round) {
+    for (const bool tcp : {true, false}) {
+      const std::string http = tcp ? AskTcp(port, request) : Ask(options.stats_socket, request);
+      ASSERT_EQ(http.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << round << " " << http.substr(0, 80);
+      const size_t header_end = http.find("\r\n\r\n");
+      ASSERT_NE(header_end, std::string::npos);
+      const size_t length_at = http.find("Content-Length: ");
+      ASSERT_LT(length_at, header_end);
+      const size_t length = std::stoul(http.substr(length_at + 16));
+      EXPECT_EQ(http.size() - header_end - 4, length)
+          << "round " << round << (tcp ? " (TCP)" : " (Unix)") << ": the response was cut short";
+    }
+  }
+  CQD_ASSERT_OK(rt->Shutdown());
+}
+
+// An HTTP request line that does not end within the server's limits gets an HTTP error (414,
+// 408), not the line protocol's.
+TEST(StatsEndpoint, AnHttpRequestLineTooLongOrTooSlowGetsAnHttpError) {
+  RuntimeOptions options;
+  options.stats_socket = SocketPath("long_line.sock");
+  CQD_ASSERT_OK_AND_ASSIGN(rt, Runtime::Create(options));
+  const std::string too_long =
+      Ask(options.stats_socket, "GET /metrics?" + std::string(5000, 'x') + " HTTP/1.1\r\n\r\n");
+  EXPECT_EQ(too_long.rfind("HTTP/1.0 414 ", 0), 0u) << too_long.substr(0, 80);
+  // Never a newline: the server answers when its wait for the request line ends.
+  const std::string unfinished = Ask(options.stats_socket, "GET /metrics HTT");
+  EXPECT_EQ(unfinished.rfind("HTTP/1.0 408 ", 0), 0u) << unfinished.substr(0, 80);
+  // The line protocol's answers stay as they were.
+  EXPECT_EQ(Ask(options.stats_socket, "bogus\n"), "error: unknown request (json|prometheus)\n");
+  EXPECT_TRUE(Parse(Ask(options.stats_socket, "json", /*shut=*/true)));
+  CQD_ASSERT_OK(rt->Shutdown());
+}
+
+// A relative stats_socket names a file in the directory the process was in at Create: Shutdown
+// removes that file even after the process changed directory.
+TEST(StatsEndpoint, ARelativeSocketIsRemovedAfterAChdir) {
+  const char* tmp = getenv("TEST_TMPDIR");
+  const std::string base =
+      std::string(tmp != nullptr ? tmp : "/tmp") + "/cqd-rel-" + std::to_string(getpid());
+  const std::string first = base + "-a", second = base + "-b";
+  ASSERT_EQ(mkdir(first.c_str(), 0700), 0) << strerror(errno);
+  ASSERT_EQ(mkdir(second.c_str(), 0700), 0) << strerror(errno);
+  char cwd[4096];
+  ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(chdir(first.c_str()), 0);
+  RuntimeOptions options;
+  options.stats_socket = "rel.sock";
+  auto rt = Runtime::Create(options);
+  ASSERT_EQ(chdir(second.c_str()), 0);
+  EXPECT_TRUE(rt.ok()) << rt.status().ToString();
+  if (rt.ok()) {
+    EXPECT_TRUE(Exists(first + "/rel.sock"));
+    const Status shutdown = (*rt)->Shutdown();
+    EXPECT_TRUE(shutdown.ok()) << shutdown.ToString();
+    EXPECT_FALSE(Exists(first + "/rel.sock")) << "the socket file was left behind";
+  }
+  ASSERT_EQ(chdir(cwd), 0);
+  rmdir(first.c_str());
+  rmdir(second.c_str());
+}
+
 // ---- the log sink ----
 
 }  // namespace

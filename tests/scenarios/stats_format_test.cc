@@ -93,6 +93,21 @@ TEST(StatsFormat, TheValidatorIsStrict) {
   EXPECT_EQ(Parse("18446744073709551615")->get<uint64_t>(), 18'446'744'073'709'551'615u);
 }
 
+// A NUL in a name would stop Prometheus's parser inside the label value: it becomes U+FFFD.
+TEST(StatsFormat, ANulInANameNeverReachesThePrometheusText) {
+  Stats s = SampleStats();
+  ASSERT_FALSE(s.consumers.empty());
+  s.consumers[0].name = std::string("a\0b", 3);
+  ASSERT_FALSE(s.devices.empty());
+  s.devices[0].name = std::string("\0dev", 4);
+  const std::string text = StatsToPrometheus(s);
+  EXPECT_EQ(text.find('\0'), std::string::npos);
+  EXPECT_NE(text.find("consumer=\"a\xEF\xBF\xBD"
+                      "b\""),
+            std::string::npos);
+  CheckPrometheus(text);
+}
+
 TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   const Stats s = SampleStats();
   const std::string text = StatsToPrometheus(s);
