@@ -27,9 +27,11 @@
 /// Handlers run on their consumer (a kRunToCompletion consumer's on its poller's thread); a handler
 /// may call control-path functions (including Unregister of its own QP), except Shutdown, on every
 /// kind of consumer. Unregister of a QP whose handler is running (or about to run in its consumer's
-/// current batch) waits for that batch to end (so does a TeardownQp the device refuses to start),
-/// so a handler must not unregister or tear down, or hold a lock while another thread does, a QP
-/// whose handler waits for it.
+/// current batch) waits for that whole batch to end, whichever of the batch's handlers is
+/// running (so does a TeardownQp the device refuses to start), so a handler must not unregister
+/// or tear down, or hold a lock while another thread does, a QP in a batch that waits for it:
+/// two handlers of different consumers that each unregister a QP in the other's current batch
+/// wait for each other for ever. Unregistering QPs of one's own consumer never waits.
 ///
 /// Waiting. No wait in the runtime depends on a thread that is itself waiting for it:
 ///   - control calls wait only for pollers and the event thread, which never wait for anyone;
@@ -121,8 +123,10 @@ class CqHandle {
   SimCq* sim_ = nullptr;
 };
 
-/// Owns one QP's registration. Move-only; destroying it unregisters. It must not outlive the
-/// Runtime that issued it.
+/// Owns one QP's registration. Move-only; destroying it unregisters, except where Unregister does
+/// nothing (on a poller, the event thread or in the log sink: there it must not be destroyed or
+/// assigned to while it holds one, or the QP stays registered to a handler that may be gone). It
+/// must not outlive the Runtime that issued it.
 class Registration {
  public:
   Registration() = default;
@@ -139,12 +143,12 @@ class Registration {
   /// against their CQ's capacity until polled and never reach a later QP with the number
   /// (Runtime's "Retired QPs"). Idempotent. It waits while the QP's consumer is in
   /// a dispatch batch that includes this QP, unless called from one of that consumer's handlers.
-  /// On a poller or the event thread (OrphanHandler, DeviceEventHandler) it does nothing and
-  /// registered() stays true. For an rdma_cm id's QP, its events not yet delivered go to the
-  /// channel's CmHandler; after Shutdown has stopped that CmHandler's owned consumer, they run
-  /// here, on this thread, before it returns, or, called from a handler, once that handler's
-  /// dispatch batch is over (unless another thread is running such events: then that one runs
-  /// them).
+  /// On a poller or the event thread (OrphanHandler, DeviceEventHandler) or in the log sink it
+  /// does nothing and registered() stays true. For an rdma_cm id's QP, its events not yet delivered
+  /// go to the channel's CmHandler; after Shutdown has stopped that CmHandler's owned consumer,
+  /// they run here, on this thread, before it returns, or, called from a handler, once that
+  /// handler's dispatch batch is over (unless another thread is running such events: then that one
+  /// runs them).
   void Unregister() noexcept;
   /// Returns true until Unregister (or a move) ends the registration.
   bool registered() const { return impl_ != nullptr; }
@@ -173,8 +177,9 @@ class Teardown {
   /// Shutdown, whichever comes first, once the QP's consumer has finished the dispatch batch in
   /// progress that may call its handler (if any).
   /// Blocking is allowed only on engine threads that run no cqd code; kFailedPrecondition at once
-  /// (the teardown goes on) from: any handler of any consumer kind (owned, engine-driven inside
-  /// Drain, run-to-completion), TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
+  /// (the teardown goes on) from every cqd callback (InCallback()): any handler of any consumer
+  /// kind (owned, engine-driven inside Drain, run-to-completion), a CmHandler,
+  /// TeardownOptions::on_done, an OrphanHandler or DeviceEventHandler,
   /// the RuntimeOptions::log sink, and every engine thread of the runtime: the thread that last
   /// called Drain on any of its engine-driven consumers and the thread that last called
   /// PollShard on any of its engine-driven shards (the QP's markers may wait behind what such a
@@ -198,9 +203,10 @@ class Runtime {
   /// could not be had, kInternal (with errno) when a system call such as eventfd failed.
   static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
   /// Shuts down (see Shutdown) and destroys the CQs and channels the runtime created. Not from
-  /// inside one of this runtime's callbacks or its Drain or PollShard (where Shutdown is refused):
-  /// a destructor cannot refuse, and it would join or free the thread and frames it runs on (the
-  /// process then terminates).
+  /// inside a cqd callback of any runtime (InCallback(): a handler, Drain's or PollShard's, an
+  /// on_done, ...; where Shutdown is refused): a destructor cannot refuse, and it would join or
+  /// free threads still running, perhaps the one it runs on, so the process then terminates
+  /// (std::abort, after logging why).
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

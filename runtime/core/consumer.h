@@ -24,8 +24,9 @@
 // before calling its handler. Unregister stores the dead state (seq_cst), then reads
 // `batch_seq_`: if odd and the batch lists the slot, it waits for the value to change. Either
 // the consumer's state read sees the registration gone, or Unregister sees the batch that may
-// call it and waits for its end. One seq_cst store per batch, not per call, and no wait on
-// handlers of other QPs.
+// call it and waits for its end. One seq_cst store per batch, not per call; the price is that
+// the wait lasts the whole batch, the handlers of the batch's other QPs included (runtime.h's
+// threading rule says what that forbids a handler).
 #ifndef CQD_RUNTIME_CORE_CONSUMER_H_
 #define CQD_RUNTIME_CORE_CONSUMER_H_
 

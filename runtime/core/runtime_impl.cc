@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "runtime/base/chaos.h"
@@ -83,8 +85,13 @@ Status RuntimeImpl::Start() {
 }
 
 RuntimeImpl::~RuntimeImpl() {
-  if (stats_server_ != nullptr) stats_server_->Stop();  // Shutdown may be refused here
-  (void)Shutdown();
+  if (const Status shut = Shutdown(); !shut.ok()) {
+    // Refused: a cqd callback (of any runtime) destroys this one. Going on would join or free
+    // threads still running, perhaps the very one here: stop the process, as runtime.h says.
+    log_.Error("~Runtime: " + shut.message() + "; the process terminates");
+    std::fprintf(stderr, "cqd: ~Runtime: %s; the process terminates\n", shut.message().c_str());
+    std::abort();
+  }
   for (auto& consumer : consumers_) consumer->OrphanRemaining();  // engine-driven leftovers
   // The threads are gone: poll every CQ empty (to the orphan sink), flush its unacked events
   // (S2) so destroy cannot hang, and destroy or release it.

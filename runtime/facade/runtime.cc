@@ -230,7 +230,8 @@ Status Teardown::Wait() const {
   // The threads a teardown may need, or that others need while it runs (runtime.h, "Waiting").
   const char* refused = internal::RefusalReason(
       internal::CallerRoles(), internal::kRoleHandler | internal::kRoleRuntimeThread |
-                                   internal::kRoleTeardownThread | internal::kRoleLogSink);
+                                   internal::kRoleTeardownThread | internal::kRoleLogSink |
+                                   internal::kRoleWaitDuty | internal::kRoleCallback);
   if (refused == nullptr && state_->engine_threads != nullptr) {
     for (const std::atomic<uintptr_t>* token : *state_->engine_threads) {
       if (token->load(std::memory_order_relaxed) == internal::ThreadToken()) {

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Shutdown with traffic in flight returns, and everything already polled is delivered to a
 // handler or the orphan handler: nothing polled is lost.
+#include <chrono>
+#include <thread>
+
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
 #include "tests/test_util.h"
@@ -119,6 +122,39 @@ TEST(Shutdown, AnOrphanHandlerRunByDestroyCqAfterShutdownIsRefused) {
   topo.qps.erase(topo.qps.begin());
   topo.cqs.erase(topo.cqs.begin());
   CQD_ASSERT_OK(topo.TearDown());
+}
+
+// Destroying a runtime from a cqd callback (here: a handler of another runtime) cannot refuse and
+// cannot go on (it would join threads still running): the process terminates, saying why,
+// instead of freeing what those threads use.
+class DestroyingHandler : public QpHandler {
+ public:
+  void OnCompletions(std::span<const ibv_wc>) noexcept override { victim->reset(); }
+  std::unique_ptr<Runtime>* victim = nullptr;
+};
+
+void DestroyAnotherRuntimeFromAHandler() {
+  auto a = Runtime::Create(testing::OwnedConsumers(1, 1));
+  auto b = Runtime::Create(RuntimeOptions{});
+  if (!a.ok() || !b.ok()) return;
+  std::unique_ptr<Runtime> victim = std::move(b).value();
+  auto sim = SimDevice::Create();
+  auto dev = (*a)->AddSimDevice(sim);
+  if (!dev.ok()) return;
+  auto cq = (*a)->CreateCq(*dev, 0);
+  if (!cq.ok()) return;
+  auto qp = sim->CreateQp(cq->sim(), cq->sim());
+  if (!qp.ok()) return;
+  DestroyingHandler handler;
+  handler.victim = &victim;
+  auto reg = (*a)->RegisterQp(**qp, handler, 0);
+  if (!reg.ok() || !testing::InjectRecvs(*qp, 0, 1)) return;
+  std::this_thread::sleep_for(std::chrono::seconds(30));  // the handler ends the process first
+}
+
+TEST(ShutdownDeathTest, DestroyingARuntimeFromACallbackTerminates) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(DestroyAnotherRuntimeFromAHandler(), "~Runtime: .*the process terminates");
 }
 
 }  // namespace
