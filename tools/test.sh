@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
-# formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh) and the layering
-# (tools/check_layers.sh), runs every test,
+# formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh), the layering
+# (tools/check_layers.sh) and the runtime's file sizes (tools/check_sizes.sh), runs every test,
 # then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer (with
 # UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
 # fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that,
@@ -86,6 +86,14 @@ fi
 echo "== layers: tools/check_layers.sh"
 if ! tools/check_layers.sh; then
   echo "== layers: FAILED"
+  status=1
+  failed=$((failed + 1))
+fi
+
+# The size of a file: no runtime .cc over 500 lines (split by concern instead).
+echo "== sizes: tools/check_sizes.sh"
+if ! tools/check_sizes.sh; then
+  echo "== sizes: FAILED"
   status=1
   failed=$((failed + 1))
 fi
