@@ -18,10 +18,6 @@ namespace {
 
 // The consumers whose Dispatch is running on this thread, innermost first (a handler of one
 // engine-driven consumer may Drain another).
-struct DispatchFrame {
-  const Consumer* consumer;
-  const DispatchFrame* outer;
-};
 thread_local const DispatchFrame* tls_dispatch_frames = nullptr;
 // CM events handed on to a closed consumer's CmHandler on this thread inside a batch: the
 // outermost batch runs them once it is over (cm_router.h).
@@ -50,7 +46,7 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
       alone_run_(std::make_unique<bool[]>(options.dispatch_batch)),
       handed_(std::make_unique<uint64_t[]>(static_cast<size_t>(pollers))),
       pieces_(std::make_unique<Piece[]>(options.dispatch_batch)),
-      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
+      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(kMaxBatch)) {
   for (int p = 0; p < pollers; ++p) {
     lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(p),
                                             static_cast<uint32_t>(options.spill_capacity),
@@ -284,6 +280,22 @@ void Consumer::RunBatch(size_t pieces) noexcept {
   tls_dispatch_frames = frame.outer;
 }
 
+void Consumer::OpenFusedBatch(size_t n) noexcept {
+  fused_frame_ = {this, tls_dispatch_frames};
+  tls_dispatch_frames = &fused_frame_;
+  // As RunBatch: what this batch may call (here by QP number), then the sequence odd.
+  batch_slot_count_.store(static_cast<uint32_t>(n) | kListsQpNums, std::memory_order_release);
+  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
+  batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
+}
+
+void Consumer::CloseFusedBatch(uint64_t delivered) noexcept {
+  batch_seq_.store(batch_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  tls_dispatch_frames = fused_frame_.outer;
+  CountDelivered(delivered);
+  DeliverHeldEvents();
+}
+
 void Consumer::DeliverHeldEvents() noexcept {
   if (tls_held_to_run != nullptr && tls_dispatch_frames == nullptr) [[unlikely]] {
     // CM events handed on to a closed consumer's CmHandler during the batch: after it (and any
@@ -455,9 +467,14 @@ uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
   if (DispatchingOnThisThread(this)) return 0;  // a handler of this consumer unregistering
   const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
   if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
-  const uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
+  uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
+  uint32_t key = slot;
+  if (count & kListsQpNums) {  // a fused batch lists QP numbers; the slot still holds its own
+    count &= ~kListsQpNums;
+    key = slots_.slot(slot).qp_num.load(std::memory_order_relaxed);
+  }
   for (uint32_t k = 0; k < count; ++k) {
-    if (batch_slots_[k].load(std::memory_order_acquire) == slot) return seq;
+    if (batch_slots_[k].load(std::memory_order_acquire) == key) return seq;
   }
   // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
   // over. A batch that does not list the slot calls none of its handlers.

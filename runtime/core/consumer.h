@@ -52,6 +52,12 @@
 
 namespace cqd::internal {
 
+// One batch being dispatched on this thread, innermost first (tls_dispatch_frames in consumer.cc).
+struct DispatchFrame {
+  const class Consumer* consumer = nullptr;
+  const DispatchFrame* outer = nullptr;
+};
+
 struct ItemQueueTraits : moodycamel::ConcurrentQueueDefaultTraits {
   static const size_t BLOCK_SIZE = 32;
   static const size_t EXPLICIT_INITIAL_INDEX_SIZE = 32;
@@ -61,6 +67,9 @@ using ItemQueue = moodycamel::ConcurrentQueue<Item, ItemQueueTraits>;
 class Consumer {
  public:
   // `pollers`: how many pollers produce (one lane and one producer token each).
+  // The most entries one batch holds: dispatch_batch and poll_batch are at most this
+  // (options_check.cc).
+  static constexpr size_t kMaxBatch = 1024;
   Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
            OrphanSink& orphans, int pollers);
   ~Consumer();
@@ -82,6 +91,23 @@ class Consumer {
   // then on) and returns true if nothing is queued; else returns false (dispatch, then retry).
   bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
+  // Run-to-completion, on its poller's thread only: a batch whose completions the poller routes
+  // as it runs them (the fused pass, Poller::PollFused). The poller lists the poll's QP numbers
+  // in FusedListing()[0, n) (as it finds its runs: no slot touched, no second look), then
+  // OpenFusedBatch(n) publishes the list and makes `batch_seq_` odd, as RunBatch does; between
+  // it and CloseFusedBatch, DeliverFused calls handlers of QPs with listed numbers only.
+  // n <= kMaxBatch. BatchInProgress compares a slot's number with such a list: a QP of another
+  // device with the same number makes an Unregister wait for the batch's end when it need not,
+  // never the other way round.
+  std::atomic<uint32_t>* FusedListing() noexcept { return batch_slots_.get(); }
+  void OpenFusedBatch(size_t n) noexcept;
+  // Calls `slot`'s handler with `wcs`; the caller read the slot live for this consumer (seq_cst)
+  // after OpenFusedBatch.
+  static void DeliverFused(const Slot& slot, const ibv_wc* wcs, size_t n) noexcept {
+    slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
+  }
+  // Ends the batch OpenFusedBatch began; `delivered` completions reached handlers in it.
+  void CloseFusedBatch(uint64_t delivered) noexcept;
   // Call after marking `slot` dead: waits until a handler call of it that this consumer may have
   // started has returned, unless this thread is running this consumer's handlers.
   void WaitForBatchInProgress(uint32_t slot) const noexcept;
@@ -215,9 +241,12 @@ class Consumer {
   std::unique_ptr<uint64_t[]> handed_;  // per lane: how far it was handed over, as a batch read it
   size_t next_lane_ = 0;                // the lane a batch looks at first (each gets its turn)
   std::unique_ptr<Piece[]> pieces_;     // the batch being dispatched
-  // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
+  // The slots of the batch being dispatched (consecutive duplicates once), for Unregister: room
+  // for kMaxBatch, the most a batch or a poll holds (dispatch_batch, poll_batch).
   std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
-  std::atomic<uint32_t> batch_slot_count_{0};
+  std::atomic<uint32_t> batch_slot_count_{0};  // | kListsQpNums: a fused batch's
+  static constexpr uint32_t kListsQpNums = 1u << 31;
+  DispatchFrame fused_frame_{};  // the open fused batch's, on this thread's frame list
   int notify_fd_ = -1;
   // Engine thread only (see Drain): the parker is prepared, so a producer's Wake will write the
   // notify fd; a producer's write is owed and not yet read; we wrote the fd ourselves.

@@ -27,6 +27,8 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       may_park_(!options.busy_poll && options.cq_park_after.count() > 0),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
       batch_slots_(std::make_unique<const Slot*[]>(options.poll_batch)),
+      fused_wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
+      run_starts_(std::make_unique<int[]>(options.poll_batch + 1)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
                          [](const ConsumerOptions& c) { return c.record_latency; })),
       engine_driven_(std::find(options.engine_shards.begin(), options.engine_shards.end(), index) !=
@@ -81,7 +83,8 @@ void Poller::Stop() {
 }
 
 void Poller::RunSync(const std::function<void()>& fn) {
-  if (ServingAs(this)) {  // a run-to-completion handler of this poller, between two passes
+  if (ServingAs(this)) {  // a run-to-completion handler of this poller
+    SettleFused();        // inside a fused poll: what it still holds is routed first
     fn();
     return;
   }
@@ -95,7 +98,9 @@ void Poller::RunSync(const std::function<void()>& fn) {
 
 void Poller::ServeMailbox(void* self) {
   Poller* poller = static_cast<Poller*>(self);
-  if (poller->mailbox_.pending()) poller->mailbox_.RunPosted();
+  if (!poller->mailbox_.pending()) return;
+  poller->SettleFused();
+  poller->mailbox_.RunPosted();
 }
 
 int Poller::RunHosted() noexcept {

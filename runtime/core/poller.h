@@ -113,6 +113,7 @@
 #include "runtime/core/orphans.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/route.h"
 #include "runtime/core/teardown.h"
 
 namespace cqd::internal {
@@ -266,7 +267,24 @@ class Poller {
   // Polls `cq` for up to `room` completions, routes and flushes them; returns how many (fewer
   // than `room`: the CQ was found empty, or failed after some), or a negative errno once the CQ
   // has failed.
-  int PollOne(CqRecord* cq, int room) noexcept;
+  int PollOne(CqRecord* cq, int room, bool may_fuse = false) noexcept;
+  // Whether a poll of up to `room` completions of `cq`, whose QPs all go to `consumer`, may run
+  // their handlers as it routes them (PollFused): `consumer` is run to completion on this thread
+  // with nothing handed over or spilled (what waits there is older), records no latency, and
+  // takes batches of `room` (ConsumerOptions::dispatch_batch); `cq` awaits no fence.
+  bool MayFuse(const CqRecord& cq, uint32_t consumer, int room) const noexcept;
+  // The fused pass: polls `cq` for up to `room` completions and calls each run's handler as soon
+  // as it is routed, with the checks RouteInLane makes; what they do not clear (a draining QP, a
+  // QP of another consumer) and what follows it is routed into the lanes as usual. Returns as
+  // PollOne. Should a handler make a control call that reaches this poller, SettleFused runs
+  // first and the poll ends when that handler returns; `cq` is not touched after it.
+  int PollFused(CqRecord* cq, uint32_t consumer, int room) noexcept;
+  // Before a control call changes this poller's state from inside a fused poll's handler (RunSync
+  // from it, or a mailbox served while it waits): routes what the poll still holds into the
+  // lanes, against the state the poll saw, as the unfused pass would have before any handler ran;
+  // and, inside PollAll, leaves the CQ list whole (the CQs not polled yet first) and cuts the
+  // pass there. Nothing otherwise.
+  void SettleFused() noexcept;
   // Where a polled completion goes: a consumer's index, the orphan sink, or nowhere (kTaken: a
   // retired QP's marker, taken by its fence).
   static constexpr uint32_t kOrphan = ~uint32_t{0};
@@ -279,6 +297,16 @@ class Poller {
     uint32_t consumer = kNoConsumer;
     EntryMeta meta{};
   };
+  // The poll's facts about `slot`, found for `qp_num` on `cq`'s device, whose state the caller
+  // read (acquire, or seq_cst where a handler may be called on it) as `state` before this reads
+  // the slot's other fields.
+  static void ReadSlotFacts(const CqRecord* cq, uint32_t qp_num, const Slot& slot, uint64_t state,
+                            RouteFacts& facts) noexcept {
+    facts.known = slot.Holds(cq->device->id, qp_num);
+    facts.live = StateLive(state);
+    facts.uses_cq = slot.Uses(cq->id);
+    facts.draining = StateDraining(state);
+  }
   // Looks up the slots of wcs[0, n) into batch_slots_, prefetching them.
   void LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept;
   // Returns where `wc` (polled from `cq`, `slot` its lookup) goes, as Route (route.h) decides:
@@ -293,8 +321,8 @@ class Poller {
   int RoomFor(const CqRecord& cq) noexcept;
   // Routes the `n` completions just polled into `consumer`'s lane at its tail, in place.
   void RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept;
-  // Routes wcs_[first, end), copying each into its lane.
-  void RouteCompletions(CqRecord* cq, int first, int end) noexcept;
+  // Routes wcs[0, n), copying each into its lane.
+  void RouteCompletions(CqRecord* cq, const ibv_wc* wcs, int n) noexcept;
   void AppendCompletion(uint32_t consumer, const EntryMeta& meta, const ibv_wc& wc) noexcept;
   // Requires room in the lane.
   void AppendEvent(uint32_t consumer, const Item& item) noexcept;
@@ -386,9 +414,29 @@ class Poller {
   std::vector<uint32_t> listed_;                   // consumers whose spill is not empty
   std::unique_ptr<ibv_wc[]> wcs_;                  // scratch: polls of CQs shared by consumers
   std::unique_ptr<const Slot*[]> batch_slots_;     // LookUpBatch's result for the poll routed
-  std::vector<PostedEvent> deferred_;              // posted events not yet placed in a lane
-  std::vector<bool> held_;                         // PlaceEvents: consumers with an event held back
-  bool arm_failed_ = false;                        // the last TrySleep could not arm every CQ
+  // The fused poll's completions: apart from wcs_, which control calls served inside its
+  // handlers poll into (RemoveCq) while a handler still reads its span of these.
+  std::unique_ptr<ibv_wc[]> fused_wcs_;
+  // The fused poll in progress (active until it ends or SettleFused routed the rest): its CQ and
+  // consumer, and fused_wcs_[next, n) not yet run.
+  struct FusedPoll {
+    CqRecord* cq = nullptr;
+    uint32_t consumer = 0;
+    int next = 0;
+    int n = 0;
+    bool active = false;
+  };
+  FusedPoll fused_;
+  std::unique_ptr<int[]> run_starts_;  // PollFused: where each run of one QP starts, and n
+  // PollAll's place while it polls (SettleFused mends the list there): cqs_[0, poll_kept_) are
+  // kept, cqs_[poll_next_, end) not visited yet; cut_pass_ once SettleFused ended the pass.
+  bool in_poll_all_ = false;
+  size_t poll_kept_ = 0;
+  size_t poll_next_ = 0;
+  bool cut_pass_ = false;
+  std::vector<PostedEvent> deferred_;  // posted events not yet placed in a lane
+  std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
+  bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
   // Some consumer records latency: PollOne reads the clock into poll_stamp_, which routing
   // writes into each completion's EntryMeta (latency.h).
   const bool stamp_;

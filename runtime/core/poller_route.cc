@@ -13,16 +13,6 @@ namespace cqd::internal {
 
 using Clock = std::chrono::steady_clock;
 
-// The poll's facts about `slot`, found for `qp_num` on `cq`'s device, whose state the caller
-// read (acquire) as `state` before this reads the slot's other fields.
-static inline void ReadSlotFacts(const CqRecord* cq, uint32_t qp_num, const Slot& slot,
-                                 uint64_t state, RouteFacts& facts) noexcept {
-  facts.known = slot.Holds(cq->device->id, qp_num);
-  facts.live = StateLive(state);
-  facts.uses_cq = slot.Uses(cq->id);
-  facts.draining = StateDraining(state);
-}
-
 bool Poller::PlaceEvents() {
   if (inbox_pending_.exchange(false, std::memory_order_acq_rel)) {
     std::lock_guard<std::mutex> lock(inbox_mu_);
@@ -88,6 +78,7 @@ int Poller::PollAll(int budget) noexcept {
   size_t kept = 0;
   size_t resume = SIZE_MAX;  // where the budget ran out: the next pass starts there
   Clock::time_point now{};   // read at most once per pass, by the first CQ that needs it
+  in_poll_all_ = true;
   for (size_t i = 0; i < cqs_.size(); ++i) {
     CqRecord* cq = cqs_[i];
     cqs_[kept++] = cq;
@@ -102,7 +93,15 @@ int Poller::PollAll(int budget) noexcept {
       continue;
     }
     room = std::min(room, budget - found);
-    int n = PollOne(cq, room);
+    poll_kept_ = kept;
+    poll_next_ = i + 1;
+    int n = PollOne(cq, room, /*may_fuse=*/true);
+    if (cut_pass_) [[unlikely]] {
+      // A handler's control call ended the pass (SettleFused mended the list): `cq` may be gone.
+      cut_pass_ = false;
+      in_poll_all_ = false;
+      return found + std::max(n, 0);
+    }
     if (n != 0) {
       if (n > 0) found += n;
       cq->empty_run = 0;
@@ -126,6 +125,7 @@ int Poller::PollAll(int budget) noexcept {
       parked_count_.store(parked_.size(), std::memory_order_relaxed);
     }
   }
+  in_poll_all_ = false;
   cqs_.resize(kept);
   if (resume != SIZE_MAX) std::rotate(cqs_.begin(), cqs_.begin() + resume, cqs_.end());
   return found;
@@ -168,11 +168,14 @@ void Poller::Unpark() noexcept {
   parked_count_.store(kept, std::memory_order_relaxed);
 }
 
-int Poller::PollOne(CqRecord* cq, int room) noexcept {
+int Poller::PollOne(CqRecord* cq, int room, bool may_fuse) noexcept {
   // Every registered QP of the CQ goes to one consumer: poll straight into its lane. A poll into
   // a lane stops at the ring's edge; the rest of `room` is polled into the ring's start, so that
   // fewer than `room` taken still means the CQ is empty (CatchUp relies on it).
   const uint32_t direct = cq->uses.size() == 1 ? cq->uses[0].consumer : kNoConsumer;
+  if (may_fuse && direct != kNoConsumer && MayFuse(*cq, direct, room)) {
+    return PollFused(cq, direct, room);
+  }
   int taken = 0;
   for (;;) {
     int want = room - taken;
@@ -200,7 +203,7 @@ int Poller::PollOne(CqRecord* cq, int room) noexcept {
     if (direct != kNoConsumer) {
       RouteInLane(cq, direct, n);
     } else {
-      RouteCompletions(cq, 0, n);
+      RouteCompletions(cq, wcs_.get(), n);
     }
     taken += n;
     if (n < want || taken == room) break;
@@ -329,7 +332,7 @@ void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
       const uint32_t rest = count - i;
       std::copy(&wcs[i], &wcs[i] + rest, wcs_.get());
       AppendCompletion(to, moved, wcs_[0]);
-      RouteCompletions(cq, 1, static_cast<int>(rest));
+      RouteCompletions(cq, wcs_.get() + 1, static_cast<int>(rest) - 1);
       return;
     }
   }
@@ -337,13 +340,13 @@ void Poller::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
   if (kept > 0) ListLane(consumer);
 }
 
-void Poller::RouteCompletions(CqRecord* cq, int first, int end) noexcept {
-  LookUpBatch(cq, &wcs_[first], end - first);
+void Poller::RouteCompletions(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {
+  LookUpBatch(cq, wcs, n);
   RouteCache cache;
-  for (int i = first; i < end; ++i) {
-    const ibv_wc& wc = wcs_[i];
+  for (int i = 0; i < n; ++i) {
+    const ibv_wc& wc = wcs[i];
     EntryMeta meta;
-    const uint32_t to = Classify(cq, wc, batch_slots_[i - first], cache, meta);
+    const uint32_t to = Classify(cq, wc, batch_slots_[i], cache, meta);
     if (to == kTaken) continue;
     if (to == kOrphan) {
       orphans_.Take({&wc, 1});

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,6 +27,8 @@ using testing::SequenceHandler;
 using testing::SimTopology;
 using testing::WaitFor;
 using testing::WaitForPollersAsleep;
+
+constexpr uint64_t kOld = 100;  // wr_ids of a QP retired in the middle of a poll
 
 std::string ThreadName() {
   char name[16] = {};
@@ -432,6 +435,169 @@ TEST(RunToCompletion, ShutdownDeliversWhatWasPolled) {
   CQD_ASSERT_OK(topo.rt->Shutdown());
   EXPECT_EQ(topo.handlers[0]->out_of_order(), 0u);
   CQD_ASSERT_OK(topo.TearDown());
+}
+
+// The fused pass (a poll of a CQ whose QPs all run to completion on its poller calls each run's
+// handler as soon as it is routed): a handler's control calls meet the rest of its poll. The
+// completions below are all in the CQ before its one poll: on an engine-driven shard the test's
+// PollShard makes that poll; on a poller thread, a solicited-only CQ stays quiet until the last.
+struct FusedBed {
+  explicit FusedBed(bool engine, int cqs = 1, uint32_t max_registrations = 1 << 16)
+      : engine(engine) {
+    RuntimeOptions options = RtcOptions(1);
+    if (engine) options.engine_shards = {0};
+    options.max_registrations = max_registrations;
+    options.orphan_handler = &orphans;
+    rt = Runtime::Create(options).value();
+    dev = rt->AddSimDevice(sim).value();
+    CqOptions cq_options;
+    cq_options.solicited_only = !engine;
+    for (int i = 0; i < cqs; ++i) this->cqs.push_back(rt->CreateCq(dev, 0, cq_options).value());
+  }
+  SimQp* Qp(int cq = 0) { return sim->CreateQp(cqs[cq].sim(), cqs[cq].sim()).value(); }
+  // Before the completions go in: on a poller thread, wait until it sleeps.
+  bool Quiet() { return engine || WaitForPollersAsleep(*rt); }
+  // After they went in: the poll (with `last`, solicited, on a poller thread).
+  bool Poll(SimQp* last, uint64_t wr_id) {
+    if (!InjectRecvs(last, wr_id, 1, /*solicited=*/!engine)) return false;
+    if (engine) return rt->PollShard(0, 64) > 0;
+    return true;
+  }
+  // Returns once `done` holds (driving the shard meanwhile when it is the engine's).
+  bool Until(const std::function<bool()>& done) {
+    return WaitFor([&] {
+      if (engine) (void)rt->PollShard(0, 64);
+      return done();
+    });
+  }
+
+  const bool engine;
+  CountingOrphans orphans;
+  std::shared_ptr<SimDevice> sim = SimDevice::Create();
+  std::unique_ptr<Runtime> rt;
+  DeviceId dev = 0;
+  std::vector<CqHandle> cqs;
+};
+
+// A handler unregisters and destroys a QP whose completions come after its own in the same poll,
+// and registers a new QP that takes the old one's number, on the same CQ, and (two registrations
+// at most) its registration slot: the old completions still in the poll reach the OrphanHandler,
+// never the new QP's handler (nor the old one's).
+TEST(RunToCompletion, AHandlerRetiringAQpMidPollKeepsTheRestFromItsNumbersNextQp) {
+  for (bool engine : {false, true}) {
+    SCOPED_TRACE(engine ? "engine-driven shard" : "poller thread");
+    FusedBed bed(engine, /*cqs=*/1, /*max_registrations=*/2);
+    SimQp* old_qp = bed.Qp();
+    SimQp* probe = bed.Qp();
+    RecordingHandler old_handler;
+    RecordingHandler next_handler;
+    struct Probe : QpHandler {
+      FusedBed* bed = nullptr;
+      SimQp* old_qp = nullptr;
+      Registration* old_reg = nullptr;
+      QpHandler* next_handler = nullptr;
+      Registration next_reg;
+      SimQp* next = nullptr;
+      uint32_t old_number = 0;
+      uint32_t next_number = 0;
+      Status registered = Internal("not yet");
+      std::atomic<int> completions{0};
+      void OnCompletions(std::span<const ibv_wc> wcs) noexcept override {
+        if (completions.fetch_add(static_cast<int>(wcs.size())) != 0) return;
+        old_reg->Unregister();
+        old_number = old_qp->qp_num();
+        if (!bed->sim->DestroyQp(old_qp).ok()) return;
+        next = bed->Qp();
+        next_number = next->qp_num();
+        auto reg = bed->rt->RegisterQp(*next, *next_handler, 0);
+        registered = reg.status();
+        if (reg.ok()) next_reg = std::move(reg).value();
+      }
+    } handler;
+    handler.bed = &bed;
+    handler.old_qp = old_qp;
+    handler.next_handler = &next_handler;
+    Registration old_reg = bed.rt->RegisterQp(*old_qp, old_handler, 0).value();
+    Registration probe_reg = bed.rt->RegisterQp(*probe, handler, 0).value();
+    handler.old_reg = &old_reg;
+    ASSERT_TRUE(bed.Quiet());
+    ASSERT_TRUE(InjectRecvs(probe, 0, 1));
+    ASSERT_TRUE(InjectRecvs(old_qp, kOld, 5));
+    ASSERT_TRUE(bed.Poll(probe, 1));
+    ASSERT_TRUE(bed.Until([&] { return handler.completions.load() == 2; }));
+    // The old QP's five went somewhere: the OrphanHandler, and nowhere else.
+    ASSERT_TRUE(bed.Until([&] {
+      return bed.orphans.count.load() + old_handler.completions() + next_handler.completions() == 5;
+    }));
+    CQD_ASSERT_OK(handler.registered);
+    EXPECT_EQ(handler.next_number, handler.old_number) << "the sim reuses the number";
+    EXPECT_EQ(old_handler.completions(), 0u);
+    EXPECT_EQ(next_handler.completions(), 0u);
+    // The new QP's own completions reach it.
+    ASSERT_NE(handler.next, nullptr);
+    ASSERT_TRUE(InjectRecvs(handler.next, 7, 1, /*solicited=*/!engine));
+    ASSERT_TRUE(bed.Until([&] { return next_handler.completions() == 1; }));
+    EXPECT_EQ(next_handler.wr_ids(), std::vector<uint64_t>{7});
+    EXPECT_EQ(bed.orphans.count.load(), 5u);
+    handler.next_reg.Unregister();
+    probe_reg.Unregister();
+  }
+}
+
+// A handler ends its CQ (its QPs unregistered and destroyed, the CQ destroyed) in the middle of
+// that CQ's poll: the rest of the poll reaches the OrphanHandler, the CQ polled after it in the
+// same pass is still served, and nothing touches the CQ once it is gone (ASan).
+TEST(RunToCompletion, AHandlerDestroyingItsCqMidPollLeavesTheOtherCqsServed) {
+  for (bool engine : {false, true}) {
+    SCOPED_TRACE(engine ? "engine-driven shard" : "poller thread");
+    FusedBed bed(engine, /*cqs=*/2);
+    SimQp* doomed = bed.Qp(0);
+    SimQp* killer = bed.Qp(0);
+    SimQp* other = bed.Qp(1);
+    RecordingHandler doomed_handler;
+    RecordingHandler other_handler;
+    struct Killer : QpHandler {
+      FusedBed* bed = nullptr;
+      SimQp* qps[2] = {};
+      Registration* regs[2] = {};
+      Status destroyed = Internal("not yet");
+      std::atomic<int> calls{0};
+      std::atomic<bool> done{false};
+      void OnCompletions(std::span<const ibv_wc>) noexcept override {
+        if (calls.fetch_add(1) != 0) return;
+        for (Registration* reg : regs) reg->Unregister();
+        for (SimQp* qp : qps) (void)bed->sim->DestroyQp(qp);
+        destroyed = bed->rt->DestroyCq(bed->cqs[0]);
+        done.store(true, std::memory_order_release);
+      }
+    } killer_handler;
+    Registration doomed_reg = bed.rt->RegisterQp(*doomed, doomed_handler, 0).value();
+    Registration killer_reg = bed.rt->RegisterQp(*killer, killer_handler, 0).value();
+    Registration other_reg = bed.rt->RegisterQp(*other, other_handler, 0).value();
+    killer_handler.bed = &bed;
+    killer_handler.qps[0] = doomed;
+    killer_handler.qps[1] = killer;
+    killer_handler.regs[0] = &doomed_reg;
+    killer_handler.regs[1] = &killer_reg;
+    ASSERT_TRUE(bed.Quiet());
+    ASSERT_TRUE(InjectRecvs(other, 0, 3));
+    ASSERT_TRUE(InjectRecvs(killer, 0, 1));
+    ASSERT_TRUE(InjectRecvs(doomed, kOld, 5));
+    // The wake goes to the other CQ: the test is done with the doomed CQ's QPs before any handler
+    // runs (no QP is destroyed under a call posting to it).
+    ASSERT_TRUE(bed.Poll(other, 3));
+    ASSERT_TRUE(bed.Until([&] { return killer_handler.done.load(std::memory_order_acquire); }));
+    CQD_ASSERT_OK(killer_handler.destroyed);
+    ASSERT_TRUE(bed.Until([&] { return bed.orphans.count.load() == 5; }));
+    EXPECT_EQ(doomed_handler.completions(), 0u);
+    EXPECT_EQ(killer_handler.calls.load(), 1);
+    ASSERT_TRUE(bed.Until([&] { return other_handler.completions() == 4; }));
+    EXPECT_EQ(other_handler.wr_ids(), (std::vector<uint64_t>{0, 1, 2, 3}));
+    ASSERT_TRUE(InjectRecvs(other, 4, 1, /*solicited=*/!engine));
+    ASSERT_TRUE(bed.Until([&] { return other_handler.completions() == 5; }));
+    EXPECT_EQ(bed.orphans.count.load(), 5u);
+    other_reg.Unregister();
+  }
 }
 
 TEST(RunToCompletion, BadInputIsRefused) {
