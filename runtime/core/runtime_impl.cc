@@ -81,11 +81,14 @@ Status RuntimeImpl::Start() {
     if (!server.ok()) return server.status();
     stats_server_ = std::move(server).value();
   }
+  started_ = true;
   return Status::Ok();
 }
 
 RuntimeImpl::~RuntimeImpl() {
-  if (const Status shut = Shutdown(); !shut.ok()) {
+  // A runtime whose Start failed ran no callback and waits for nobody's: Runtime::Create may
+  // fail inside a callback of another runtime and still return its status.
+  if (const Status shut = started_ ? Shutdown() : StopEverything(); !shut.ok()) {
     // Refused: a cqd callback (of any runtime) destroys this one. Going on would join or free
     // threads still running, perhaps the very one here: stop the process, as runtime.h says.
     log_.Error("~Runtime: " + shut.message() + "; the process terminates");
@@ -121,6 +124,7 @@ int RuntimeImpl::Drain(ConsumerId consumer, int max) noexcept {
   // handlers would run where their control calls are refused (or under the runtime's mutex).
   if (CallerRoles() & kRefusedControlCallers) return -EBUSY;
   if (max <= 0) {
+    if (c.DrainingElsewhere()) return -EBUSY;  // one thread at a time, as any Drain
     c.NoteDrainer();  // a Drain of nothing still says which thread drains (Teardown::Wait)
     return 0;
   }
@@ -214,6 +218,10 @@ Status RuntimeImpl::Shutdown() {
   if (Status refused = CheckCaller("Shutdown", kEveryRole); !refused.ok()) {
     return refused;
   }
+  return StopEverything();
+}
+
+Status RuntimeImpl::StopEverything() {
   std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
   {
     std::lock_guard<ControlMutex> lock(mu_);

@@ -118,6 +118,8 @@ class RuntimeImpl final : private TeardownHost {
   Result<int> ShardFd(int shard);
   Stats GetStats() const;
   Status Shutdown();
+  // Shutdown's work without its refusal (the caller checked, or Start never finished).
+  Status StopEverything();
 
  private:
   // TeardownHost (teardown.h), on the teardown thread.
@@ -149,6 +151,9 @@ class RuntimeImpl final : private TeardownHost {
   mutable ControlMutex mu_;  // thread_role.h: served while a run-to-completion poller waits
   std::mutex shutdown_mu_;
   bool shut_down_ = false;  // guarded by mu_
+  // Start finished: threads may have run callbacks. Until then nothing of this runtime's can be
+  // a caller's own thread or wait for one, so the destructor stops it from any thread.
+  bool started_ = false;
   // Registrations live now (Stats::registrations): written under mu_, read by GetStats anywhere.
   std::atomic<uint64_t> live_registrations_{0};
   SlotPool slots_;

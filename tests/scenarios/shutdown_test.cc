@@ -124,6 +124,34 @@ TEST(Shutdown, AnOrphanHandlerRunByDestroyCqAfterShutdownIsRefused) {
   CQD_ASSERT_OK(topo.TearDown());
 }
 
+// Runtime::Create whose start fails inside a cqd callback (here: a handler of another runtime;
+// the stats socket's directory does not exist) returns its status: the runtime it began ran no
+// callback, so stopping it waits for nobody's, and nothing terminates.
+TEST(Shutdown, ACreateThatFailsInsideACallbackReturnsItsStatus) {
+  struct Creating : QpHandler {
+    Status created = Internal("not called");
+    std::atomic<bool> done{false};
+    void OnCompletions(std::span<const ibv_wc>) noexcept override {
+      if (done.load(std::memory_order_relaxed)) return;
+      RuntimeOptions options;
+      options.stats_socket = "/nonexistent-cqd-dir/stats.sock";
+      auto runtime = Runtime::Create(options);
+      created = runtime.status();
+      done.store(true, std::memory_order_release);
+    }
+  } handler;
+  testing::OneQp one;
+  CQD_ASSERT_OK(one.Build(testing::OwnedConsumers(1, 1)));
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(testing::InjectRecvs(one.qp, 0, 1));
+  ASSERT_TRUE(testing::WaitFor([&] { return handler.done.load(std::memory_order_acquire); }));
+  EXPECT_EQ(handler.created.code(), StatusCode::kInternal) << handler.created.ToString();
+  EXPECT_NE(handler.created.message().find("nonexistent-cqd-dir"), std::string::npos)
+      << handler.created.ToString();
+  reg.Unregister();
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+}
+
 // Destroying a runtime from a cqd callback (here: a handler of another runtime) cannot refuse and
 // cannot go on (it would join threads still running): the process terminates, saying why,
 // instead of freeing what those threads use.
