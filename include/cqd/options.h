@@ -100,7 +100,7 @@ struct RuntimeOptions {
   /// the event thread). 0..24 h.
   std::chrono::microseconds cq_park_after{1000};
   uint32_t ack_threshold = 64;  ///< CQ events acked per ibv_ack_cq_events call (>= 1)
-  std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  ///< at least one
+  std::vector<ConsumerOptions> consumers{ConsumerOptions{}};  ///< 1..1024 of them
   uint32_t max_registrations = 1 << 16;     ///< concurrently registered QPs (1..1<<24)
   OrphanHandler* orphan_handler = nullptr;  ///< optional; orphans are counted either way
   /// When the first verbs device whose NUMA node is known is added (sysfs numa_node), confine

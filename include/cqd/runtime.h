@@ -200,7 +200,9 @@ class Runtime {
  public:
   /// Returns a started runtime; kInvalidArgument naming the bad option, kAlreadyExists when
   /// RuntimeOptions::stats_tcp's address is taken, kResourceExhausted when memory or a thread
-  /// could not be had, kInternal (with errno) when a system call such as eventfd failed.
+  /// could not be had, kInternal (with errno) when a system call such as eventfd failed. Any
+  /// thread may call it, inside a cqd callback too: a runtime that failed to start ran no
+  /// callback, and is stopped there before the status returns.
   static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
   /// Shuts down (see Shutdown) and destroys the CQs and channels the runtime created. Not from
   /// inside a cqd callback of any runtime (InCallback(): a handler, Drain's or PollShard's, an
@@ -319,11 +321,11 @@ class Runtime {
   /// qp_num receives nothing of the old one: after OK nothing of the QP is left in its CQs; after
   /// any other result, what is left there goes to the orphan handler when polled, and keeps
   /// counting against its CQ's capacity until then ("Retired QPs" above).
-  /// Errors: kInvalidArgument (not registered, another runtime's, a UD QP), kFailedPrecondition
-  /// (shut down, already tearing down), or the device's error when it refused the error
-  /// transition or the send marker (kInternal with errno on verbs; kResourceExhausted when the
-  /// simulated CQ has no room): the registration stays as it was, the QP possibly in error, and
-  /// TeardownQp may be tried again.
+  /// Errors: kInvalidArgument (not registered, another runtime's, a UD QP; a Registration whose
+  /// TeardownQp returned OK is no longer registered), kFailedPrecondition (shut down), or the
+  /// device's error when it refused the error transition or the send marker (kInternal with errno
+  /// on verbs; kResourceExhausted when the simulated CQ has no room): the registration stays as it
+  /// was, the QP possibly in error, and TeardownQp may be tried again.
   Result<Teardown> TeardownQp(Registration& registration, const TeardownOptions& options = {});
 
   /// Engine-driven consumers: dispatches up to `max` queued items (completion runs and async

@@ -96,8 +96,8 @@ Result<::tbb::task_arena::constraints> ArenaConstraintsFor(const Runtime& runtim
 /// What an ArenaConsumers hosts, and how.
 struct ArenaConsumersOptions {
   /// The engine-driven consumers to host (each at most once; each consumer may be hosted by one
-  /// object only, until that object is destroyed (Stop does not free it: kAlreadyExists), and
-  /// the engine must not Drain it itself while hosted).
+  /// object only, until that object's Stop has returned (before it: kAlreadyExists), and the
+  /// engine must not Drain it itself while hosted).
   std::vector<ConsumerId> consumers{};
   /// true: a watcher thread epolls the consumers' notify fds. false: the engine calls OnReadable.
   bool watcher_thread = true;
@@ -130,8 +130,9 @@ class ArenaConsumers {
   ArenaConsumers& operator=(const ArenaConsumers&) = delete;
 
   /// The engine's epoll reported NotifyFd(consumer) readable: enqueues a drain task unless one is
-  /// queued or running (then that one drains again). Returns false for a consumer not hosted here.
-  /// Never blocks, never drains on this thread; any thread. After Stop it does nothing.
+  /// queued or running (then that one drains again). Returns false for a consumer not hosted here
+  /// (true for one it hosted, after Stop). Never blocks, never drains on this thread; any thread.
+  /// After Stop it does nothing.
   bool OnReadable(ConsumerId consumer) noexcept;
 
   /// Stops watching, stops scheduling drains and waits for the drain tasks in flight (a drain in

@@ -119,6 +119,11 @@ class Consumer {
   }
   // Engine-driven: the ThreadToken() (thread_role.h) of the thread that called Drain last.
   const std::atomic<uintptr_t>& last_drainer() const { return last_drainer_; }
+  // Returns true while another thread's Drain is in progress (acquire; a snapshot).
+  bool DrainingElsewhere() const noexcept {
+    const uintptr_t drainer = draining_.load(std::memory_order_acquire);
+    return drainer != 0 && drainer != ThreadToken();
+  }
   // Engine thread: records the calling thread as the one that drains (as Drain does).
   void NoteDrainer() noexcept {
     if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {

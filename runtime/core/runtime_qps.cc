@@ -299,6 +299,8 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   teardown->deadline = TeardownState::After(TeardownState::Clock::now(), options.timeout);
   teardown->last_wqe_grace = options.last_wqe_grace;
   teardown->on_done = options.on_done;
+  // Teardown::Wait refuses the runtime's engine threads, whatever the teardown needs (runtime.h).
+  teardown->engine_threads = &engine_threads_;
   if (device->failed.load(std::memory_order_acquire)) {
     // Nothing flushes on a dead device: unregister at once (on the teardown thread).
     teardown->end_with = Unavailable("TeardownQp: device " + device->backend->name() +
@@ -308,7 +310,6 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   }
   // Draining before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
-  teardown->engine_threads = &engine_threads_;
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
   slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);

@@ -123,6 +123,7 @@ TEST(Reentrancy, ASecondThreadsDrainIsRefusedWhileOneIsInProgress) {
   std::thread first([&] { testing::DrainUntil(*s.rt, 0, [&] { return inside.load(); }); });
   ASSERT_TRUE(WaitFor([&] { return inside.load(); }));
   EXPECT_EQ(s.rt->Drain(0, 64), -EBUSY);
+  EXPECT_EQ(s.rt->Drain(0, 0), -EBUSY);  // a Drain of nothing too (it returned 0 before)
   release.store(true);
   first.join();
   EXPECT_TRUE(WaitFor([&] {

@@ -334,6 +334,26 @@ TEST(TeardownWaits, EveryEngineThreadOfTheRuntimeIsRefused) {
   }
 }
 
+// The refusal holds whatever the teardown needs: on a failed device (it ends at once, on the
+// teardown thread) the draining thread's Wait is refused too, as runtime.h says.
+TEST(TeardownWaits, TheDrainingThreadIsRefusedOnAFailedDeviceToo) {
+  RuntimeOptions options;
+  options.consumers[0].kind = ConsumerKind::kEngineDriven;
+  Sim s;
+  s.Build(options);
+  CqHandle cq = s.Cq(0);
+  SimQp* qp = s.Qp(cq);
+  RecordingHandler handler;
+  Registration reg = s.rt->RegisterQp(*qp, handler, 0).value();
+  s.sim->RaiseDeviceFatal();
+  // This thread drains consumer 0, up to the event (the runtime marked the device failed first).
+  ASSERT_TRUE(testing::DrainUntil(*s.rt, 0, [&] { return handler.events() == 1; }));
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, s.rt->TeardownQp(reg));
+  EXPECT_EQ(teardown.Wait().code(), StatusCode::kFailedPrecondition);
+  auto other = std::async(std::launch::async, [&] { return teardown.Wait(); });
+  EXPECT_EQ(other.get().code(), StatusCode::kUnavailable);
+}
+
 // Only the thread that drained last is refused: a thread that starts after it exited is not.
 TEST(TeardownWaits, ANewThreadIsNotTakenForAnExitedDrainer) {
   RuntimeOptions options;
