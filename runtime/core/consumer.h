@@ -15,12 +15,15 @@
 // keep entries in their lanes' spills, never drop them. A run-to-completion consumer's own poller
 // skips the hand-over while nothing is handed over: it dispatches straight from the spill of its
 // lane (DispatchLane), and hands over only what the spill cannot hold. What it handed over is
-// older than what its spill holds, so that goes first and each QP's order stays.
+// older than what its spill holds, so that goes first and each QP's order stays. With nothing
+// handed over or spilled, the poller may run a poll's handlers as it routes them (the fused
+// pass, poller_fused.cc), in a batch of its own (OpenFusedBatch).
 //
-// Dispatch() and DispatchLane() run on the consumer's thread only (the owned thread, the engine
-// thread calling Drain, or for kRunToCompletion its poller's thread). Before a batch's first
-// handler call they list the batch's slots in `batch_slots_` (release) and make `batch_seq_` odd
-// (seq_cst); after the last call they make it even. Each reads each slot's state (seq_cst) right
+// Dispatch(), DispatchLane() and the fused batch run on the consumer's thread only (the owned
+// thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread). Before
+// a batch's first handler call they list the batch's slots in `batch_slots_` (release; a fused
+// batch lists QP numbers) and make `batch_seq_` odd (seq_cst); after the last call they make it
+// even. Each reads each slot's state (seq_cst) right
 // before calling its handler. Unregister stores the dead state (seq_cst), then reads
 // `batch_seq_`: if odd and the batch lists the slot, it waits for the value to change. Either
 // the consumer's state read sees the registration gone, or Unregister sees the batch that may
