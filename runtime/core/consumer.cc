@@ -280,10 +280,11 @@ void Consumer::RunBatch(size_t pieces) noexcept {
   tls_dispatch_frames = frame.outer;
 }
 
-void Consumer::OpenFusedBatch(size_t n) noexcept {
+void Consumer::OpenFusedBatch(size_t n, uint32_t cq_id) noexcept {
   fused_frame_ = {this, tls_dispatch_frames};
   tls_dispatch_frames = &fused_frame_;
-  // As RunBatch: what this batch may call (here by QP number), then the sequence odd.
+  // As RunBatch: what this batch may call (here by CQ and QP number), then the sequence odd.
+  fused_cq_.store(cq_id, std::memory_order_relaxed);  // published by the count's release
   batch_slot_count_.store(static_cast<uint32_t>(n) | kListsQpNums, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
@@ -469,9 +470,17 @@ uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
   if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
   uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
   uint32_t key = slot;
-  if (count & kListsQpNums) {  // a fused batch lists QP numbers; the slot still holds its own
+  if (count & kListsQpNums) {  // a fused batch lists QP numbers of one CQ's poll
     count &= ~kListsQpNums;
-    key = slots_.slot(slot).qp_num.load(std::memory_order_relaxed);
+    // The slot still holds its own facts (it is freed only after this wait). Read with the
+    // count: if a later batch wrote them, batch `seq` is over, whatever this decides.
+    const Slot& s = slots_.slot(slot);
+    const uint32_t cq = fused_cq_.load(std::memory_order_relaxed);
+    if (s.send_cq.load(std::memory_order_relaxed) != cq &&
+        s.recv_cq.load(std::memory_order_relaxed) != cq) {
+      return 0;  // the batch routes only registrations of its CQ to handlers (route.h)
+    }
+    key = s.qp_num.load(std::memory_order_relaxed);
   }
   for (uint32_t k = 0; k < count; ++k) {
     if (batch_slots_[k].load(std::memory_order_acquire) == key) return seq;

@@ -95,15 +95,16 @@ class Consumer {
   bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Run-to-completion, on its poller's thread only: a batch whose completions the poller routes
-  // as it runs them (the fused pass, Poller::PollFused). The poller lists the poll's QP numbers
-  // in FusedListing()[0, n) (as it finds its runs: no slot touched, no second look), then
-  // OpenFusedBatch(n) publishes the list and makes `batch_seq_` odd, as RunBatch does; between
-  // it and CloseFusedBatch, DeliverFused calls handlers of QPs with listed numbers only.
-  // n <= kMaxBatch. BatchInProgress compares a slot's number with such a list: a QP of another
-  // device with the same number makes an Unregister wait for the batch's end when it need not,
-  // never the other way round.
+  // as it runs them (the fused pass, Poller::PollFused), all polled from the CQ `cq_id`. The
+  // poller lists the poll's QP numbers in FusedListing()[0, n) (as it finds its runs: no slot
+  // touched, no second look), then OpenFusedBatch(n, cq_id) publishes the list and makes
+  // `batch_seq_` odd, as RunBatch does; between it and CloseFusedBatch, DeliverFused calls
+  // handlers of QPs registered on that CQ with listed numbers only. BatchInProgress takes a slot
+  // for listed when it uses that CQ and has a listed number: exactly the registrations the batch
+  // may call (a QP registered on a CQ that still held a retired same-numbered QP's completions
+  // is not: RegisterQp polls them out first). n <= kMaxBatch.
   std::atomic<uint32_t>* FusedListing() noexcept { return batch_slots_.get(); }
-  void OpenFusedBatch(size_t n) noexcept;
+  void OpenFusedBatch(size_t n, uint32_t cq_id) noexcept;
   // Calls `slot`'s handler with `wcs`; the caller read the slot live for this consumer (seq_cst)
   // after OpenFusedBatch.
   static void DeliverFused(const Slot& slot, const ibv_wc* wcs, size_t n) noexcept {
@@ -254,7 +255,8 @@ class Consumer {
   std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
   std::atomic<uint32_t> batch_slot_count_{0};  // | kListsQpNums: a fused batch's
   static constexpr uint32_t kListsQpNums = 1u << 31;
-  DispatchFrame fused_frame_{};  // the open fused batch's, on this thread's frame list
+  std::atomic<uint32_t> fused_cq_{0};  // a fused batch's CQ id (written before the count)
+  DispatchFrame fused_frame_{};        // the open fused batch's, on this thread's frame list
   int notify_fd_ = -1;
   // Engine thread only (see Drain): the parker is prepared, so a producer's Wake will write the
   // notify fd; a producer's write is owed and not yet read; we wrote the fd ourselves.

@@ -279,11 +279,12 @@ class Poller {
   // PollOne. Should a handler make a control call that reaches this poller, SettleFused runs
   // first and the poll ends when that handler returns; `cq` is not touched after it.
   int PollFused(CqRecord* cq, uint32_t consumer, int room) noexcept;
-  // Before a control call changes this poller's state from inside a fused poll's handler (RunSync
-  // from it, or a mailbox served while it waits): routes what the poll still holds into the
-  // lanes, against the state the poll saw, as the unfused pass would have before any handler ran;
-  // and, inside PollAll, leaves the CQ list whole (the CQs not polled yet first) and cuts the
-  // pass there. Nothing otherwise.
+  // Before a control call changes this poller's state from a callback it runs (RunSync inline,
+  // or its mailbox served while a handler waits): inside a fused poll, routes what the poll still
+  // holds into the lanes, against the state the poll saw, as the unfused pass would have before
+  // any handler ran; inside PollAll (a fused handler, or a CmHandler the end of a fused batch
+  // runs), leaves the CQ list whole (the CQs not polled yet first) and cuts the pass there.
+  // Nothing otherwise.
   void SettleFused() noexcept;
   // Where a polled completion goes: a consumer's index, the orphan sink, or nowhere (kTaken: a
   // retired QP's marker, taken by its fence).

@@ -68,7 +68,7 @@ int Poller::PollFused(CqRecord* cq, uint32_t consumer, int room) noexcept {
   {
     // Handlers may call the runtime from here (thread_role.h), as in RunHosted.
     const HostedDispatchScope dispatching(&Poller::ServeMailbox, this);
-    target.OpenFusedBatch(static_cast<size_t>(runs));
+    target.OpenFusedBatch(static_cast<size_t>(runs), cq->id);
     for (int r = 0; r < runs; ++r) {
       const int j = run_starts_[r + 1];
       const Slot* slot = batch_slots_[r];
@@ -109,14 +109,15 @@ int Poller::PollFused(CqRecord* cq, uint32_t consumer, int room) noexcept {
 }
 
 void Poller::SettleFused() noexcept {
-  if (!fused_.active) return;
-  fused_.active = false;
-  {
+  if (fused_.active) {
+    fused_.active = false;
     const RuntimeThreadScope runtime(true);  // an OrphanHandler called here may not call in
     if (fused_.next < fused_.n) {
       RouteCompletions(fused_.cq, fused_wcs_.get() + fused_.next, fused_.n - fused_.next);
     }
   }
+  // Any control call on this thread inside PollAll (a fused handler's, or a CmHandler's that the
+  // end of a fused batch runs) may change the list PollAll is compacting.
   if (!in_poll_all_) return;
   // cqs_[poll_kept_, poll_next_) hold stale copies (PollAll compacts as it goes): drop them, and
   // put the CQs not polled yet first, so that the next pass starts with them.

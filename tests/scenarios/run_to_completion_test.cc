@@ -600,6 +600,81 @@ TEST(RunToCompletion, AHandlerDestroyingItsCqMidPollLeavesTheOtherCqsServed) {
   }
 }
 
+// A fused batch holds up only the Unregister of a QP it may call. Here X's handler (consumer 0,
+// run to completion, X alone on its CQ) waits in Unregister(Z) for consumer 1's batch, whose
+// handler is held; meanwhile another thread unregisters Y, a QP of consumer 0 in no batch, on
+// another device, with X's number. Y's Unregister returns (it waited for X's batch when the batch
+// was listed by number alone: with Z's handler doing it, the two waited for each other).
+TEST(RunToCompletion, AFusedBatchHoldsUpOnlyTheUnregisterOfAQpItMayCall) {
+  for (bool engine : {false, true}) {
+    SCOPED_TRACE(engine ? "engine-driven shard" : "poller thread");
+    RuntimeOptions options = RtcOptions(1);
+    options.consumers.push_back(ConsumerOptions{});  // consumer 1: an owned thread
+    if (engine) options.engine_shards = {0};
+    auto rt = Runtime::Create(options).value();
+    auto sim1 = SimDevice::Create();
+    SimDeviceOptions second;
+    second.name = "sim-second";
+    auto sim2 = SimDevice::Create(second);
+    DeviceId d1 = rt->AddSimDevice(sim1).value();
+    DeviceId d2 = rt->AddSimDevice(sim2).value();
+    CqHandle x_cq = rt->CreateCq(d1, 0).value();
+    CqHandle z_cq = rt->CreateCq(d1, 0).value();
+    CqHandle y_cq = rt->CreateCq(d2, 0).value();
+    SimQp* x = sim1->CreateQp(x_cq.sim(), x_cq.sim()).value();
+    SimQp* z = sim1->CreateQp(z_cq.sim(), z_cq.sim()).value();
+    SimQp* y = sim2->CreateQp(y_cq.sim(), y_cq.sim()).value();
+    ASSERT_EQ(x->qp_num(), y->qp_num()) << "each device numbers its QPs on its own";
+    std::atomic<bool> release{false};
+    struct Held : QpHandler {
+      std::atomic<bool>* release = nullptr;
+      std::atomic<bool> inside{false};
+      void OnCompletions(std::span<const ibv_wc>) noexcept override {
+        inside.store(true);
+        while (!release->load()) std::this_thread::yield();
+      }
+    } z_handler;
+    z_handler.release = &release;
+    struct Unregistering : QpHandler {
+      Registration* z = nullptr;
+      std::atomic<bool> inside{false};
+      std::atomic<bool> done{false};
+      void OnCompletions(std::span<const ibv_wc>) noexcept override {
+        if (inside.exchange(true)) return;
+        z->Unregister();  // waits for consumer 1's batch, which holds Z's handler
+        done.store(true);
+      }
+    } x_handler;
+    RecordingHandler y_handler;
+    Registration z_reg = rt->RegisterQp(*z, z_handler, 1).value();
+    Registration x_reg = rt->RegisterQp(*x, x_handler, 0).value();
+    Registration y_reg = rt->RegisterQp(*y, y_handler, 0).value();
+    x_handler.z = &z_reg;
+    std::atomic<bool> stop{false};
+    std::thread driver([&] {
+      while (engine && !stop.load()) (void)rt->PollShard(0, 64);
+    });
+    ASSERT_TRUE(InjectRecvs(z, 0, 1));
+    ASSERT_TRUE(WaitFor([&] { return z_handler.inside.load(); }));
+    ASSERT_TRUE(InjectRecvs(x, 0, 1));
+    ASSERT_TRUE(WaitFor([&] { return x_handler.inside.load(); }));
+    std::atomic<bool> y_done{false};
+    std::thread unregister([&] {
+      y_reg.Unregister();
+      y_done.store(true);
+    });
+    EXPECT_TRUE(WaitFor([&] { return y_done.load(); }))
+        << "Y's Unregister waited for a batch that may not call Y";
+    EXPECT_FALSE(x_handler.done.load());  // X's batch was open all along
+    release.store(true);
+    unregister.join();
+    ASSERT_TRUE(WaitFor([&] { return x_handler.done.load(); }));
+    stop.store(true);
+    driver.join();
+    x_reg.Unregister();
+  }
+}
+
 TEST(RunToCompletion, BadInputIsRefused) {
   RuntimeOptions options = RtcOptions(2);
   options.consumers[1].poller = 2;
