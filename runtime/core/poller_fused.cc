@@ -9,10 +9,10 @@
 // state the poll saw before any control call changes it: a control call that reaches this poller
 // from a handler (RunSync) or while a handler waits (its mailbox, served as a wait duty) first
 // runs SettleFused, which routes the rest of the poll into the lanes, where purges and fences
-// find it as they would have. The batch lists the poll's QP numbers before any handler runs, so
-// an Unregister from another thread waits for its end when it names one of them
-// (Consumer::OpenFusedBatch), and the handler of each run is called only after its slot was read
-// live (seq_cst) inside that batch.
+// find it as they would have. The batch lists its CQ and the poll's QP numbers before any
+// handler runs, so an Unregister from another thread waits for its end when it names a QP of that
+// CQ with one of them (Consumer::OpenFusedBatch), and the handler of each run is called only
+// after its slot was read live (seq_cst) inside that batch.
 #include <algorithm>
 
 #include "runtime/core/poller.h"
