@@ -14,9 +14,11 @@
 // work, else TrySleepShard and epoll_wait on ShardFd, no timeout), and consumer 0 runs to
 // completion on it (ConsumerKind::kRunToCompletion: its handlers run inside PollShard on the
 // reactor); QPs meant for consumer 0 whose CQs are not both on shard 1 go to consumer 1 or 2
-// instead. With --arena, consumers 1 and 2 are not drained by threads of this tool but hosted in
-// a oneTBB task_arena of two threads (cqd::ArenaConsumers, cqd/tbb.h: a drain task per readable
-// notify fd, at most one per consumer at a time); nothing pauses them then.
+// instead, and the last CQ of shard 1 is consumer 0's alone (its QPs are never split and always
+// go to consumer 0), so that its polls run the fused pass (handlers called as the poll routes).
+// With --arena, consumers 1 and 2 are not drained by threads of this tool but hosted in a oneTBB
+// task_arena of two threads (cqd::ArenaConsumers, cqd/tbb.h: a drain task per readable notify fd,
+// at most one per consumer at a time); nothing pauses them then.
 //
 // The tool behaves as a disciplined engine: each QP is created with --qp_wrs work requests per
 // queue (SimQpOptions), RegisterQp's capacity guard grows the CQs to hold them, and a QP never has
@@ -174,7 +176,7 @@ std::vector<FlagSpec> Specs(Flags& f) {
       {"progress", "print a progress line every second (0/1)", FlagSpec::kBool, &f.progress},
       {"engine_shard",
        "shard 1 is engine-driven, polled by a reactor thread; consumer 0 runs to completion on it "
-       "(0/1)",
+       "(0/1); with 4 CQs or more, shard 1's last CQ serves consumer 0 alone (the fused pass)",
        FlagSpec::kBool, &f.engine_shard},
       {"arena",
        "consumers 1 and 2 are hosted in a oneTBB task_arena (cqd::ArenaConsumers) instead of "
@@ -544,11 +546,19 @@ struct Soak {
     fprintf(stderr, "\nsoak: %s: %s\n", what, s.ToString().c_str());
   }
 
+  // With --engine_shard, the last CQ of shard 1 (odd indexes): only consumer 0's QPs use it, so
+  // its polls run the fused pass. -1 without, or with fewer than 4 CQs (shard 1 keeps one shared).
+  int OwnCq() const {
+    if (!flags.engine_shard || flags.cqs < 4) return -1;
+    return flags.cqs % 2 == 0 ? flags.cqs - 1 : flags.cqs - 2;
+  }
+
   // Makes a QP on slot i's CQs and registers it on `consumer`. Caller holds the slot's mutex.
   bool NewQp(QpSlot& slot, cqd::ConsumerId consumer) {
     if (flags.engine_shard && consumer == 0 && (slot.send_cq % 2 != 1 || slot.recv_cq % 2 != 1)) {
       consumer = 1 + slot.recv_cq % 2;  // run to completion needs both CQs on its shard
     }
+    if (slot.recv_cq == OwnCq()) consumer = 0;  // its CQ serves consumer 0 alone (the fused pass)
     const bool srq = flags.srq_every > 0 &&
                      srq_draw.fetch_add(1, std::memory_order_relaxed) % flags.srq_every == 0;
     auto qp = sim->CreateQp(cqs[slot.send_cq].sim(), cqs[slot.recv_cq].sim(),
@@ -811,6 +821,8 @@ struct Soak {
       // shards keep QPs with both CQs on them (with --engine_shard, consumer 0 takes only QPs
       // whose CQs are both on shard 1; counting single slots, --split_every=2 split them all).
       bool split = flags.split_every > 0 && (i / 2) % flags.split_every == flags.split_every - 1;
+      // Consumer 0's own CQ (--engine_shard) takes no split QP, on either side.
+      if (slot->recv_cq == OwnCq() || (i + 1) % flags.cqs == OwnCq()) split = false;
       slot->send_cq = split ? (i + 1) % flags.cqs : slot->recv_cq;
       std::lock_guard<std::mutex> lock(slot->mu);
       if (!NewQp(*slot, static_cast<cqd::ConsumerId>(i % kConsumers))) return false;
@@ -1204,9 +1216,11 @@ int main(int argc, char** argv) {
       f.seconds > 0 ? (" or " + std::to_string(f.seconds).substr(0, 8) + " s").c_str() : "",
       f.rate > 0 ? (" at " + std::to_string(static_cast<uint64_t>(f.rate)) + "/s").c_str() : "",
       f.qps, f.cqs, f.engine_shard ? " (shard 1 engine-driven, by a reactor thread)" : "",
-      f.engine_shard ? "run to completion on shard 1" : "owned", engine_text, f.injectors, f.depth,
-      f.qp_wrs, f.queue_capacity, f.spill_capacity, f.error_permille, f.churn_ms,
-      f.teardown_permille,
+      f.engine_shard ? (f.cqs >= 4 ? "run to completion on shard 1, alone on its last CQ"
+                                   : "run to completion on shard 1")
+                     : "owned",
+      engine_text, f.injectors, f.depth, f.qp_wrs, f.queue_capacity, f.spill_capacity,
+      f.error_permille, f.churn_ms, f.teardown_permille,
       f.teardown_timeout_ms > 0
           ? (std::to_string(f.teardown_timeout_ms).substr(0, 6) + " ms").c_str()
           : "5 s + pause",
