@@ -46,7 +46,7 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
       alone_run_(std::make_unique<bool[]>(options.dispatch_batch)),
       handed_(std::make_unique<uint64_t[]>(static_cast<size_t>(pollers))),
       pieces_(std::make_unique<Piece[]>(options.dispatch_batch)),
-      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(kMaxBatch)) {
+      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
   for (int p = 0; p < pollers; ++p) {
     lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(p),
                                             static_cast<uint32_t>(options.spill_capacity),

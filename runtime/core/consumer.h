@@ -70,9 +70,6 @@ using ItemQueue = moodycamel::ConcurrentQueue<Item, ItemQueueTraits>;
 class Consumer {
  public:
   // `pollers`: how many pollers produce (one lane and one producer token each).
-  // The most entries one batch holds: dispatch_batch and poll_batch are at most this
-  // (options_check.cc).
-  static constexpr size_t kMaxBatch = 1024;
   Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
            OrphanSink& orphans, int pollers);
   ~Consumer();
@@ -102,7 +99,8 @@ class Consumer {
   // handlers of QPs registered on that CQ with listed numbers only. BatchInProgress takes a slot
   // for listed when it uses that CQ and has a listed number: exactly the registrations the batch
   // may call (a QP registered on a CQ that still held a retired same-numbered QP's completions
-  // is not: RegisterQp polls them out first). n <= kMaxBatch.
+  // is not: RegisterQp polls them out first). n <= dispatch_batch() (the poller fuses only polls
+  // that fit one batch).
   std::atomic<uint32_t>* FusedListing() noexcept { return batch_slots_.get(); }
   void OpenFusedBatch(size_t n, uint32_t cq_id) noexcept;
   // Calls `slot`'s handler with `wcs`; the caller read the slot live for this consumer (seq_cst)
@@ -250,13 +248,10 @@ class Consumer {
   std::unique_ptr<uint64_t[]> handed_;  // per lane: how far it was handed over, as a batch read it
   size_t next_lane_ = 0;                // the lane a batch looks at first (each gets its turn)
   std::unique_ptr<Piece[]> pieces_;     // the batch being dispatched
-  // The slots of the batch being dispatched (consecutive duplicates once), for Unregister: room
-  // for kMaxBatch, the most a batch or a poll holds (dispatch_batch, poll_batch).
+  // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
   std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
   std::atomic<uint32_t> batch_slot_count_{0};  // | kListsQpNums: a fused batch's
   static constexpr uint32_t kListsQpNums = 1u << 31;
-  std::atomic<uint32_t> fused_cq_{0};  // a fused batch's CQ id (written before the count)
-  DispatchFrame fused_frame_{};        // the open fused batch's, on this thread's frame list
   int notify_fd_ = -1;
   // Engine thread only (see Drain): the parker is prepared, so a producer's Wake will write the
   // notify fd; a producer's write is owed and not yet read; we wrote the fd ourselves.
@@ -281,6 +276,10 @@ class Consumer {
   alignas(64) std::atomic<uint64_t> batch_seq_{0};  // odd while a batch's handlers run
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> async_delivered_{0};
+  // The fused batch's (last, so that the fields above keep the lines they had before it): its CQ
+  // id, written before the count; its frame on this thread's list while it is open.
+  std::atomic<uint32_t> fused_cq_{0};
+  DispatchFrame fused_frame_{};
 };
 
 }  // namespace cqd::internal

@@ -27,12 +27,12 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       may_park_(!options.busy_poll && options.cq_park_after.count() > 0),
       wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
       batch_slots_(std::make_unique<const Slot*[]>(options.poll_batch)),
-      fused_wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
-      run_starts_(std::make_unique<int[]>(options.poll_batch + 1)),
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
                          [](const ConsumerOptions& c) { return c.record_latency; })),
       engine_driven_(std::find(options.engine_shards.begin(), options.engine_shards.end(), index) !=
-                     options.engine_shards.end()) {
+                     options.engine_shards.end()),
+      fused_wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
+      run_starts_(std::make_unique<int[]>(options.poll_batch + 1)) {
   if (engine_driven_) {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(wake_fd_);

@@ -415,29 +415,9 @@ class Poller {
   std::vector<uint32_t> listed_;                   // consumers whose spill is not empty
   std::unique_ptr<ibv_wc[]> wcs_;                  // scratch: polls of CQs shared by consumers
   std::unique_ptr<const Slot*[]> batch_slots_;     // LookUpBatch's result for the poll routed
-  // The fused poll's completions: apart from wcs_, which control calls served inside its
-  // handlers poll into (RemoveCq) while a handler still reads its span of these.
-  std::unique_ptr<ibv_wc[]> fused_wcs_;
-  // The fused poll in progress (active until it ends or SettleFused routed the rest): its CQ and
-  // consumer, and fused_wcs_[next, n) not yet run.
-  struct FusedPoll {
-    CqRecord* cq = nullptr;
-    uint32_t consumer = 0;
-    int next = 0;
-    int n = 0;
-    bool active = false;
-  };
-  FusedPoll fused_;
-  std::unique_ptr<int[]> run_starts_;  // PollFused: where each run of one QP starts, and n
-  // PollAll's place while it polls (SettleFused mends the list there): cqs_[0, poll_kept_) are
-  // kept, cqs_[poll_next_, end) not visited yet; cut_pass_ once SettleFused ended the pass.
-  bool in_poll_all_ = false;
-  size_t poll_kept_ = 0;
-  size_t poll_next_ = 0;
-  bool cut_pass_ = false;
-  std::vector<PostedEvent> deferred_;  // posted events not yet placed in a lane
-  std::vector<bool> held_;             // PlaceEvents: consumers with an event held back
-  bool arm_failed_ = false;            // the last TrySleep could not arm every CQ
+  std::vector<PostedEvent> deferred_;              // posted events not yet placed in a lane
+  std::vector<bool> held_;                         // PlaceEvents: consumers with an event held back
+  bool arm_failed_ = false;                        // the last TrySleep could not arm every CQ
   // Some consumer records latency: PollOne reads the clock into poll_stamp_, which routing
   // writes into each completion's EntryMeta (latency.h).
   const bool stamp_;
@@ -478,6 +458,28 @@ class Poller {
   std::atomic<uint64_t> backpressure_stalls_{0};
   std::atomic<uint64_t> parks_{0};
   std::atomic<uint64_t> parked_count_{0};  // parked_.size()
+
+  // The fused pass's, poller thread only (last, so that the fields above keep their lines).
+  // The fused poll's completions: apart from wcs_, which control calls served inside its
+  // handlers poll into (RemoveCq) while a handler still reads its span of these.
+  std::unique_ptr<ibv_wc[]> fused_wcs_;
+  // The fused poll in progress (active until it ends or SettleFused routed the rest): its CQ and
+  // consumer, and fused_wcs_[next, n) not yet run.
+  struct FusedPoll {
+    CqRecord* cq = nullptr;
+    uint32_t consumer = 0;
+    int next = 0;
+    int n = 0;
+    bool active = false;
+  };
+  FusedPoll fused_;
+  std::unique_ptr<int[]> run_starts_;  // PollFused: where each run of one QP starts, and n
+  // PollAll's place while it polls (SettleFused mends the list there): cqs_[0, poll_kept_) are
+  // kept, cqs_[poll_next_, end) not visited yet; cut_pass_ once SettleFused ended the pass.
+  bool in_poll_all_ = false;
+  size_t poll_kept_ = 0;
+  size_t poll_next_ = 0;
+  bool cut_pass_ = false;
 };
 
 }  // namespace cqd::internal
