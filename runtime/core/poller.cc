@@ -30,9 +30,7 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       stamp_(std::any_of(options.consumers.begin(), options.consumers.end(),
                          [](const ConsumerOptions& c) { return c.record_latency; })),
       engine_driven_(std::find(options.engine_shards.begin(), options.engine_shards.end(), index) !=
-                     options.engine_shards.end()),
-      fused_wcs_(std::make_unique<ibv_wc[]>(options.poll_batch)),
-      run_starts_(std::make_unique<int[]>(options.poll_batch + 1)) {
+                     options.engine_shards.end()) {
   if (engine_driven_) {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     parker_.UseEventFd(wake_fd_);
@@ -47,6 +45,10 @@ Poller::Poller(int index, const RuntimeOptions& options, const std::vector<Consu
       hosted_.push_back(consumers_[c]);
       lanes_.back()->direct = true;
     }
+  }
+  if (!hosted_.empty()) {  // only a run-to-completion consumer of this poller's polls may fuse
+    fused_wcs_ = std::make_unique<ibv_wc[]>(options.poll_batch);
+    run_starts_ = std::make_unique<int[]>(options.poll_batch + 1);
   }
   listed_.reserve(consumers_.size());
   fences_.Reserve(kFencesReserved);
