@@ -279,7 +279,7 @@ bool Poller::ParkedMayIdle() noexcept {
   return !UnparkPending();
 }
 
-int Poller::PollCqs(int budget) noexcept { return PollAll(budget); }
+int Poller::PollCqs(int budget) noexcept { return PollAll(budget, /*may_fuse=*/true); }
 
 bool Poller::CqsMayIdle() noexcept {
   ArmAll();

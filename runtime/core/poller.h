@@ -254,7 +254,9 @@ class Poller {
   // Polls every CQ in the passes once, for up to `budget` completions in all, parking those
   // idle long enough; returns the number of completions taken. A pass the budget cut short
   // starts the next one at the first CQ it left out.
-  int PollAll(int budget = INT32_MAX) noexcept;
+  // With `may_fuse` (a pass's CQ stage only) a poll may run its handlers (PollFused); the sleep's
+  // re-check polls without it, so that no handler runs inside a sleep (TrySleepShard's contract).
+  int PollAll(int budget = INT32_MAX, bool may_fuse = false) noexcept;
   // Arms `cq` if it is not, polls it once more, and returns true if it may be parked.
   bool TryPark(CqRecord* cq) noexcept;
   // Puts parked CQs whose event came (or all, after UnparkAll) back into the passes.

@@ -73,7 +73,7 @@ CqRecord* Poller::FindCq(uint32_t id) noexcept {
   return nullptr;
 }
 
-int Poller::PollAll(int budget) noexcept {
+int Poller::PollAll(int budget, bool may_fuse) noexcept {
   int found = 0;
   size_t kept = 0;
   size_t resume = SIZE_MAX;  // where the budget ran out: the next pass starts there
@@ -95,7 +95,7 @@ int Poller::PollAll(int budget) noexcept {
     room = std::min(room, budget - found);
     poll_kept_ = kept;
     poll_next_ = i + 1;
-    int n = PollOne(cq, room, /*may_fuse=*/true);
+    int n = PollOne(cq, room, may_fuse);
     if (cut_pass_) [[unlikely]] {
       // A handler's control call ended the pass (SettleFused mended the list): `cq` may be gone.
       cut_pass_ = false;

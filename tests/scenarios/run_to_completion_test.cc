@@ -675,6 +675,24 @@ TEST(RunToCompletion, AFusedBatchHoldsUpOnlyTheUnregisterOfAQpItMayCall) {
   }
 }
 
+// The sleep's re-check polls once more and routes what it finds without running a handler
+// (TrySleepShard's contract): the fused pass is a pass's, never the sleep's. The next PollShard
+// delivers them, in order.
+TEST(RunToCompletion, TrySleepShardRunsNoHandler) {
+  FusedBed bed(/*engine=*/true);
+  SimQp* qp = bed.Qp();
+  ThreadRecordingHandler handler;
+  Registration reg = bed.rt->RegisterQp(*qp, handler, 0).value();
+  while (bed.rt->PollShard(0, 64) > 0) {
+  }
+  ASSERT_TRUE(InjectRecvs(qp, 0, 5));
+  EXPECT_EQ(bed.rt->TrySleepShard(0), 0);  // it found work
+  EXPECT_EQ(handler.received(), 0u);       // and ran none of it
+  ASSERT_TRUE(bed.Until([&] { return handler.received() == 5; }));
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  reg.Unregister();
+}
+
 TEST(RunToCompletion, BadInputIsRefused) {
   RuntimeOptions options = RtcOptions(2);
   options.consumers[1].poller = 2;
