@@ -2,12 +2,37 @@
 #include "runtime/core/fences.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace cqd::internal {
 
+size_t FenceList::Bucket(const CqRecord* cq, uint32_t qp_num) const noexcept {
+  uint64_t h = (reinterpret_cast<uintptr_t>(cq) >> 4) * 0x9e3779b97f4a7c15ull;
+  h ^= static_cast<uint64_t>(qp_num) * 0xc2b2ae3d27d4eb4full;
+  return static_cast<size_t>(h ^ (h >> 29)) & (heads_.size() - 1);
+}
+
+template <typename Self, typename Fn>
+void FenceList::ForEachOf(Self& self, const CqRecord* cq, uint32_t qp_num, Fn&& fn) noexcept {
+  if (self.heads_.empty()) return;
+  for (uint32_t i = self.heads_[self.Bucket(cq, qp_num)]; i != kNone; i = self.entries_[i].next) {
+    const Fence& f = self.entries_[i].fence;
+    if (f.cq == cq && f.qp_num == qp_num && !fn(i)) return;
+  }
+}
+
 void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
   if (fence.marker == 0 && !fence.unfenced && !catch_up) return;  // nothing stands behind it
-  Fence& f = fences_.emplace_back(fence);
+  if (entries_.size() + 1 > heads_.size() / 2) {
+    Compact();
+    if (entries_.size() + 1 > heads_.size() / 2) Relink(std::max<size_t>(64, heads_.size() * 2));
+  }
+  const auto index = static_cast<uint32_t>(entries_.size());
+  size_t bucket = Bucket(fence.cq, fence.qp_num);
+  Entry& e = entries_.emplace_back(Entry{fence, heads_[bucket]});
+  heads_[bucket] = index;
+  ++live_;
+  Fence& f = e.fence;
   CqRecord* cq = f.cq;
   if (catch_up) {
     f.catch_up_left = cq->cq->depth();
@@ -21,87 +46,130 @@ void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
 }
 
 FenceList::Taken FenceList::Take(CqRecord* cq, const ibv_wc& wc) noexcept {
-  bool awaited = false;
-  for (size_t i = 0; i < fences_.size(); ++i) {
-    Fence& f = fences_[i];
-    if (f.cq != cq || f.marker == 0 || f.qp_num != wc.qp_num) continue;
+  Taken taken = Taken::kNotFenced;
+  ForEachOf(*this, cq, wc.qp_num, [&](uint32_t i) {
+    Fence& f = entries_[i].fence;
+    if (f.marker == 0) return true;
     if (f.marker != wc.wr_id) {
-      awaited = true;  // another side's marker may still match
-      continue;
+      taken = Taken::kBehindMarker;  // another side's marker may still match
+      return true;
     }
     f.marker = 0;
     --cq->awaited_markers;
     if (!f.unfenced) End(i);
-    return Taken::kMarker;
-  }
-  return awaited ? Taken::kBehindMarker : Taken::kNotFenced;
+    taken = Taken::kMarker;
+    return false;
+  });
+  if (taken == Taken::kMarker) MaybeCompact();
+  return taken;
 }
 
 void FenceList::Polled(CqRecord* cq, int n, bool empty) noexcept {
-  for (size_t i = 0; i < fences_.size();) {
-    Fence& f = fences_[i];
-    if (f.cq == cq && f.catch_up_left >= 0) {
-      f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);  // >= 0: still running
-      if (empty || f.catch_up_left <= 0) {
-        if (!f.marker_first || f.marker == 0) {
-          End(i);
-          continue;
-        }
-        f.catch_up_left = -1;  // over, but only the marker ends this one
-        --cq->catch_ups;
-      }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    Fence& f = entries_[i].fence;
+    if (f.cq != cq || f.catch_up_left < 0) continue;
+    f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);  // >= 0: still running
+    if (!empty && f.catch_up_left > 0) continue;
+    if (!f.marker_first || f.marker == 0) {
+      End(i);
+    } else {
+      f.catch_up_left = -1;  // over, but only the marker ends this one
+      --cq->catch_ups;
     }
-    ++i;
   }
+  MaybeCompact();
 }
 
 void FenceList::StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept {
-  for (Fence& f : fences_) {
-    if (f.cq != cq || f.qp_num != qp_num || f.catch_up_left >= 0) continue;
-    f.catch_up_left = cq->cq->depth();
-    ++cq->catch_ups;
-  }
+  ForEachOf(*this, cq, qp_num, [&](uint32_t i) {
+    Fence& f = entries_[i].fence;
+    if (f.catch_up_left < 0) {
+      f.catch_up_left = cq->cq->depth();
+      ++cq->catch_ups;
+    }
+    return true;
+  });
 }
 
 void FenceList::AwaitMarkers(CqRecord* cq, uint32_t qp_num, const void* in_error_qp) noexcept {
-  for (Fence& f : fences_) {
-    if (f.cq == cq && f.qp_num == qp_num)
-      f.marker_first = in_error_qp != nullptr && f.qp == in_error_qp;
-  }
+  ForEachOf(*this, cq, qp_num, [&](uint32_t i) {
+    Fence& f = entries_[i].fence;
+    f.marker_first = in_error_qp != nullptr && f.qp == in_error_qp;
+    return true;
+  });
 }
 
 bool FenceList::Holds(const CqRecord* cq, uint32_t qp_num) const noexcept {
-  for (const Fence& f : fences_) {
-    if (f.cq == cq && f.qp_num == qp_num) return true;
-  }
-  return false;
+  bool held = false;
+  ForEachOf(*this, cq, qp_num, [&](uint32_t) {
+    held = true;
+    return false;
+  });
+  return held;
 }
 
 bool FenceList::HoldsForReuse(const CqRecord* cq, uint32_t qp_num) const noexcept {
-  for (const Fence& f : fences_) {
-    if (f.cq == cq && f.qp_num == qp_num && f.for_reuse) return true;
-  }
-  return false;
+  bool held = false;
+  ForEachOf(*this, cq, qp_num, [&](uint32_t i) {
+    held = entries_[i].fence.for_reuse;
+    return !held;
+  });
+  return held;
 }
 
 void FenceList::DropCq(CqRecord* cq) noexcept {
-  for (size_t i = 0; i < fences_.size();) {
-    if (fences_[i].cq == cq) {
-      End(i);
-    } else {
-      ++i;
-    }
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].fence.cq == cq) End(i);
   }
+  MaybeCompact();
+}
+
+void FenceList::Reserve(size_t n) {
+  entries_.reserve(n);
+  if (heads_.size() < 2 * n) Relink(std::bit_ceil(std::max<size_t>(64, 2 * n)));
 }
 
 void FenceList::End(size_t i) noexcept {
-  Fence& f = fences_[i];
+  Fence& f = entries_[i].fence;
   CqRecord* cq = f.cq;
   if (f.marker != 0) --cq->awaited_markers;
   if (f.catch_up_left >= 0) --cq->catch_ups;
   cq->fences.fetch_sub(1, std::memory_order_relaxed);
   cq->leftover_commit.fetch_sub(f.commit, std::memory_order_release);
-  fences_.erase(fences_.begin() + static_cast<std::ptrdiff_t>(i));
+  f.cq = nullptr;
+  --live_;
+}
+
+void FenceList::MaybeCompact() noexcept {
+  size_t ended = entries_.size() - live_;
+  if (ended > live_ && ended >= 16) Compact();
+}
+
+void FenceList::Compact() noexcept {
+  if (entries_.size() == live_) return;
+  DropEnded();
+  Link();
+}
+
+void FenceList::Relink(size_t buckets) {
+  heads_.assign(buckets, kNone);
+  DropEnded();
+  Link();
+}
+
+void FenceList::DropEnded() noexcept {
+  auto ended = std::remove_if(entries_.begin(), entries_.end(),
+                              [](const Entry& e) { return e.fence.cq == nullptr; });
+  entries_.erase(ended, entries_.end());  // shrinks: no allocation
+}
+
+void FenceList::Link() noexcept {
+  std::fill(heads_.begin(), heads_.end(), kNone);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    size_t bucket = Bucket(entries_[i].fence.cq, entries_[i].fence.qp_num);
+    entries_[i].next = heads_[bucket];
+    heads_[bucket] = static_cast<uint32_t>(i);
+  }
 }
 
 }  // namespace cqd::internal

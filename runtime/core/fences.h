@@ -32,6 +32,13 @@
 // registered on a CQ only once every fence of that number there is over (Poller::FenceForReuse).
 // So no completion of a retired QP reaches a later registration, whatever ended it.
 //
+// Scale: an engine may retire every QP of a CQ at once (10^5 of them at shutdown), so no step
+// costs more than the fences it concerns. The fences of one (CQ, qp_num) are found through a hash
+// of chains (Take, the per-completion check, walks only its number's chain); an ended fence is
+// only marked, and the list is compacted in place once the ended ones outnumber the live, so a
+// drop of n fences costs O(n), not O(n^2). Polled and DropCq walk the whole list once. Only Add
+// and Reserve allocate (control calls); nothing the poll path calls does.
+//
 // Threading: a FenceList belongs to one poller's thread (the driver, on an engine-driven shard);
 // the control path changes it only through the poller's control calls. It writes the CQ's
 // counters: `awaited_markers` and `catch_ups` (poller-owned, for the hot path's one-branch
@@ -100,15 +107,40 @@ class FenceList {
   // Ends every fence on `cq` (it is being removed: nothing more comes out of it).
   void DropCq(CqRecord* cq) noexcept;
 
-  size_t size() const noexcept { return fences_.size(); }
+  // Returns the number of fences standing.
+  size_t size() const noexcept { return live_; }
   // Room for `n` fences before Add allocates (the poller reserves some up front).
-  void Reserve(size_t n) { fences_.reserve(n); }
+  void Reserve(size_t n);
 
  private:
-  // Ends fences_[i] (gives its commitment back), keeping the order of the rest.
-  void End(size_t i) noexcept;
+  static constexpr uint32_t kNone = UINT32_MAX;
+  struct Entry {
+    Fence fence;  // fence.cq == nullptr: ended, awaiting compaction
+    uint32_t next;  // the next entry in its bucket's chain; kNone: the last
+  };
 
-  std::vector<Fence> fences_;  // few: one per side of each recently retired QP
+  // Returns the bucket of (cq, qp_num); heads_ is not empty.
+  size_t Bucket(const CqRecord* cq, uint32_t qp_num) const noexcept;
+  // Calls fn(index) for each standing entry of (cq, qp_num), newest first, until fn returns
+  // false. (Self: FenceList or const FenceList.)
+  template <typename Self, typename Fn>
+  static void ForEachOf(Self& self, const CqRecord* cq, uint32_t qp_num, Fn&& fn) noexcept;
+  // Ends entries_[i] (gives its commitment back) and marks it ended.
+  void End(size_t i) noexcept;
+  // Removes ended entries once they outnumber the standing ones (in place, no allocation).
+  void MaybeCompact() noexcept;
+  // Drops the ended entries, keeping the order of the rest, and relinks the chains.
+  void Compact() noexcept;
+  // The same over `buckets` buckets (a power of two; allocates when it grows).
+  void Relink(size_t buckets);
+  // Removes the ended entries from entries_ (its capacity kept); the chains are then stale.
+  void DropEnded() noexcept;
+  // Rebuilds every chain from entries_.
+  void Link() noexcept;
+
+  std::vector<Entry> entries_;  // in the order added; ended ones until the next compaction
+  std::vector<uint32_t> heads_;  // per bucket: the newest entry of its chain; kNone: empty
+  size_t live_ = 0;  // entries standing
 };
 
 }  // namespace cqd::internal

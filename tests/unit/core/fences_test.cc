@@ -3,8 +3,14 @@
 // (its marker in either order, behind a marker, another qp_num, another CQ), every way a fence
 // ends (marker, catch-up by an empty poll or a depth's worth, the CQ's removal), and the counters
 // and commitments it keeps on the CQ; a QP in the error state registering makes a fence that
-// awaits a marker wait for it.
+// awaits a marker wait for it; and, against a plain list that scans everything, the same answers
+// and counters for thousands of fences on two CQs ended in every way and order (the hash chains,
+// the marking of ended fences and the compaction).
 #include "runtime/core/fences.h"
+
+#include <algorithm>
+#include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/unit/core/fake_cq.h"
@@ -210,6 +216,144 @@ TEST_F(FenceListTest, DroppingACqEndsItsFencesOnly) {
   EXPECT_TRUE(fences.Holds(&other, kQp));
   EXPECT_EQ(cq.leftover_commit.load(), 0u);
   EXPECT_EQ(other.leftover_commit.load(), 6u);
+}
+
+// The reference: every fence in one vector, every question a scan, an ended fence erased at once
+// (what FenceList did before it had chains). Only the verdicts and what the CQ is told matter.
+class ScanningFences {
+ public:
+  void Add(const Fence& fence, bool catch_up, int depth) {
+    if (fence.marker == 0 && !fence.unfenced && !catch_up) return;
+    Fence& f = list_.emplace_back(fence);
+    f.catch_up_left = catch_up ? depth : -1;
+  }
+  FenceList::Taken Take(const CqRecord* cq, const ibv_wc& wc) {
+    bool awaited = false;
+    for (size_t i = 0; i < list_.size(); ++i) {
+      Fence& f = list_[i];
+      if (f.cq != cq || f.marker == 0 || f.qp_num != wc.qp_num) continue;
+      if (f.marker != wc.wr_id) {
+        awaited = true;
+        continue;
+      }
+      f.marker = 0;
+      if (!f.unfenced) list_.erase(list_.begin() + static_cast<std::ptrdiff_t>(i));
+      return FenceList::Taken::kMarker;
+    }
+    return awaited ? FenceList::Taken::kBehindMarker : FenceList::Taken::kNotFenced;
+  }
+  void Polled(const CqRecord* cq, int n, bool empty) {
+    std::erase_if(list_, [&](Fence& f) {
+      if (f.cq != cq || f.catch_up_left < 0) return false;
+      f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);
+      if (!empty && f.catch_up_left > 0) return false;
+      if (!f.marker_first || f.marker == 0) return true;
+      f.catch_up_left = -1;
+      return false;
+    });
+  }
+  void StartCatchUps(const CqRecord* cq, uint32_t qp_num, int depth) {
+    for (Fence& f : list_) {
+      if (f.cq == cq && f.qp_num == qp_num && f.catch_up_left < 0) f.catch_up_left = depth;
+    }
+  }
+  void AwaitMarkers(const CqRecord* cq, uint32_t qp_num, const void* in_error_qp) {
+    for (Fence& f : list_) {
+      if (f.cq == cq && f.qp_num == qp_num)
+        f.marker_first = in_error_qp != nullptr && f.qp == in_error_qp;
+    }
+  }
+  bool Holds(const CqRecord* cq, uint32_t qp_num, bool for_reuse_only = false) const {
+    return std::any_of(list_.begin(), list_.end(), [&](const Fence& f) {
+      return f.cq == cq && f.qp_num == qp_num && (f.for_reuse || !for_reuse_only);
+    });
+  }
+  void DropCq(const CqRecord* cq) {
+    std::erase_if(list_, [&](const Fence& f) { return f.cq == cq; });
+  }
+  // What FenceList keeps in the CQ's counters, recomputed.
+  void ExpectCounters(const CqRecord& cq) const {
+    uint32_t markers = 0, catch_ups = 0, fences = 0;
+    uint64_t commit = 0;
+    for (const Fence& f : list_) {
+      if (f.cq != &cq) continue;
+      markers += f.marker != 0;
+      catch_ups += f.catch_up_left >= 0;
+      ++fences;
+      commit += f.commit;
+    }
+    ASSERT_EQ(cq.awaited_markers, markers);
+    ASSERT_EQ(cq.catch_ups, catch_ups);
+    ASSERT_EQ(cq.fences.load(), fences);
+    ASSERT_EQ(cq.leftover_commit.load(), commit);
+  }
+  size_t size() const { return list_.size(); }
+
+ private:
+  std::vector<Fence> list_;
+};
+
+TEST_F(FenceListTest, ThousandsOfFencesAnswerAsAScanOfThemAllWould) {
+  std::mt19937_64 rng(29);
+  ScanningFences model;
+  CqRecord* cqs[] = {&cq, &other};
+  int qp_objects[64] = {};
+  uint64_t next_marker = kSendMarker;
+  std::vector<uint64_t> markers;  // every marker handed out, awaited or not
+  auto pick = [&](uint64_t n) { return static_cast<uint32_t>(rng() % n); };
+  for (int round = 0; round < 6; ++round) {
+    // Grow to thousands (the chains rehash several times), then end most of them.
+    const int adds = round % 2 == 0 ? 6000 : 400;
+    for (int step = 0; step < 12000; ++step) {
+      CqRecord* on = cqs[pick(2)];
+      const uint32_t qp_num = 0x100 + pick(round % 3 == 0 ? 3000 : 40);  // sparse, then crowded
+      const int op = static_cast<int>(pick(100));
+      if (op < adds / 100) {
+        Fence f;
+        f.cq = on;
+        f.qp_num = qp_num;
+        f.marker = pick(4) == 0 ? 0 : next_marker++;
+        if (f.marker != 0) markers.push_back(f.marker);
+        f.unfenced = pick(5) == 0;
+        f.commit = pick(9);
+        f.qp = &qp_objects[pick(64)];
+        f.for_reuse = f.marker == 0 && pick(3) == 0;
+        const bool catch_up = pick(3) == 0;
+        fences.Add(f, catch_up);
+        model.Add(f, catch_up, on->cq->depth());
+      } else if (op < 75) {
+        ibv_wc wc = Wc(qp_num, markers.empty() || pick(3) == 0 ? 7 : markers[pick(markers.size())]);
+        ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc)) << "step " << step;
+      } else if (op < 85) {
+        const int n = static_cast<int>(pick(40));
+        const bool empty = pick(4) == 0;
+        fences.Polled(on, n, empty);
+        model.Polled(on, n, empty);
+      } else if (op < 92) {
+        fences.StartCatchUps(on, qp_num);
+        model.StartCatchUps(on, qp_num, on->cq->depth());
+      } else if (op < 97) {
+        const void* in_error = pick(2) == 0 ? nullptr : &qp_objects[pick(64)];
+        fences.AwaitMarkers(on, qp_num, in_error);
+        model.AwaitMarkers(on, qp_num, in_error);
+      } else if (op < 98 && round % 2 == 1) {
+        fences.DropCq(on);
+        model.DropCq(on);
+      } else {
+        ASSERT_EQ(fences.Holds(on, qp_num), model.Holds(on, qp_num));
+        ASSERT_EQ(fences.HoldsForReuse(on, qp_num), model.Holds(on, qp_num, true));
+      }
+      ASSERT_EQ(fences.size(), model.size()) << "round " << round << " step " << step;
+    }
+    ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(cq));
+    ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(other));
+  }
+  for (CqRecord* on : cqs) {
+    fences.DropCq(on);
+    model.DropCq(on);
+    ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(*on));
+  }
+  EXPECT_EQ(fences.size(), 0u);
 }
 
 }  // namespace
