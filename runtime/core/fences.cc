@@ -24,7 +24,9 @@ void FenceList::ForEachOf(Self& self, const CqRecord* cq, uint32_t qp_num, Fn&& 
 void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
   if (fence.marker == 0 && !fence.unfenced && !catch_up) return;  // nothing stands behind it
   if (entries_.size() + 1 > heads_.size() / 2) {
-    Compact();
+    // Out of room: compact when a quarter or more has ended, else grow (which compacts too), so
+    // that a list kept near the edge does not compact on every Add.
+    if (4 * (entries_.size() - live_) >= entries_.size()) Compact();
     if (entries_.size() + 1 > heads_.size() / 2) Relink(std::max<size_t>(64, heads_.size() * 2));
   }
   const auto index = static_cast<uint32_t>(entries_.size());
@@ -34,12 +36,8 @@ void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
   ++live_;
   Fence& f = e.fence;
   CqRecord* cq = f.cq;
-  if (catch_up) {
-    f.catch_up_left = cq->cq->depth();
-    ++cq->catch_ups;
-  } else {
-    f.catch_up_left = -1;
-  }
+  f.catching_up = false;
+  if (catch_up) StartCatchUp(f);
   if (f.marker != 0) ++cq->awaited_markers;
   cq->fences.fetch_add(1, std::memory_order_relaxed);
   cq->leftover_commit.fetch_add(f.commit, std::memory_order_relaxed);
@@ -65,28 +63,37 @@ FenceList::Taken FenceList::Take(CqRecord* cq, const ibv_wc& wc) noexcept {
 }
 
 void FenceList::Polled(CqRecord* cq, int n, bool empty) noexcept {
+  cq->catch_up_polled += static_cast<uint64_t>(n);
+  if (!empty && cq->catch_up_polled < cq->catch_up_due) return;  // none is over yet
+  uint64_t due = UINT64_MAX;
   for (size_t i = 0; i < entries_.size(); ++i) {
     Fence& f = entries_[i].fence;
-    if (f.cq != cq || f.catch_up_left < 0) continue;
-    f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);  // >= 0: still running
-    if (!empty && f.catch_up_left > 0) continue;
-    if (!f.marker_first || f.marker == 0) {
+    if (f.cq != cq || !f.catching_up) continue;
+    if (!empty && f.catch_up_end > cq->catch_up_polled) {
+      due = std::min(due, f.catch_up_end);
+    } else if (!f.marker_first || f.marker == 0) {
       End(i);
     } else {
-      f.catch_up_left = -1;  // over, but only the marker ends this one
+      f.catching_up = false;  // over, but only the marker ends this one
       --cq->catch_ups;
     }
   }
+  cq->catch_up_due = due;
   MaybeCompact();
+}
+
+void FenceList::StartCatchUp(Fence& f) noexcept {
+  CqRecord* cq = f.cq;
+  f.catching_up = true;
+  f.catch_up_end = cq->catch_up_polled + static_cast<uint64_t>(cq->cq->depth());
+  cq->catch_up_due = std::min(cq->catch_up_due, f.catch_up_end);
+  ++cq->catch_ups;
 }
 
 void FenceList::StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept {
   ForEachOf(*this, cq, qp_num, [&](uint32_t i) {
     Fence& f = entries_[i].fence;
-    if (f.catch_up_left < 0) {
-      f.catch_up_left = cq->cq->depth();
-      ++cq->catch_ups;
-    }
+    if (!f.catching_up) StartCatchUp(f);
     return true;
   });
 }
@@ -133,7 +140,7 @@ void FenceList::End(size_t i) noexcept {
   Fence& f = entries_[i].fence;
   CqRecord* cq = f.cq;
   if (f.marker != 0) --cq->awaited_markers;
-  if (f.catch_up_left >= 0) --cq->catch_ups;
+  if (f.catching_up) --cq->catch_ups;
   cq->fences.fetch_sub(1, std::memory_order_relaxed);
   cq->leftover_commit.fetch_sub(f.commit, std::memory_order_release);
   f.cq = nullptr;

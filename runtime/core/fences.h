@@ -36,8 +36,10 @@
 // costs more than the fences it concerns. The fences of one (CQ, qp_num) are found through a hash
 // of chains (Take, the per-completion check, walks only its number's chain); an ended fence is
 // only marked, and the list is compacted in place once the ended ones outnumber the live, so a
-// drop of n fences costs O(n), not O(n^2). Polled and DropCq walk the whole list once. Only Add
-// and Reserve allocate (control calls); nothing the poll path calls does.
+// drop of n fences costs O(n), not O(n^2). A catch-up holds the count of the CQ's polled
+// completions at which it is over (CqRecord::catch_up_polled), so Polled walks the list only when
+// the earliest one is due or the CQ was found empty, and DropCq walks it once. Only Add and
+// Reserve allocate (control calls); nothing the poll path calls does.
 //
 // Threading: a FenceList belongs to one poller's thread (the driver, on an engine-driven shard);
 // the control path changes it only through the poller's control calls. It writes the CQ's
@@ -60,15 +62,15 @@ namespace cqd::internal {
 struct Fence {
   CqRecord* cq = nullptr;
   uint32_t qp_num = 0;
-  uint64_t marker = 0;         // the awaited marker's wr_id; 0: none
-  bool unfenced = false;       // no marker stands behind this side: only a catch-up ends it
-  uint64_t commit = 0;         // work requests of the CQ's capacity held until the fence ends
-  int64_t catch_up_left = -1;  // completions the CQ may still yield before the catch-up is
-                               // over; < 0: no catch-up running
-  const void* qp = nullptr;    // the retired QP's native object
-  bool marker_first = false;   // a catch-up does not end it while its marker is awaited
-  bool for_reuse = false;      // RegisterQp's own catch-up of a number retired on the CQ
-                               // (retired_numbers.h): no QP, no marker, no commitment
+  uint64_t marker = 0;        // the awaited marker's wr_id; 0: none
+  bool unfenced = false;      // no marker stands behind this side: only a catch-up ends it
+  uint64_t commit = 0;        // work requests of the CQ's capacity held until the fence ends
+  bool catching_up = false;   // a catch-up runs (set by FenceList)
+  uint64_t catch_up_end = 0;  // while it runs: the CQ's catch_up_polled at which it is over
+  const void* qp = nullptr;   // the retired QP's native object
+  bool marker_first = false;  // a catch-up does not end it while its marker is awaited
+  bool for_reuse = false;     // RegisterQp's own catch-up of a number retired on the CQ
+                              // (retired_numbers.h): no QP, no marker, no commitment
 };
 
 class FenceList {
@@ -115,7 +117,7 @@ class FenceList {
  private:
   static constexpr uint32_t kNone = UINT32_MAX;
   struct Entry {
-    Fence fence;  // fence.cq == nullptr: ended, awaiting compaction
+    Fence fence;    // fence.cq == nullptr: ended, awaiting compaction
     uint32_t next;  // the next entry in its bucket's chain; kNone: the last
   };
 
@@ -125,6 +127,8 @@ class FenceList {
   // false. (Self: FenceList or const FenceList.)
   template <typename Self, typename Fn>
   static void ForEachOf(Self& self, const CqRecord* cq, uint32_t qp_num, Fn&& fn) noexcept;
+  // Starts a catch-up for `f`, which has none running.
+  static void StartCatchUp(Fence& f) noexcept;
   // Ends entries_[i] (gives its commitment back) and marks it ended.
   void End(size_t i) noexcept;
   // Removes ended entries once they outnumber the standing ones (in place, no allocation).
@@ -138,9 +142,9 @@ class FenceList {
   // Rebuilds every chain from entries_.
   void Link() noexcept;
 
-  std::vector<Entry> entries_;  // in the order added; ended ones until the next compaction
+  std::vector<Entry> entries_;   // in the order added; ended ones until the next compaction
   std::vector<uint32_t> heads_;  // per bucket: the newest entry of its chain; kNone: empty
-  size_t live_ = 0;  // entries standing
+  size_t live_ = 0;              // entries standing
 };
 
 }  // namespace cqd::internal

@@ -78,6 +78,11 @@ struct CqRecord {
   bool poll_failed = false;
   uint32_t awaited_markers = 0;  // fences here waiting for a marker (FenceList)
   uint32_t catch_ups = 0;        // fences here with a catch-up running (FenceList)
+  // FenceList's catch-up clock: completions polled here while catch-ups ran, and the count at
+  // which the earliest running one may end (a poll before it, that does not find the CQ empty,
+  // ends none and walks no fence).
+  uint64_t catch_up_polled = 0;
+  uint64_t catch_up_due = UINT64_MAX;
   // Consumers of the QPs registered on this CQ, with how many QPs each: the spills whose room
   // bounds a poll of this CQ (see poller.h).
   struct Use {

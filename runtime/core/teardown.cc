@@ -51,7 +51,7 @@ void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_.push_back(std::move(state));
-    noted_ = true;  // its deadline is new
+    noted_.store(true, std::memory_order_relaxed);  // its deadline is new
   }
   cv_.notify_all();
 }
@@ -59,9 +59,9 @@ void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
 void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
   ChaosPoint();
   state->seen.fetch_or(what, std::memory_order_acq_rel);
+  if (noted_.exchange(true, std::memory_order_acq_rel)) return;  // a scan is due: it sees `seen`
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    noted_ = true;
+    std::lock_guard<std::mutex> lock(mu_);  // the worker is in its scan or at its wait
   }
   cv_.notify_all();
 }
@@ -73,7 +73,7 @@ void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
         failed_devices_.end()) {
       failed_devices_.push_back(device);  // at most one entry per device
     }
-    noted_ = true;
+    noted_.store(true, std::memory_order_relaxed);
   }
   cv_.notify_all();
 }
@@ -82,13 +82,18 @@ void TeardownWorker::Run() {
   using Clock = TeardownState::Clock;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    // Decide, under the lock, which teardowns end now and why.
+    // Decide, under the lock, which teardowns end now and why. Cleared first: a Note from here
+    // on sets it again (see noted_), and its marker is then looked at by the next scan.
+    noted_.exchange(false, std::memory_order_acq_rel);
     const Clock::time_point now = Clock::now();
     Clock::time_point wake = Clock::time_point::max();
     std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
     std::vector<std::shared_ptr<TeardownState>> fencing;
     std::vector<std::shared_ptr<TeardownState>> redriving;
-    for (auto& state : active_) {
+    size_t kept = 0;  // active_[0, kept): the teardowns that go on (compacted in this one pass)
+    for (size_t i = 0; i < active_.size(); ++i) {
+      std::shared_ptr<TeardownState>& state = active_[i];
+      const size_t ending_before = ending.size();
       const bool send_seen =
           (state->seen.load(std::memory_order_acquire) & TeardownState::kSendMarker) != 0;
       if (state->srq && send_seen && state->grace_ends == Clock::time_point{}) {
@@ -136,10 +141,13 @@ void TeardownWorker::Run() {
         }
         wake = std::min(wake, state->deadline);
       }
+      if (ending.size() == ending_before) {
+        if (kept != i) active_[kept] = std::move(state);
+        ++kept;
+      }
     }
-    for (auto& [state, result] : ending) std::erase(active_, state);
+    active_.resize(kept);
     const bool stopping = stop_;
-    noted_ = false;
     // Without the lock: retiring takes the runtime mutex and waits for pollers, whose
     // consumers' Note takes mu_; on_done may call the runtime.
     lock.unlock();
@@ -174,7 +182,8 @@ void TeardownWorker::Run() {
     const bool waiting_on_batches = FinishRetired();
     lock.lock();
     if (stopping && active_.empty() && !waiting_on_batches) return;
-    if (noted_ || !ending.empty() || !fencing.empty() || !redriving.empty()) {
+    if (noted_.load(std::memory_order_relaxed) || !ending.empty() || !fencing.empty() ||
+        !redriving.empty()) {
       continue;  // look again at once
     }
     if (waiting_on_batches) {
@@ -185,9 +194,12 @@ void TeardownWorker::Run() {
     if (wake == Clock::time_point::max()) {  // nothing is due (no teardown, or no deadline)
       // Add, Note and Stop set them.
       WaitRechecking(
-          cv_, lock, [&] { return noted_ || stop_; }, kCvIdleRecheck);
+          cv_, lock, [&] { return noted_.load(std::memory_order_relaxed) || stop_; },
+          kCvIdleRecheck);
     } else {
-      cv_.wait_until(lock, wake, [&] { return noted_ || (stop_ && !stopping); });
+      cv_.wait_until(lock, wake, [&] {
+        return noted_.load(std::memory_order_relaxed) || (stop_ && !stopping);
+      });
     }
   }
 }

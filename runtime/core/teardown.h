@@ -177,9 +177,14 @@ class TeardownWorker {
   std::condition_variable cv_;
   std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_
   std::vector<uint32_t> failed_devices_;                // guarded by mu_
-  bool noted_ = false;                                  // guarded by mu_
-  bool stop_ = false;                                   // guarded by mu_
-  std::vector<Ending> retired_;                         // worker thread only
+  // Something changed that the worker must look at again. Written under mu_ by Add and
+  // DeviceFailed; Note sets it without mu_ (exchange, acq_rel) and takes mu_ only when it was
+  // clear, so that its consumers do not queue on mu_ behind the worker's scan; the worker clears
+  // it (exchange, acq_rel, under mu_) before it scans, so a Note that found it set is seen by that
+  // scan or the next.
+  std::atomic<bool> noted_{false};
+  bool stop_ = false;            // guarded by mu_
+  std::vector<Ending> retired_;  // worker thread only
   std::thread thread_;
   const Logger* log_ = nullptr;
 };

@@ -224,13 +224,13 @@ class ScanningFences {
  public:
   void Add(const Fence& fence, bool catch_up, int depth) {
     if (fence.marker == 0 && !fence.unfenced && !catch_up) return;
-    Fence& f = list_.emplace_back(fence);
+    Side& f = list_.emplace_back(Side{fence});
     f.catch_up_left = catch_up ? depth : -1;
   }
   FenceList::Taken Take(const CqRecord* cq, const ibv_wc& wc) {
     bool awaited = false;
     for (size_t i = 0; i < list_.size(); ++i) {
-      Fence& f = list_[i];
+      Side& f = list_[i];
       if (f.cq != cq || f.marker == 0 || f.qp_num != wc.qp_num) continue;
       if (f.marker != wc.wr_id) {
         awaited = true;
@@ -243,7 +243,7 @@ class ScanningFences {
     return awaited ? FenceList::Taken::kBehindMarker : FenceList::Taken::kNotFenced;
   }
   void Polled(const CqRecord* cq, int n, bool empty) {
-    std::erase_if(list_, [&](Fence& f) {
+    std::erase_if(list_, [&](Side& f) {
       if (f.cq != cq || f.catch_up_left < 0) return false;
       f.catch_up_left = std::max<int64_t>(0, f.catch_up_left - n);
       if (!empty && f.catch_up_left > 0) return false;
@@ -253,29 +253,29 @@ class ScanningFences {
     });
   }
   void StartCatchUps(const CqRecord* cq, uint32_t qp_num, int depth) {
-    for (Fence& f : list_) {
+    for (Side& f : list_) {
       if (f.cq == cq && f.qp_num == qp_num && f.catch_up_left < 0) f.catch_up_left = depth;
     }
   }
   void AwaitMarkers(const CqRecord* cq, uint32_t qp_num, const void* in_error_qp) {
-    for (Fence& f : list_) {
+    for (Side& f : list_) {
       if (f.cq == cq && f.qp_num == qp_num)
         f.marker_first = in_error_qp != nullptr && f.qp == in_error_qp;
     }
   }
   bool Holds(const CqRecord* cq, uint32_t qp_num, bool for_reuse_only = false) const {
-    return std::any_of(list_.begin(), list_.end(), [&](const Fence& f) {
+    return std::any_of(list_.begin(), list_.end(), [&](const Side& f) {
       return f.cq == cq && f.qp_num == qp_num && (f.for_reuse || !for_reuse_only);
     });
   }
   void DropCq(const CqRecord* cq) {
-    std::erase_if(list_, [&](const Fence& f) { return f.cq == cq; });
+    std::erase_if(list_, [&](const Side& f) { return f.cq == cq; });
   }
   // What FenceList keeps in the CQ's counters, recomputed.
   void ExpectCounters(const CqRecord& cq) const {
     uint32_t markers = 0, catch_ups = 0, fences = 0;
     uint64_t commit = 0;
-    for (const Fence& f : list_) {
+    for (const Side& f : list_) {
       if (f.cq != &cq) continue;
       markers += f.marker != 0;
       catch_ups += f.catch_up_left >= 0;
@@ -290,7 +290,10 @@ class ScanningFences {
   size_t size() const { return list_.size(); }
 
  private:
-  std::vector<Fence> list_;
+  struct Side : Fence {
+    int64_t catch_up_left = -1;  // completions the CQ may still yield; < 0: no catch-up running
+  };
+  std::vector<Side> list_;
 };
 
 TEST_F(FenceListTest, ThousandsOfFencesAnswerAsAScanOfThemAllWould) {
