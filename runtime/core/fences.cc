@@ -43,6 +43,9 @@ void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
   cq->leftover_commit.fetch_add(f.commit, std::memory_order_relaxed);
 }
 
+// Newest first, along the chain. Only one standing fence can await a given marker (a marker is
+// its teardown's address, +1 for the receive side, and a number is registered on a CQ again only
+// once its fences there ended), so the order changes no verdict.
 FenceList::Taken FenceList::Take(CqRecord* cq, const ibv_wc& wc) noexcept {
   Taken taken = Taken::kNotFenced;
   ForEachOf(*this, cq, wc.qp_num, [&](uint32_t i) {

@@ -51,7 +51,7 @@ void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_.push_back(std::move(state));
-    noted_.store(true, std::memory_order_relaxed);  // its deadline is new
+    noted_.exchange(true, std::memory_order_acq_rel);  // its deadline is new (an RMW: see noted_)
   }
   cv_.notify_all();
 }
@@ -73,7 +73,7 @@ void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
         failed_devices_.end()) {
       failed_devices_.push_back(device);  // at most one entry per device
     }
-    noted_.store(true, std::memory_order_relaxed);
+    noted_.exchange(true, std::memory_order_acq_rel);
   }
   cv_.notify_all();
 }
@@ -197,6 +197,9 @@ void TeardownWorker::Run() {
           cv_, lock, [&] { return noted_.load(std::memory_order_relaxed) || stop_; },
           kCvIdleRecheck);
     } else {
+      // Re-checked as WaitRechecking does: a Note that found noted_ set sends no notify of its
+      // own, so one lost wake-up (cv_wait.h) must not last until `wake`.
+      wake = std::min(wake, Clock::now() + kCvIdleRecheck);
       cv_.wait_until(lock, wake, [&] {
         return noted_.load(std::memory_order_relaxed) || (stop_ && !stopping);
       });

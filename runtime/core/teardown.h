@@ -177,11 +177,12 @@ class TeardownWorker {
   std::condition_variable cv_;
   std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_
   std::vector<uint32_t> failed_devices_;                // guarded by mu_
-  // Something changed that the worker must look at again. Written under mu_ by Add and
-  // DeviceFailed; Note sets it without mu_ (exchange, acq_rel) and takes mu_ only when it was
-  // clear, so that its consumers do not queue on mu_ behind the worker's scan; the worker clears
-  // it (exchange, acq_rel, under mu_) before it scans, so a Note that found it set is seen by that
-  // scan or the next.
+  // Something changed that the worker must look at again. Add and DeviceFailed set it under mu_;
+  // Note sets it without mu_ and takes mu_ only when it was clear, so that consumers do not queue
+  // on mu_ behind the worker's scan; the worker clears it under mu_ before it scans. Every write
+  // is an exchange (acq_rel), so that they form one release sequence: the scan after a clear
+  // sees the `seen` bits of every Note that set it or found it set before that clear. A Note that
+  // found it set sends no notify, so the worker's timed waits re-check (cv_wait.h).
   std::atomic<bool> noted_{false};
   bool stop_ = false;            // guarded by mu_
   std::vector<Ending> retired_;  // worker thread only
