@@ -115,6 +115,7 @@
 #include "runtime/core/registry.h"
 #include "runtime/core/route.h"
 #include "runtime/core/teardown.h"
+#include "runtime/observe/latency.h"
 
 namespace cqd::internal {
 
@@ -270,6 +271,24 @@ class Poller {
   // than `room`: the CQ was found empty, or failed after some), or a negative errno once the CQ
   // has failed.
   int PollOne(CqRecord* cq, int room, bool may_fuse = false) noexcept;
+  // One Poll of `cq` into `into` for up to `want`, counted in the stats (an empty one only when
+  // `first`, the first of its PollOne) and stamped for latency; marks the CQ failed (S11) when
+  // the poll does. Returns what Poll returned.
+  int PollCounted(CqRecord* cq, int want, ibv_wc* into, bool first) noexcept {
+    const int n = cq->cq->Poll(want, into);
+    Count(polls_, 1);
+    if (n == 0) {
+      if (first) Count(empty_polls_, 1);
+    } else if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now
+      cq->poll_failed = true;
+      Count(cq->poll_errors, 1);
+    } else {
+      Count(cq->completions, static_cast<uint64_t>(n));
+      Count(completions_, static_cast<uint64_t>(n));
+      if (stamp_) poll_stamp_ = NowNs32();
+    }
+    return n;
+  }
   // Whether a poll of up to `room` completions of `cq`, whose QPs all go to `consumer`, may run
   // their handlers as it routes them (PollFused): `consumer` is run to completion on this thread
   // with nothing handed over or spilled (what waits there is older), records no latency, and

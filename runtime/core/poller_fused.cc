@@ -30,19 +30,8 @@ bool Poller::MayFuse(const CqRecord& cq, uint32_t consumer, int room) const noex
 
 int Poller::PollFused(CqRecord* cq, uint32_t consumer, int room) noexcept {
   ibv_wc* wcs = fused_wcs_.get();
-  const int n = cq->cq->Poll(room, wcs);
-  Count(polls_, 1);
-  if (n == 0) {
-    Count(empty_polls_, 1);
-    return 0;
-  }
-  if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
-    cq->poll_failed = true;
-    Count(cq->poll_errors, 1);
-    return n;
-  }
-  Count(cq->completions, n);
-  Count(completions_, n);
+  const int n = PollCounted(cq, room, wcs, true);
+  if (n <= 0) return n;
   // One look at the poll: its runs of one QP, each run's slot looked up (prefetched, so that
   // the misses overlap) and its number listed for the batch.
   Consumer& target = *consumers_[consumer];

@@ -185,21 +185,12 @@ int Poller::PollOne(CqRecord* cq, int room, bool may_fuse) noexcept {
       want = std::min<int>(want, static_cast<int>(lane.contiguous()));
       into = &lane.wc(lane.tail_at());
     }
-    const int n = cq->cq->Poll(want, into);
-    Count(polls_, 1);
-    if (n == 0) {
-      if (taken == 0) Count(empty_polls_, 1);
-      break;
-    }
-    if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now (S11)
-      cq->poll_failed = true;
-      Count(cq->poll_errors, 1);
+    const int n = PollCounted(cq, want, into, taken == 0);
+    if (n == 0) break;
+    if (n < 0) {
       if (taken == 0) return n;
       break;
     }
-    Count(cq->completions, n);
-    Count(completions_, n);
-    if (stamp_) poll_stamp_ = NowNs32();
     if (direct != kNoConsumer) {
       RouteInLane(cq, direct, n);
     } else {
