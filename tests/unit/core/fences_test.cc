@@ -359,5 +359,81 @@ TEST_F(FenceListTest, ThousandsOfFencesAnswerAsAScanOfThemAllWould) {
   EXPECT_EQ(fences.size(), 0u);
 }
 
+// A CQ whose depth the test changes between a catch-up's start and its end.
+class ResizedCq : public FakeCq {
+ public:
+  ResizedCq() : FakeCq(8) {}
+  int depth() const noexcept override { return resized_depth; }
+  int resized_depth = 8;
+};
+
+// The catch-up clock (catch_up_polled, catch_up_due) against the plain scan, where its shortcuts
+// could go wrong: a depth that changes while catch-ups run (down to 0), polls that take nothing,
+// Polled on a CQ with no catch-up, catch-ups restarted mid-way, and few numbers, so that chains
+// hold several fences. Every counter is compared after every step, over several seeds.
+TEST(FenceListClock, CatchUpsEndAsAScanWouldWhateverTheDepthAndThePolls) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto pick = [&](uint64_t n) { return static_cast<uint32_t>(rng() % n); };
+    ResizedCq devices[2];
+    CqRecord records[2];
+    records[0].cq = &devices[0];
+    records[1].cq = &devices[1];
+    FenceList fences;
+    ScanningFences model;
+    int qp_objects[8] = {};
+    uint64_t next_marker = 1;
+    for (int step = 0; step < 20000; ++step) {
+      const int which = static_cast<int>(pick(2));
+      CqRecord* on = &records[which];
+      const uint32_t qp_num = pick(6);
+      const int op = static_cast<int>(pick(100));
+      if (op < 30) {
+        Fence f;
+        f.cq = on;
+        f.qp_num = qp_num;
+        f.marker = pick(3) == 0 ? 0 : next_marker++;
+        f.unfenced = pick(4) == 0;
+        f.commit = uint64_t{1} << pick(20);  // tells which fence ended, not only how many
+        f.qp = &qp_objects[pick(8)];
+        f.for_reuse = f.marker == 0 && pick(3) == 0;
+        const bool catch_up = pick(2) == 0;
+        fences.Add(f, catch_up);
+        model.Add(f, catch_up, on->cq->depth());
+      } else if (op < 55) {
+        ibv_wc wc{};
+        wc.qp_num = qp_num;
+        wc.wr_id = 1 + pick(next_marker);  // a marker handed out, or the next one
+        ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc)) << "seed " << seed << " step " << step;
+      } else if (op < 80) {
+        const int n = pick(3) == 0 ? 0 : static_cast<int>(pick(12));
+        const bool empty = pick(6) == 0;
+        if (on->catch_ups != 0 || pick(4) == 0) {  // the poller calls it only with catch-ups
+          fences.Polled(on, n, empty);
+          model.Polled(on, n, empty);
+        }
+      } else if (op < 88) {
+        fences.StartCatchUps(on, qp_num);
+        model.StartCatchUps(on, qp_num, on->cq->depth());
+      } else if (op < 92) {
+        const void* in_error = pick(2) == 0 ? nullptr : &qp_objects[pick(8)];
+        fences.AwaitMarkers(on, qp_num, in_error);
+        model.AwaitMarkers(on, qp_num, in_error);
+      } else if (op < 96) {
+        devices[which].resized_depth = static_cast<int>(pick(20));
+      } else if (op < 97) {
+        fences.DropCq(on);
+        model.DropCq(on);
+      } else {
+        ASSERT_EQ(fences.Holds(on, qp_num), model.Holds(on, qp_num));
+        ASSERT_EQ(fences.HoldsForReuse(on, qp_num), model.Holds(on, qp_num, true));
+      }
+      ASSERT_EQ(fences.size(), model.size()) << "seed " << seed << " step " << step;
+      ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(records[0])) << "seed " << seed;
+      ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(records[1])) << "seed " << seed;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cqd::internal
