@@ -1426,12 +1426,22 @@ void DoTeardown(State& st, uint8_t a, uint8_t b) {
       rec->called.store(true);
     };
   }
-  // Will the markers fit? Nobody but this thread adds to a CQ, so room seen now stays.
+  // Will the markers fit? Only this thread injects, but the runtime may flush into the CQ
+  // meanwhile: the move to error before the send marker flushes what this QP still has
+  // outstanding (an earlier teardown's markers that found no room), and the teardown thread's
+  // redrive of another QP's teardown flushes that QP's. Room for all of them and the marker is
+  // room for the marker whatever the order; the poller only frees room.
   const bool srq = q->opts.srq;
   const int send_room = scq.sim->depth() - scq.sim->size();
+  int ahead = 0;  // what may be flushed into the send CQ before the marker
+  for (const QpEnt& other : st.qps) {
+    if (!other.exists || other.sim == nullptr) continue;
+    if (other.send_cq == q->send_cq) ahead += other.sim->outstanding(false);
+    if (other.recv_cq == q->send_cq) ahead += other.sim->outstanding(true);
+  }
   // The send marker flushes inside its post; the receive marker, at the move to error after it,
   // waits in the receive queue if the CQ has no room for it then.
-  const bool send_fits = !scq.sim->failed() && send_room >= 1;
+  const bool send_fits = !scq.sim->failed() && send_room >= 1 + ahead;
   const uint32_t injected[2] = {q->streams[0].injected.load(), q->streams[1].injected.load()};
   if (srq && st.last_wqe_device) {
     // Under reg_mu; the registration ends with the teardown, so there is none to check.
