@@ -16,8 +16,12 @@
 //               CPU the process used meanwhile
 //   idle CPU    CPU time of the whole process over a few seconds with no traffic
 //   acks        ibv_ack_cq_events calls per completion event for several thresholds
+// Every throughput, latency and open-loop row records the cross-core probe (machine.h) taken just
+// before and just after it, "xcore_rtt_ns": [before, after], so that a summary can tell which of
+// the machine's modes the row ran in (benchmarks/perf_summary.py).
 // --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
-// poller and a consumer each, as many as the machine has two CPUs for.
+// poller and a consumer each, as many as the machine has two CPUs for. --probe prints the
+// cross-core probe alone (which mode the machine is in now).
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
@@ -96,6 +100,17 @@ void Progress(const std::string& line) {
   fflush(stderr);
 }
 
+// The cross-core probe taken before and after one row (machine.h): ns per round trip.
+struct CrossCore {
+  double before = 0, after = 0;
+};
+
+std::string CrossCoreJson(const CrossCore& x) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "\"xcore_rtt_ns\": [%.1f, %.1f]", x.before, x.after);
+  return buf;
+}
+
 // ---- throughput ----
 
 struct ThroughputRow {
@@ -105,6 +120,7 @@ struct ThroughputRow {
   double cpu_ns = 0;     // CPU time of every thread of the process per delivered completion
   double cpu_cores = 0;  // CPU time / wall time over the window: cores kept busy
   std::map<std::string, uint64_t> threads;  // per-thread CPU over the window, ns
+  CrossCore xcore;
 };
 
 ThroughputRow MeasureOnce(const PipelineConfig& config, double seconds) {
@@ -129,12 +145,15 @@ ThroughputRow MeasureOnce(const PipelineConfig& config, double seconds) {
   return row;
 }
 
-// The median of three runs (by rate): single runs on a small shared machine are noisy.
+// The median of three runs (by rate): single runs on a small shared machine are noisy. The
+// cross-core probe is taken before the first and after the last.
 ThroughputRow MeasureThroughput(const PipelineConfig& config, double seconds) {
+  const double before = CrossCoreRoundTripNs();
   std::vector<ThroughputRow> runs;
   for (int i = 0; i < 3; ++i) runs.push_back(MeasureOnce(config, seconds));
   std::sort(runs.begin(), runs.end(),
             [](const ThroughputRow& a, const ThroughputRow& b) { return a.mcps < b.mcps; });
+  runs[1].xcore = {before, CrossCoreRoundTripNs()};
   return runs[1];
 }
 
@@ -206,8 +225,9 @@ void RunScaling(int rounds, double seconds) {
         const ThroughputRow r = MeasureThroughput(c, seconds);
         printf(
             "round %d shards %d %-8s %8.2f M/s total %7.2f M/s a shard %6.1f CPU ns each "
-            "%5.2f cores\n",
-            round, shards, impl, r.mcps, r.mcps / shards, r.cpu_ns, r.cpu_cores);
+            "%5.2f cores xcore %.0f/%.0f ns\n",
+            round, shards, impl, r.mcps, r.mcps / shards, r.cpu_ns, r.cpu_cores, r.xcore.before,
+            r.xcore.after);
         fflush(stdout);
       }
     }
@@ -255,7 +275,17 @@ struct LatencyResult {
   std::vector<uint64_t> end_to_end;  // completion added -> handler entry
   Percentiles p, e2e;
   double idle_cpu = -1;  // % of one core over the idle window after traffic
+  CrossCore xcore;
 };
+
+// Runs one latency mode between two cross-core probes.
+template <class Run>
+LatencyResult Probed(Run run) {
+  const double before = CrossCoreRoundTripNs();
+  LatencyResult r = run();
+  r.xcore = {before, CrossCoreRoundTripNs()};
+  return r;
+}
 
 // Sleeps until arrival times `rate` per second apart on average, each interval jittered by
 // +-50 %, so that samples do not lock onto a timer or a poller's rhythm.
@@ -462,6 +492,7 @@ struct OpenLoopRow {
   size_t samples = 0;
   Percentiles lat;
   double cpu_cores = 0;  // process CPU time / wall time over the traffic
+  CrossCore xcore;
 };
 
 // Default RuntimeOptions, one owned consumer, 1000 QPs on one CQ whose completions arrive round
@@ -469,6 +500,7 @@ struct OpenLoopRow {
 OpenLoopRow RunOpenLoop(double load, double saturation_mcps, double seconds) {
   constexpr int kQps = 1000;
   OpenLoopRow row;
+  const double probe_before = CrossCoreRoundTripNs();
   row.load = load;
   row.offered_mcps = load * saturation_mcps;
   const double rate = row.offered_mcps * 1e6;
@@ -512,6 +544,7 @@ OpenLoopRow RunOpenLoop(double load, double saturation_mcps, double seconds) {
   regs.clear();
   for (SimQp* qp : qps) (void)sim->DestroyQp(qp);
   (void)rt->DestroyCq(cq);
+  row.xcore = {probe_before, CrossCoreRoundTripNs()};
   return row;
 }
 
@@ -571,7 +604,8 @@ void WriteJson(const std::string& dir, const std::string& command,
          << ", \"active_cqs\": " << r.config.active_cqs
          << ", \"random_order\": " << (r.config.random_order ? "true" : "false")
          << ", \"mcps\": " << r.mcps << ", \"cpu_ns_per_completion\": " << r.cpu_ns
-         << ", \"cpu_cores\": " << r.cpu_cores << ", \"thread_cpu_ns\": {";
+         << ", \"cpu_cores\": " << r.cpu_cores << ", " << CrossCoreJson(r.xcore)
+         << ", \"thread_cpu_ns\": {";
     bool first = true;
     for (const auto& [name, ns] : r.threads) {
       json << (first ? "" : ", ") << JsonString(name) << ": " << ns;
@@ -586,7 +620,7 @@ void WriteJson(const std::string& dir, const std::string& command,
          << ", \"poll_to_handler\": {\"p50\": " << r.p.p50 << ", \"p99\": " << r.p.p99
          << ", \"p999\": " << r.p.p999 << ", \"min\": " << r.p.min << ", \"max\": " << r.p.max
          << "}, \"added_to_handler\": {\"p50\": " << r.e2e.p50 << ", \"p99\": " << r.e2e.p99
-         << ", \"p999\": " << r.e2e.p999 << "}";
+         << ", \"p999\": " << r.e2e.p999 << "}, " << CrossCoreJson(r.xcore);
     if (r.idle_cpu >= 0) json << ", \"idle_cpu_percent\": " << r.idle_cpu;
     json << "}" << (i + 1 < lat.size() ? "," : "") << "\n";
   }
@@ -598,7 +632,8 @@ void WriteJson(const std::string& dir, const std::string& command,
          << ", \"delivered\": " << o.delivered << ", \"samples\": " << o.samples
          << ", \"added_to_handler_ns\": {\"p50\": " << o.lat.p50 << ", \"p99\": " << o.lat.p99
          << ", \"p999\": " << o.lat.p999 << ", \"max\": " << o.lat.max
-         << "}, \"cpu_cores\": " << o.cpu_cores << "}" << (i + 1 < open.size() ? "," : "") << "\n";
+         << "}, \"cpu_cores\": " << o.cpu_cores << ", " << CrossCoreJson(o.xcore) << "}"
+         << (i + 1 < open.size() ? "," : "") << "\n";
   }
   json << "  ],\n  \"acks\": [\n";
   for (size_t i = 0; i < acks.size(); ++i) {
@@ -662,14 +697,19 @@ int main(int argc, char** argv) {
       const int rounds = a.size() > 10 ? atoi(a.c_str() + 10) : 3;
       RunScaling(std::max(1, rounds), flags.seconds);
       return 0;
+    } else if (a == "--probe") {  // the cross-core probe alone: which mode the machine is in
+      printf("xcore %.1f ns per round trip\n", CrossCoreRoundTripNs());
+      return 0;
     } else if (a == "--latency-only") {  // the busy latency rows and their floor, printed
       const size_t samples = 20000;
-      const LatencyResult rows[] = {RunCqdLatency(true, false, samples, 5000, 0.1),
-                                    RunCqdLatency(true, true, samples, 5000, 0.1),
-                                    RunSpinHandoff(samples, 5000)};
+      const LatencyResult rows[] = {
+          Probed([&] { return RunCqdLatency(true, false, samples, 5000, 0.1); }),
+          Probed([&] { return RunCqdLatency(true, true, samples, 5000, 0.1); }),
+          Probed([&] { return RunSpinHandoff(samples, 5000); })};
       fprintf(stderr, "\n");
       for (const LatencyResult& r : rows) {
-        printf("%-18s poll->handler p50 %6.0f p99 %6.0f ns\n", r.mode.c_str(), r.p.p50, r.p.p99);
+        printf("%-18s poll->handler p50 %6.0f p99 %6.0f ns, xcore %.0f/%.0f ns\n", r.mode.c_str(),
+               r.p.p50, r.p.p99, r.xcore.before, r.xcore.after);
       }
       return 0;
     } else if (a.rfind("--only=", 0) == 0) {  // impl:batch:qps:consumers, for profiling
@@ -686,14 +726,17 @@ int main(int argc, char** argv) {
       c.random_order = flags.random_order;
       c.impl = impl;
       ThroughputRow r = MeasureThroughput(c, flags.seconds);
-      printf("%s batch %d qps %d consumers %d%s: %.2f M completions/s, %.1f CPU ns each\n", impl,
-             c.batch, c.qps, c.consumers, c.random_order ? " random" : "", r.mcps, r.cpu_ns);
+      printf(
+          "%s batch %d qps %d consumers %d%s: %.2f M completions/s, %.1f CPU ns each, xcore "
+          "%.0f/%.0f ns\n",
+          impl, c.batch, c.qps, c.consumers, c.random_order ? " random" : "", r.mcps, r.cpu_ns,
+          r.xcore.before, r.xcore.after);
       return 0;
     } else {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] [--random-order] "
               "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only | "
-              "--latency-only | --scaling[=ROUNDS]]\n");
+              "--latency-only | --scaling[=ROUNDS] | --probe]\n");
       return 2;
     }
   }
@@ -705,16 +748,19 @@ int main(int argc, char** argv) {
   const size_t samples = flags.quick ? 2000 : 20000;
   const double rate = 5000;  // completions per second
   std::vector<LatencyResult> lat;
-  lat.push_back(RunCqdLatency(/*busy=*/true, /*rtc=*/false, samples, rate, 1.0));
+  const double event_idle = flags.quick ? 1.0 : 3.0;
   lat.push_back(
-      RunCqdLatency(/*busy=*/false, /*rtc=*/false, samples, rate, flags.quick ? 1.0 : 3.0));
-  lat.push_back(RunCqdLatency(/*busy=*/true, /*rtc=*/true, samples, rate, 1.0));
+      Probed([&] { return RunCqdLatency(/*busy=*/true, /*rtc=*/false, samples, rate, 1.0); }));
+  lat.push_back(Probed(
+      [&] { return RunCqdLatency(/*busy=*/false, /*rtc=*/false, samples, rate, event_idle); }));
   lat.push_back(
-      RunCqdLatency(/*busy=*/false, /*rtc=*/true, samples, rate, flags.quick ? 1.0 : 3.0));
+      Probed([&] { return RunCqdLatency(/*busy=*/true, /*rtc=*/true, samples, rate, 1.0); }));
+  lat.push_back(Probed(
+      [&] { return RunCqdLatency(/*busy=*/false, /*rtc=*/true, samples, rate, event_idle); }));
   Progress("latency eventfd ping-pong");
-  lat.push_back(RunEventfdPingPong(samples, rate));
+  lat.push_back(Probed([&] { return RunEventfdPingPong(samples, rate); }));
   Progress("latency spin handoff");
-  lat.push_back(RunSpinHandoff(samples, rate));
+  lat.push_back(Probed([&] { return RunSpinHandoff(samples, rate); }));
   fprintf(stderr, "\n");
 
   // Open loop at fractions of the saturation measured above (cqd, batch 32, 1000 QPs).

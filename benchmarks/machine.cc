@@ -3,8 +3,12 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/utsname.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -108,6 +112,50 @@ std::string TopologyJson() {
   }
   o << "]}";
   return o.str();
+}
+
+double CrossCoreRoundTripNs() {
+  constexpr uint64_t kBlocks = 5, kTrips = 400;
+  // The ball: the CPU 0 thread writes odd numbers, the CPU 1 thread answers with the next even
+  // one. Aligned so that it shares its line with nothing.
+  struct alignas(64) Ball {
+    std::atomic<uint64_t> value{0};
+  };
+  Ball ball;
+  const auto pin = [](unsigned cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu % std::max(1u, std::thread::hardware_concurrency()), &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  };
+  cpu_set_t saved;
+  pthread_getaffinity_np(pthread_self(), sizeof(saved), &saved);
+  constexpr uint64_t kLast = 2 * (kBlocks + 1) * kTrips;  // one warm-up block first
+  std::thread answerer([&] {
+    pin(1);
+    for (uint64_t want = 1; want < kLast; want += 2) {
+      while (ball.value.load(std::memory_order_acquire) != want) {
+      }
+      ball.value.store(want + 1, std::memory_order_release);
+    }
+  });
+  pin(0);
+  std::vector<double> blocks;
+  uint64_t next = 1;
+  for (uint64_t b = 0; b <= kBlocks; ++b) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < kTrips; ++i, next += 2) {
+      ball.value.store(next, std::memory_order_release);
+      while (ball.value.load(std::memory_order_acquire) != next + 1) {
+      }
+    }
+    const std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - t0;
+    if (b > 0) blocks.push_back(took.count() / kTrips);  // block 0 waits for the thread's start
+  }
+  answerer.join();
+  pthread_setaffinity_np(pthread_self(), sizeof(saved), &saved);
+  std::sort(blocks.begin(), blocks.end());
+  return blocks[blocks.size() / 2];
 }
 
 }  // namespace cqd::bench

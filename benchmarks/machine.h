@@ -6,6 +6,11 @@
 // CPU, from schedstat), so a figure "CPU per completion" sums all threads: the poller, the
 // consumers, and anything else that ran. TopologyJson() describes the machine: CPU model, online
 // CPUs with their core and package, NUMA nodes, caches, kernel and whether it is a guest.
+// CrossCoreRoundTripNs() tells which cross-core mode the machine is in at that moment: the small
+// VMs these runs use switch every few minutes between a fast and a slow mode (a line moving
+// between the two CPUs costs several times more in the slow one), so every measurement records
+// the probe beside it and the summaries report each mode apart. Call it from one thread at a
+// time, with nothing else pinned to CPUs 0 and 1 running.
 #ifndef CQD_BENCHMARKS_MACHINE_H_
 #define CQD_BENCHMARKS_MACHINE_H_
 
@@ -26,6 +31,10 @@ std::map<std::string, uint64_t> CpuDelta(const std::map<std::string, uint64_t>& 
 std::string TopologyJson();
 // Names the calling thread (at most 15 characters are kept).
 void NameThread(const std::string& name);
+// The median over 5 blocks of 400 round trips of one cache line between a thread pinned to CPU 0
+// and one pinned to CPU 1, in ns per round trip (about a millisecond in all). The calling thread's
+// affinity is restored.
+double CrossCoreRoundTripNs();
 
 }  // namespace cqd::bench
 

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-2-Clause
-"""Draws the kept runs of the dispatch harness with gnuplot (tools/bootstrap.sh installs
-gnuplot-nox): one command, from the JSON alone.
+"""Draws kept runs of the dispatch harness with gnuplot (tools/bootstrap.sh installs
+gnuplot-nox), each cross-core mode of the machine apart: one command, from the JSON alone.
 
-    python3 benchmarks/perf_plots.py --out docs/perf/plots docs/perf/run*/dispatch.json
+    python3 benchmarks/perf_plots.py --out DIR RUN.json...
+    python3 benchmarks/perf_plots.py --out DIR --before RUN.json... --after RUN.json...
 
-Writes into --out:
-  throughput.svg   M completions/s by poll batch, every pipeline, 1 QP and 1000 QPs
-  cpu.svg          CPU ns per completion (all threads) by poll batch, the same pipelines
-  latency.svg      poll -> handler and added -> handler p50 / p99 per latency mode
-  data/*.dat       the numbers each curve and bar is drawn from (median, lowest, highest run)
-  plots.gp         the gnuplot script that drew them from data/
-Every point is the median of the runs given, its error bar their lowest and highest, as in
-benchmarks/perf_summary.py.
+Rows are sorted into modes as benchmarks/perf_summary.py does (--slow-above, mixed rows left out).
+Writes into --out, for each MODE with rows (fast, slow, or unrecorded for runs from before the
+probe):
+  throughput_MODE.svg  M completions/s by poll batch, every pipeline of the (after) runs, and with
+                       --before the before runs' cqd and cqd_rtc, 1 QP and 1000 QPs
+  cpu_MODE.svg         CPU ns per completion (all threads) by poll batch, the same curves
+  latency_MODE.svg     poll -> handler and added -> handler p50 / p99 per latency mode, and with
+                       --before the before runs' p50s
+  data/*.dat           the numbers each curve and bar is drawn from (median, lowest, highest run)
+  plots.gp             the gnuplot script that drew them from data/
+Every point is the median of the runs whose row fell in the mode, its error bar their lowest and
+highest.
 """
 import argparse
 import json
@@ -21,18 +26,14 @@ import statistics
 import subprocess
 import sys
 
+from perf_summary import View, modes_present
+
 IMPLS = ["limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"]
+BEFORE_IMPLS = ["cqd", "cqd_rtc"]
 BATCHES = [1, 8, 32, 64]
 LATENCY_MODES = ["spin_handoff", "cqd_busy_poll", "cqd_rtc_busy_poll", "eventfd_pingpong",
                  "cqd_event", "cqd_rtc_event"]
-
-
-def dispatch_row(run, impl, batch, qps):
-    for r in run["throughput"]:
-        if (r["part"], r["impl"], r["batch"], r["qps"], r["consumers"], r["cqs"],
-                r["random_order"]) == ("dispatch", impl, batch, qps, 1, 1, False):
-            return r
-    return None
+NAN3 = (float("nan"),) * 3
 
 
 def spread(values):
@@ -50,88 +51,92 @@ def write_dat(path, header, rows):
             f.write(" ".join(str(v) for v in row) + "\n")
 
 
-def curves(runs, data_dir, metric):
-    """Writes one .dat per (qps, impl) for `metric`; returns the names written."""
+def curves(view, data_dir, metric, impls, tag):
+    """Writes one .dat per (qps, impl) for `metric`; returns {qps: [(title, name)]}."""
     written = {}
     for qps in (1, 1000):
-        for impl in IMPLS:
+        for impl in impls:
             rows = []
             for batch in BATCHES:
-                values = [(dispatch_row(run, impl, batch, qps) or {}).get(metric) for run in runs]
-                s = spread(values)
+                s = spread([(view.row(run, "dispatch", impl, batch, qps) or {}).get(metric)
+                            for run in view.runs])
                 if s is not None:
                     rows.append((batch,) + tuple(round(v, 3) for v in s))
             if rows:
-                name = f"{metric}_q{qps}_{impl}.dat"
+                name = f"{metric}_{view.mode}_{tag}_q{qps}_{impl}.dat"
                 write_dat(os.path.join(data_dir, name), f"batch median low high ({metric})", rows)
-                written.setdefault(qps, []).append((impl, name))
+                title = impl if tag == "after" else f"{impl} (before)"
+                written.setdefault(qps, []).append((title, name, tag))
     return written
 
 
-def latencies(runs, data_dir):
+def latencies(view, data_dir, tag):
     rows = []
     for index, mode in enumerate(LATENCY_MODES):
         cells = [index, mode]
         present = False
         for key in ("poll_to_handler", "added_to_handler"):
             for pct in ("p50", "p99"):
-                values = []
-                for run in runs:
-                    for lat in run["latency_ns"]:
-                        if lat["mode"] == mode and key in lat:
-                            values.append(lat[key].get(pct))
-                s = spread(values)
+                s = spread([(view.lat(run, mode) or {}).get(key, {}).get(pct)
+                            for run in view.runs])
                 present |= s is not None
-                cells.extend(round(v, 1) for v in (s or (float("nan"),) * 3))
+                cells.extend(round(v, 1) for v in (s or NAN3))
         if present:
             rows.append(cells)
-    name = "latency.dat"
+    name = f"latency_{view.mode}_{tag}.dat"
     write_dat(os.path.join(data_dir, name),
               "index mode poll_p50(med low high) poll_p99(...) added_p50(...) added_p99(...)",
               rows)
-    return name
+    return name if rows else None
 
 
-def panel_plot(written, qps, ylabel, logy):
+def panel_plot(written, qps, ylabel):
     lines = [f"set title '{qps} QP{'s' if qps > 1 else ''}, 1 consumer'",
-             f"set ylabel '{ylabel}'",
-             "set logscale y" if logy else "unset logscale y"]
+             f"set ylabel '{ylabel}'", "set logscale y"]
     parts = []
-    for impl, name in written.get(qps, []):
-        parts.append(f"'data/{name}' using 1:2:3:4 with yerrorlines title '{impl}'")
+    for title, name, tag in written.get(qps, []):
+        style = "dashtype 2" if tag == "before" else "dashtype 1"
+        parts.append(f"'data/{name}' using 1:2:3:4 with yerrorlines {style} title '{title}'")
+    if not parts:  # no row of this panel fell in the mode
+        return lines + ["set label 1 'no rows in this mode' at graph 0.5, 0.5 center",
+                        "set yrange [1:10]", "plot 1/0 notitle", "unset label 1",
+                        "set autoscale y"]
     lines.append("plot " + ", \\\n     ".join(parts))
     return lines
 
 
-def script(tput, cpu, lat_name, machine, when):
-    subtitle = f"{machine} ({when})".replace("'", "")
+def script_for_mode(mode, tput, cpu, lat_after, lat_before, subtitle):
+    words = {"fast": "fast cross-core mode", "slow": "slow cross-core mode",
+             "unrecorded": "mode not recorded"}[mode]
     gp = [
-        "# Drawn by benchmarks/perf_plots.py from the kept dispatch.json runs; run in this folder.",
-        "set terminal svg size 1200,500 dynamic font 'sans,11'",
+        "set terminal svg size 1400,500 dynamic font 'sans,11'",
         "set termoption noenhanced",
         "set grid",
-        "set key top left",
+        "set key outside right top",
         "set logscale x 2",
-        "set xtics (1, 8, 32, 64)",
+        "set xrange [0.8:80]",
+        "set xtics norotate format '% h' (1, 8, 32, 64)",
         "set xlabel 'poll batch'",
-        "set output 'throughput.svg'",
-        f"set multiplot layout 1,2 title \"Delivered completions/s by poll batch (log scale): "
-        f"median of the runs, bars lowest-highest\\n{subtitle}\"",
+        f"set output 'throughput_{mode}.svg'",
+        f"set multiplot layout 1,2 title \"Delivered completions/s by poll batch, {words} (log "
+        f"scale): median of the runs, bars lowest-highest\\n{subtitle}\"",
     ]
     for qps in (1, 1000):
-        gp += panel_plot(tput, qps, "M completions/s", logy=True)
-    gp += ["unset multiplot", "set output 'cpu.svg'",
-           f"set multiplot layout 1,2 title \"CPU ns per completion, all threads (log scale): "
-           f"median of the runs, bars lowest-highest\\n{subtitle}\""]
+        gp += panel_plot(tput, qps, "M completions/s")
+    gp += ["unset multiplot", f"set output 'cpu_{mode}.svg'",
+           f"set multiplot layout 1,2 title \"CPU ns per completion, all threads, {words} (log "
+           f"scale): median of the runs, bars lowest-highest\\n{subtitle}\""]
     for qps in (1, 1000):
-        gp += panel_plot(cpu, qps, "CPU ns per completion", logy=True)
+        gp += panel_plot(cpu, qps, "CPU ns per completion")
+    gp += ["unset multiplot"]
+    if lat_after is None:
+        return gp
     gp += [
-        "unset multiplot",
-        "set output 'latency.svg'",
+        f"set output 'latency_{mode}.svg'",
         "set terminal svg size 1000,500 dynamic font 'sans,11'",
         "set termoption noenhanced",
-        f"set title \"Latency percentiles per mode (ns, log scale): median of the runs, bars "
-        f"lowest-highest\\n{subtitle}\"",
+        f"set title \"Latency percentiles per mode (ns, log scale), {words}: median of the "
+        f"runs, bars lowest-highest\\n{subtitle}\"",
         "unset logscale x",
         "set logscale y",
         "set xlabel ''",
@@ -140,38 +145,82 @@ def script(tput, cpu, lat_name, machine, when):
         "set xrange [-0.5:5.5]",
         "set xtics rotate by -20 format ''",
         "set pointsize 1.5",
-        f"plot 'data/{lat_name}' using ($1-0.3):3:4:5:xtic(2) with yerrorbars pt 7 "
-        "title 'poll->handler p50', \\",
-        "     '' using ($1-0.1):6:7:8 with yerrorbars pt 5 title 'poll->handler p99', \\",
-        "     '' using ($1+0.1):9:10:11 with yerrorbars pt 9 title 'added->handler p50', \\",
-        "     '' using ($1+0.3):12:13:14 with yerrorbars pt 11 title 'added->handler p99'",
     ]
-    return "\n".join(gp) + "\n"
+    after = "" if lat_before is None else " (after)"
+    parts = [
+        f"'data/{lat_after}' using ($1-0.3):3:4:5:xtic(2) with yerrorbars pt 7 "
+        f"title 'poll->handler p50{after}'",
+        f"'' using ($1-0.15):6:7:8 with yerrorbars pt 5 title 'poll->handler p99{after}'",
+        f"'' using ($1):9:10:11 with yerrorbars pt 9 title 'added->handler p50{after}'",
+        f"'' using ($1+0.15):12:13:14 with yerrorbars pt 11 title 'added->handler p99{after}'",
+    ]
+    if lat_before is not None:
+        parts += [
+            f"'data/{lat_before}' using ($1+0.3):3:4:5 with yerrorbars pt 6 "
+            "title 'poll->handler p50 (before)'",
+            "'' using ($1+0.4):9:10:11 with yerrorbars pt 8 title 'added->handler p50 (before)'",
+        ]
+    gp.append("plot " + ", \\\n     ".join(parts))
+    return gp
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("runs", nargs="+")
+    parser.add_argument("--slow-above", type=float, default=150.0)
+    parser.add_argument("--before", nargs="+")
+    parser.add_argument("--after", nargs="+")
+    parser.add_argument("runs", nargs="*")
     args = parser.parse_args()
-    runs = []
-    for path in args.runs:
-        with open(path) as f:
-            runs.append(json.load(f))
+    if bool(args.before) != bool(args.after) or bool(args.runs) == bool(args.before):
+        parser.error("give either RUN.json... or both --before and --after")
+
+    def load(paths):
+        out = []
+        for path in paths:
+            with open(path) as f:
+                out.append((path, json.load(f)))
+        return out
+
+    after = load(args.after or args.runs)
+    before = load(args.before) if args.before else []
     data_dir = os.path.join(args.out, "data")
     os.makedirs(data_dir, exist_ok=True)
-    tput = curves(runs, data_dir, "mcps")
-    cpu = curves(runs, data_dir, "cpu_ns_per_completion")
-    lat_name = latencies(runs, data_dir)
-    m = runs[0]["machine"]
-    machine = f"{m['cpu_model']}, {m['hardware_concurrency']} CPUs, {len(runs)} runs"
-    when = ", ".join(sorted(r["when"][:10] for r in runs)[:1])
+    m = after[0][1]["machine"]
+    when = sorted(r["when"][:10] for _, r in after + before)[0]
+    subtitle = (f"{m['cpu_model']}, {m['hardware_concurrency']} CPUs, {len(after)} runs"
+                + (f" after, {len(before)} before" if before else "") + f" ({when})")
+    subtitle = subtitle.replace("'", "")
+    seen = modes_present(after + before, args.slow_above)
+    gp = ["# Drawn by benchmarks/perf_plots.py from kept dispatch.json runs; run in this folder."]
+    drawn = []
+    for mode in ("fast", "slow", "unrecorded"):
+        if not seen.get(mode):
+            continue
+        va = View([r for _, r in after], mode, args.slow_above)
+        vb = View([r for _, r in before], mode, args.slow_above)
+        tput = curves(va, data_dir, "mcps", IMPLS, "after")
+        cpu = curves(va, data_dir, "cpu_ns_per_completion", IMPLS, "after")
+        if before:
+            for qps, lines in curves(vb, data_dir, "mcps", BEFORE_IMPLS, "before").items():
+                tput.setdefault(qps, []).extend(lines)
+            for qps, lines in curves(vb, data_dir, "cpu_ns_per_completion", BEFORE_IMPLS,
+                                     "before").items():
+                cpu.setdefault(qps, []).extend(lines)
+        if not tput:
+            continue
+        lat_after = latencies(va, data_dir, "after")
+        lat_before = latencies(vb, data_dir, "before") if before else None
+        gp += script_for_mode(mode, tput, cpu, lat_after, lat_before, subtitle)
+        drawn += [f"throughput_{mode}.svg", f"cpu_{mode}.svg"]
+        if lat_after is not None:
+            drawn.append(f"latency_{mode}.svg")
     with open(os.path.join(args.out, "plots.gp"), "w") as f:
-        f.write(script(tput, cpu, lat_name, machine, when))
+        f.write("\n".join(gp) + "\n")
     result = subprocess.run(["gnuplot", "plots.gp"], cwd=args.out)
     if result.returncode != 0:
         sys.exit("perf_plots: gnuplot failed")
-    for name in ("throughput.svg", "cpu.svg", "latency.svg"):
+    for name in drawn:
         print(os.path.join(args.out, name))
 
 
