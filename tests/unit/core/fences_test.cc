@@ -296,9 +296,44 @@ class ScanningFences {
   std::vector<Side> list_;
 };
 
+// FenceList and the scan, told the same things: every answer and every count compared.
+struct FenceListAndScan {
+  FenceList fences;
+  ScanningFences model;
+
+  void Add(const Fence& f, bool catch_up) {
+    fences.Add(f, catch_up);
+    model.Add(f, catch_up, f.cq->cq->depth());
+  }
+  void Take(CqRecord* on, const ibv_wc& wc) {
+    ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc));
+  }
+  void Polled(CqRecord* on, int n, bool empty) {
+    fences.Polled(on, n, empty);
+    model.Polled(on, n, empty);
+  }
+  void StartCatchUps(CqRecord* on, uint32_t qp_num) {
+    fences.StartCatchUps(on, qp_num);
+    model.StartCatchUps(on, qp_num, on->cq->depth());
+  }
+  void AwaitMarkers(CqRecord* on, uint32_t qp_num, const void* in_error) {
+    fences.AwaitMarkers(on, qp_num, in_error);
+    model.AwaitMarkers(on, qp_num, in_error);
+  }
+  void DropCq(CqRecord* on) {
+    fences.DropCq(on);
+    model.DropCq(on);
+  }
+  void Holds(CqRecord* on, uint32_t qp_num) {
+    ASSERT_EQ(fences.Holds(on, qp_num), model.Holds(on, qp_num));
+    ASSERT_EQ(fences.HoldsForReuse(on, qp_num), model.Holds(on, qp_num, true));
+  }
+  void SameSize() { ASSERT_EQ(fences.size(), model.size()); }
+};
+
 TEST_F(FenceListTest, ThousandsOfFencesAnswerAsAScanOfThemAllWould) {
   std::mt19937_64 rng(29);
-  ScanningFences model;
+  FenceListAndScan both;
   CqRecord* cqs[] = {&cq, &other};
   int qp_objects[64] = {};
   uint64_t next_marker = kSendMarker;
@@ -321,42 +356,32 @@ TEST_F(FenceListTest, ThousandsOfFencesAnswerAsAScanOfThemAllWould) {
         f.commit = pick(9);
         f.qp = &qp_objects[pick(64)];
         f.for_reuse = f.marker == 0 && pick(3) == 0;
-        const bool catch_up = pick(3) == 0;
-        fences.Add(f, catch_up);
-        model.Add(f, catch_up, on->cq->depth());
+        both.Add(f, /*catch_up=*/pick(3) == 0);
       } else if (op < 75) {
         ibv_wc wc = Wc(qp_num, markers.empty() || pick(3) == 0 ? 7 : markers[pick(markers.size())]);
-        ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc)) << "step " << step;
+        ASSERT_NO_FATAL_FAILURE(both.Take(on, wc)) << "step " << step;
       } else if (op < 85) {
-        const int n = static_cast<int>(pick(40));
-        const bool empty = pick(4) == 0;
-        fences.Polled(on, n, empty);
-        model.Polled(on, n, empty);
+        const int n = static_cast<int>(pick(40));  // drawn in this order, n first
+        both.Polled(on, n, /*empty=*/pick(4) == 0);
       } else if (op < 92) {
-        fences.StartCatchUps(on, qp_num);
-        model.StartCatchUps(on, qp_num, on->cq->depth());
+        both.StartCatchUps(on, qp_num);
       } else if (op < 97) {
-        const void* in_error = pick(2) == 0 ? nullptr : &qp_objects[pick(64)];
-        fences.AwaitMarkers(on, qp_num, in_error);
-        model.AwaitMarkers(on, qp_num, in_error);
+        both.AwaitMarkers(on, qp_num, pick(2) == 0 ? nullptr : &qp_objects[pick(64)]);
       } else if (op < 98 && round % 2 == 1) {
-        fences.DropCq(on);
-        model.DropCq(on);
+        both.DropCq(on);
       } else {
-        ASSERT_EQ(fences.Holds(on, qp_num), model.Holds(on, qp_num));
-        ASSERT_EQ(fences.HoldsForReuse(on, qp_num), model.Holds(on, qp_num, true));
+        ASSERT_NO_FATAL_FAILURE(both.Holds(on, qp_num)) << "step " << step;
       }
-      ASSERT_EQ(fences.size(), model.size()) << "round " << round << " step " << step;
+      ASSERT_NO_FATAL_FAILURE(both.SameSize()) << "round " << round << " step " << step;
     }
-    ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(cq));
-    ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(other));
+    ASSERT_NO_FATAL_FAILURE(both.model.ExpectCounters(cq));
+    ASSERT_NO_FATAL_FAILURE(both.model.ExpectCounters(other));
   }
   for (CqRecord* on : cqs) {
-    fences.DropCq(on);
-    model.DropCq(on);
-    ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(*on));
+    both.DropCq(on);
+    ASSERT_NO_FATAL_FAILURE(both.model.ExpectCounters(*on));
   }
-  EXPECT_EQ(fences.size(), 0u);
+  EXPECT_EQ(both.fences.size(), 0u);
 }
 
 // A CQ whose depth the test changes between a catch-up's start and its end.
@@ -379,8 +404,7 @@ TEST(FenceListClock, CatchUpsEndAsAScanWouldWhateverTheDepthAndThePolls) {
     CqRecord records[2];
     records[0].cq = &devices[0];
     records[1].cq = &devices[1];
-    FenceList fences;
-    ScanningFences model;
+    FenceListAndScan both;
     int qp_objects[8] = {};
     uint64_t next_marker = 1;
     for (int step = 0; step < 20000; ++step) {
@@ -397,40 +421,31 @@ TEST(FenceListClock, CatchUpsEndAsAScanWouldWhateverTheDepthAndThePolls) {
         f.commit = uint64_t{1} << pick(20);  // tells which fence ended, not only how many
         f.qp = &qp_objects[pick(8)];
         f.for_reuse = f.marker == 0 && pick(3) == 0;
-        const bool catch_up = pick(2) == 0;
-        fences.Add(f, catch_up);
-        model.Add(f, catch_up, on->cq->depth());
+        both.Add(f, /*catch_up=*/pick(2) == 0);
       } else if (op < 55) {
         ibv_wc wc{};
         wc.qp_num = qp_num;
         wc.wr_id = 1 + pick(next_marker);  // a marker handed out, or the next one
-        ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc)) << "seed " << seed << " step " << step;
+        ASSERT_NO_FATAL_FAILURE(both.Take(on, wc)) << "seed " << seed << " step " << step;
       } else if (op < 80) {
         const int n = pick(3) == 0 ? 0 : static_cast<int>(pick(12));
         const bool empty = pick(6) == 0;
-        if (on->catch_ups != 0 || pick(4) == 0) {  // the poller calls it only with catch-ups
-          fences.Polled(on, n, empty);
-          model.Polled(on, n, empty);
-        }
+        // The poller calls Polled only with catch-ups running; now and then the test does anyway.
+        if (on->catch_ups != 0 || pick(4) == 0) both.Polled(on, n, empty);
       } else if (op < 88) {
-        fences.StartCatchUps(on, qp_num);
-        model.StartCatchUps(on, qp_num, on->cq->depth());
+        both.StartCatchUps(on, qp_num);
       } else if (op < 92) {
-        const void* in_error = pick(2) == 0 ? nullptr : &qp_objects[pick(8)];
-        fences.AwaitMarkers(on, qp_num, in_error);
-        model.AwaitMarkers(on, qp_num, in_error);
+        both.AwaitMarkers(on, qp_num, pick(2) == 0 ? nullptr : &qp_objects[pick(8)]);
       } else if (op < 96) {
         devices[which].resized_depth = static_cast<int>(pick(20));
       } else if (op < 97) {
-        fences.DropCq(on);
-        model.DropCq(on);
+        both.DropCq(on);
       } else {
-        ASSERT_EQ(fences.Holds(on, qp_num), model.Holds(on, qp_num));
-        ASSERT_EQ(fences.HoldsForReuse(on, qp_num), model.Holds(on, qp_num, true));
+        ASSERT_NO_FATAL_FAILURE(both.Holds(on, qp_num)) << "seed " << seed << " step " << step;
       }
-      ASSERT_EQ(fences.size(), model.size()) << "seed " << seed << " step " << step;
-      ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(records[0])) << "seed " << seed;
-      ASSERT_NO_FATAL_FAILURE(model.ExpectCounters(records[1])) << "seed " << seed;
+      ASSERT_NO_FATAL_FAILURE(both.SameSize()) << "seed " << seed << " step " << step;
+      ASSERT_NO_FATAL_FAILURE(both.model.ExpectCounters(records[0])) << "seed " << seed;
+      ASSERT_NO_FATAL_FAILURE(both.model.ExpectCounters(records[1])) << "seed " << seed;
     }
   }
 }
