@@ -34,6 +34,10 @@ BATCHES = [1, 8, 32, 64]
 LATENCY_MODES = ["spin_handoff", "cqd_busy_poll", "cqd_rtc_busy_poll", "eventfd_pingpong",
                  "cqd_event", "cqd_rtc_event"]
 NAN3 = (float("nan"),) * 3
+# One colour and point type per pipeline, the same in every plot and mode.
+STYLE = {"limit": ("#7b3294", 1), "limit2": ("#1b9e77", 2), "cqd": ("#2b83ba", 3),
+         "cqd_rtc": ("#e66101", 4), "mutex": ("#b8a000", 5), "tbb": ("#4d4d4d", 6),
+         "ceph": ("#d7191c", 7)}
 
 
 def spread(values):
@@ -66,36 +70,37 @@ def curves(view, data_dir, metric, impls, tag):
                 name = f"{metric}_{view.mode}_{tag}_q{qps}_{impl}.dat"
                 write_dat(os.path.join(data_dir, name), f"batch median low high ({metric})", rows)
                 title = impl if tag == "after" else f"{impl} (before)"
-                written.setdefault(qps, []).append((title, name, tag))
+                written.setdefault(qps, []).append((title, name, tag, impl))
     return written
 
 
 def latencies(view, data_dir, tag):
-    rows = []
+    rows = []  # every mode, NaN where no row fell in this cross-core mode: one x place each
+    present = False
     for index, mode in enumerate(LATENCY_MODES):
         cells = [index, mode]
-        present = False
         for key in ("poll_to_handler", "added_to_handler"):
             for pct in ("p50", "p99"):
                 s = spread([(view.lat(run, mode) or {}).get(key, {}).get(pct)
                             for run in view.runs])
                 present |= s is not None
                 cells.extend(round(v, 1) for v in (s or NAN3))
-        if present:
-            rows.append(cells)
+        rows.append(cells)
     name = f"latency_{view.mode}_{tag}.dat"
     write_dat(os.path.join(data_dir, name),
               "index mode poll_p50(med low high) poll_p99(...) added_p50(...) added_p99(...)",
               rows)
-    return name if rows else None
+    return name if present else None
 
 
 def panel_plot(written, qps, ylabel):
     lines = [f"set title '{qps} QP{'s' if qps > 1 else ''}, 1 consumer'",
              f"set ylabel '{ylabel}'", "set logscale y"]
     parts = []
-    for title, name, tag in written.get(qps, []):
-        style = "dashtype 2" if tag == "before" else "dashtype 1"
+    for title, name, tag, impl in written.get(qps, []):
+        colour, point = STYLE[impl]
+        style = f"lc rgb '{colour}' pt {point} " + (
+            "dashtype 2 pointsize 0.8" if tag == "before" else "dashtype 1")
         parts.append(f"'data/{name}' using 1:2:3:4 with yerrorlines {style} title '{title}'")
     if not parts:  # no row of this panel fell in the mode
         return lines + ["set label 1 'no rows in this mode' at graph 0.5, 0.5 center",
@@ -133,7 +138,7 @@ def script_for_mode(mode, tput, cpu, lat_after, lat_before, subtitle):
         return gp
     gp += [
         f"set output 'latency_{mode}.svg'",
-        "set terminal svg size 1000,500 dynamic font 'sans,11'",
+        "set terminal svg size 1200,500 dynamic font 'sans,11'",
         "set termoption noenhanced",
         f"set title \"Latency percentiles per mode (ns, log scale), {words}: median of the "
         f"runs, bars lowest-highest\\n{subtitle}\"",
@@ -141,7 +146,7 @@ def script_for_mode(mode, tput, cpu, lat_after, lat_before, subtitle):
         "set logscale y",
         "set xlabel ''",
         "set ylabel 'ns'",
-        "set key top left",
+        "set key inside top left",
         "set xrange [-0.5:5.5]",
         "set xtics rotate by -20 format ''",
         "set pointsize 1.5",

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-2-Clause
 # Issue 29's before and after, in one session on one machine: ROUNDS alternating full runs of the
 # dispatch harness (before, after; then after, before; ...), each into its own folder:
-#   docs/perf/issue29/run.sh ROUNDS
+#   docs/perf/issue29/run.sh ROUNDS [FIRST]      (rounds FIRST.., 1 by default)
 # before = 13847e6 (the code the issue was filed against) built with this commit's benchmarks/
 #          (the same harness, pipelines and cross-core probe; the runtime of 13847e6)
 # after  = this commit
@@ -10,7 +10,8 @@
 # machine: every pipeline pins CPUs 0 and 1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
-rounds=${1:?usage: run.sh ROUNDS}
+rounds=${1:?usage: run.sh ROUNDS [FIRST]}
+first=${2:-1}
 here=$(git rev-parse --short HEAD)
 base=/tmp/cqd-issue29-before
 if [[ ! -d $base ]]; then git worktree add -f "$base" 13847e6 > /dev/null; fi
@@ -20,7 +21,7 @@ bazel build -c opt //benchmarks:dispatch
 cp "$base/bazel-bin/benchmarks/dispatch" /tmp/cqd-issue29-dispatch-before
 cp bazel-bin/benchmarks/dispatch /tmp/cqd-issue29-dispatch-after
 echo "# $(date -u +%FT%TZ) after = $here, before = 13847e6 with $here's benchmarks/, $rounds rounds"
-for r in $(seq 1 "$rounds"); do
+for r in $(seq "$first" $((first + rounds - 1))); do
   order="before after"
   [[ $((r % 2)) == 0 ]] && order="after before"
   for which in $order; do
