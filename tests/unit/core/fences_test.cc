@@ -305,9 +305,7 @@ struct FenceListAndScan {
     fences.Add(f, catch_up);
     model.Add(f, catch_up, f.cq->cq->depth());
   }
-  void Take(CqRecord* on, const ibv_wc& wc) {
-    ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc));
-  }
+  void Take(CqRecord* on, const ibv_wc& wc) { ASSERT_EQ(fences.Take(on, wc), model.Take(on, wc)); }
   void Polled(CqRecord* on, int n, bool empty) {
     fences.Polled(on, n, empty);
     model.Polled(on, n, empty);
