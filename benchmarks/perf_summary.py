@@ -7,12 +7,14 @@ runs and, in brackets, the lowest and highest run, each cross-core mode of the m
     python3 benchmarks/perf_summary.py --before RUN.json... --after RUN.json...
 
 The small VMs these runs use switch every few minutes between a fast and a slow cross-core mode.
-Every row of a run from this harness records the cross-core probe (benchmarks/machine.h) taken
-before and after it; a row is "fast" when both probes are under --slow-above (ns per round trip),
-"slow" when both are at or over it, and "mixed" otherwise: a mixed row is left out of every figure
-and counted. A figure that divides two rows of one run (a ratio) is taken only from runs in which
+Every throughput, latency and open-loop row of a run from this harness records the cross-core
+probe (benchmarks/machine.h) taken before and after it; a row is "fast" when both probes are under
+--slow-above (ns per round trip), "slow" when both are at or over it, and "mixed" otherwise: a
+mixed row is left out of every figure and counted. A figure that divides two rows of one run (a ratio) is taken only from runs in which
 both rows fell in the mode. Runs written before the probe existed form one set, "mode not
-recorded". With --before and --after, prints for each mode the figures of both sets side by side.
+recorded". An open-loop row counts only if the saturation row its offered rate came from fell in
+its mode too. With --before and --after, prints for each mode the figures of both sets side by
+side.
 """
 import argparse
 import json
@@ -69,8 +71,13 @@ class View:
         return None
 
     def open_loop(self, run, i):
+        """Open-loop row i, if it and the saturation row its offered rate came from (cqd, batch
+        32, 1000 QPs, same run) both fell in this mode: a rate measured in one mode and offered
+        in the other is not the load the row names."""
         rows = run.get("open_loop", [])
-        return rows[i] if len(rows) > i and self.keep(rows[i]) else None
+        if len(rows) <= i or not self.keep(rows[i]):
+            return None
+        return rows[i] if self.row(run, "dispatch", "cqd", 32, 1000) is not None else None
 
     def rows_in_mode(self):
         count = 0

@@ -5,8 +5,10 @@
     perf_summary_test.py PERF_SUMMARY.py PERF_PLOTS.py
 
 Made-up runs in which each figure says which mode its row was given: the summary's fast section
-may hold fast figures only, the slow section slow ones, a mixed row appears nowhere, and a ratio
-comes only from a run whose two rows share the mode. The plots' data files hold the same medians.
+may hold fast figures only, the slow section slow ones, a mixed row appears nowhere, a ratio comes
+only from a run whose two rows share the mode, and an open-loop row counts only where the
+saturation row its offered rate came from shares its mode. The plots' data files hold the same
+medians.
 """
 import json
 import os
@@ -34,9 +36,15 @@ def lat(mode, p50, probe):
             "added_to_handler": {"p50": p50 + 1, "p99": 2 * p50, "p999": 3 * p50}}
 
 
-def run(when, rows, lats):
+def run(when, rows, lats, open_loop=()):
     return {"command": "test", "when": when, "machine": MACHINE, "throughput": rows,
-            "latency_ns": lats, "open_loop": [], "acks": []}
+            "latency_ns": lats, "open_loop": list(open_loop), "acks": []}
+
+
+def load_row(load, p50, probe):
+    return {"load": load, "offered_mcps": 1.0, "delivered_mcps": 1.0, "total": 1, "delivered": 1,
+            "samples": 1, "added_to_handler_ns": {"p50": p50, "p99": p50, "p999": p50, "max": p50},
+            "cpu_cores": 1.0, "xcore_rtt_ns": probe}
 
 
 def write(dir_, name, data):
@@ -62,7 +70,9 @@ def main():
     work = tempfile.mkdtemp()
     # Run 1: cqd and mutex fast (cqd/mutex = 1.11); cqd_rtc slow; limit mixed.
     # Run 2: cqd and mutex slow (cqd/mutex = 0.25); cqd_rtc fast; limit slow.
-    # Run 3: cqd fast, mutex slow: their ratio belongs to no mode.
+    # Run 3: cqd fast, mutex slow: their ratio belongs to no mode. Its open loop at 10 % ran in the
+    # fast mode (as did its saturation row, cqd): counted; run 2's ran fast too, but its rate came
+    # from a slow saturation row: left out.
     r1 = run("2026-01-01T00:00:01Z",
              [tput("cqd", 32, 1000, 111.0, FAST), tput("mutex", 32, 1000, 100.0, FAST),
               tput("cqd_rtc", 32, 1000, 33.0, SLOW), tput("limit", 32, 1000, 999.0, MIXED)],
@@ -70,9 +80,11 @@ def main():
     r2 = run("2026-01-01T00:00:02Z",
              [tput("cqd", 32, 1000, 25.0, SLOW), tput("mutex", 32, 1000, 100.0, SLOW),
               tput("cqd_rtc", 32, 1000, 77.0, FAST), tput("limit", 32, 1000, 55.0, SLOW)],
-             [lat("cqd_busy_poll", 903, SLOW), lat("spin_handoff", 301, SLOW)])
+             [lat("cqd_busy_poll", 903, SLOW), lat("spin_handoff", 301, SLOW)],
+             [load_row(0.1, 7771, FAST)])
     r3 = run("2026-01-01T00:00:03Z",
-             [tput("cqd", 32, 1000, 113.0, FAST), tput("mutex", 32, 1000, 13.0, SLOW)], [])
+             [tput("cqd", 32, 1000, 113.0, FAST), tput("mutex", 32, 1000, 13.0, SLOW)], [],
+             [load_row(0.1, 6661, FAST)])
     paths = [write(work, f"r{i}.json", r) for i, r in enumerate((r1, r2, r3), 1)]
 
     text = subprocess.run([sys.executable, summary, *paths], check=True, capture_output=True,
@@ -92,6 +104,8 @@ def main():
           f"fast cqd/mutex should come from run 1 alone: {fast_ratio and fast_ratio.group(1)}")
     check(slow_ratio and slow_ratio.group(1).strip() == "0.25 (1)",
           f"slow cqd/mutex should come from run 2 alone: {slow_ratio and slow_ratio.group(1)}")
+    check("6661" in fast, "an open-loop row in its saturation's mode is missing")
+    check("7771" not in text, "an open-loop row offered a rate from the other mode was printed")
     busy = re.search(r"\| busy poll->handler p50 / spin floor p50 \(<= 2\) \| ([^|]*)\|", slow)
     check(busy and busy.group(1).strip() == "3.00 (1)", "slow latency ratio")
 
