@@ -20,13 +20,12 @@ Every point is the median of the runs whose row fell in the mode, its error bar 
 highest.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 
-from perf_summary import View, modes_present
+from perf_summary import View, add_run_arguments, modes_present, run_sets
 
 IMPLS = ["limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"]
 BEFORE_IMPLS = ["cqd", "cqd_rtc"]
@@ -172,23 +171,11 @@ def script_for_mode(mode, tput, cpu, lat_after, lat_before, subtitle):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--slow-above", type=float, default=150.0)
-    parser.add_argument("--before", nargs="+")
-    parser.add_argument("--after", nargs="+")
-    parser.add_argument("runs", nargs="*")
+    add_run_arguments(parser)
     args = parser.parse_args()
-    if bool(args.before) != bool(args.after) or bool(args.runs) == bool(args.before):
-        parser.error("give either RUN.json... or both --before and --after")
-
-    def load(paths):
-        out = []
-        for path in paths:
-            with open(path) as f:
-                out.append((path, json.load(f)))
-        return out
-
-    after = load(args.after or args.runs)
-    before = load(args.before) if args.before else []
+    sets = dict(run_sets(parser, args))
+    after = sets.get("after", sets.get(""))
+    before = sets.get("before", [])
     data_dir = os.path.join(args.out, "data")
     os.makedirs(data_dir, exist_ok=True)
     m = after[0][1]["machine"]

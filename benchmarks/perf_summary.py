@@ -26,11 +26,31 @@ LATENCY_MODES = ["cqd_busy_poll", "cqd_event", "cqd_rtc_busy_poll", "cqd_rtc_eve
 
 
 def load(paths):
+    """[(path, run)] for the JSON files at `paths`."""
     runs = []
     for path in paths:
         with open(path) as f:
             runs.append((path, json.load(f)))
     return runs
+
+
+def add_run_arguments(parser):
+    """The arguments both tools take: --slow-above, and RUN.json... or --before/--after."""
+    parser.add_argument("--slow-above", type=float, default=150.0,
+                        help="a probe at or over this many ns per round trip is the slow mode")
+    parser.add_argument("--before", nargs="+", help="runs of the code before")
+    parser.add_argument("--after", nargs="+", help="runs of the code after")
+    parser.add_argument("runs", nargs="*")
+
+
+def run_sets(parser, args):
+    """[("", runs)] for RUN.json..., or [("before", runs), ("after", runs)]; each run a
+    (path, run) pair. Calls parser.error unless exactly one of the two forms was given."""
+    if bool(args.before) != bool(args.after) or bool(args.runs) == bool(args.before):
+        parser.error("give either RUN.json... or both --before and --after")
+    if args.runs:
+        return [("", load(args.runs))]
+    return [("before", load(args.before)), ("after", load(args.after))]
 
 
 def mode_of(entry, slow_above):
@@ -278,16 +298,9 @@ def modes_present(runs, slow_above):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slow-above", type=float, default=150.0,
-                        help="a probe at or over this many ns per round trip is the slow mode")
-    parser.add_argument("--before", nargs="+", help="runs of the code before")
-    parser.add_argument("--after", nargs="+", help="runs of the code after")
-    parser.add_argument("runs", nargs="*")
+    add_run_arguments(parser)
     args = parser.parse_args()
-    if bool(args.before) != bool(args.after) or bool(args.runs) == bool(args.before):
-        parser.error("give either RUN.json... or both --before and --after")
-    sets = [("", load(args.runs))] if args.runs else [("before", load(args.before)),
-                                                       ("after", load(args.after))]
+    sets = run_sets(parser, args)
     out = []
     for name, runs in sets:
         if name:
