@@ -184,7 +184,8 @@ def main():
                 + (f" after, {len(before)} before" if before else "") + f" ({when})")
     subtitle = subtitle.replace("'", "")
     seen = modes_present(after + before, args.slow_above)
-    gp = ["# Drawn by benchmarks/perf_plots.py from kept dispatch.json runs; run in this folder."]
+    gp = ["# SPDX-License-Identifier: BSD-2-Clause",
+          "# Drawn by benchmarks/perf_plots.py from kept dispatch.json runs; run in this folder."]
     drawn = []
     for mode in ("fast", "slow", "unrecorded"):
         if not seen.get(mode):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 # Drawn by benchmarks/perf_plots.py from kept dispatch.json runs; run in this folder.
 set terminal svg size 1400,500 dynamic font 'sans,11'
 set termoption noenhanced
