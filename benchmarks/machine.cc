@@ -115,6 +115,9 @@ std::string TopologyJson() {
 }
 
 double CrossCoreRoundTripNs() {
+  // One CPU: no cross-core mode to tell, and two spinning threads on it would take turns per
+  // scheduler slice.
+  if (std::thread::hardware_concurrency() < 2) return 0;
   constexpr uint64_t kBlocks = 5, kTrips = 400;
   // The ball: the CPU 0 thread writes odd numbers, the CPU 1 thread answers with the next even
   // one. Aligned so that it shares its line with nothing.

@@ -8,9 +8,9 @@
 // CPUs with their core and package, NUMA nodes, caches, kernel and whether it is a guest.
 // CrossCoreRoundTripNs() tells which cross-core mode the machine is in at that moment: the small
 // VMs these runs use switch every few minutes between a fast and a slow mode (a line moving
-// between the two CPUs costs several times more in the slow one), so every measurement records
-// the probe beside it and the summaries report each mode apart. Call it from one thread at a
-// time, with nothing else pinned to CPUs 0 and 1 running.
+// between the two CPUs costs several times more in the slow one), so the dispatch harness records
+// the probe beside every throughput, latency and open-loop row and the summaries report each mode
+// apart. Call it from one thread at a time, with nothing else pinned to CPUs 0 and 1 running.
 #ifndef CQD_BENCHMARKS_MACHINE_H_
 #define CQD_BENCHMARKS_MACHINE_H_
 
@@ -32,8 +32,8 @@ std::string TopologyJson();
 // Names the calling thread (at most 15 characters are kept).
 void NameThread(const std::string& name);
 // The median over 5 blocks of 400 round trips of one cache line between a thread pinned to CPU 0
-// and one pinned to CPU 1, in ns per round trip (about a millisecond in all). The calling thread's
-// affinity is restored.
+// and one pinned to CPU 1, in ns per round trip (about a millisecond in all); 0 on a machine with
+// one CPU. The calling thread's affinity is restored.
 double CrossCoreRoundTripNs();
 
 }  // namespace cqd::bench
