@@ -253,7 +253,8 @@ bool Poller::EventsMayIdle() noexcept {
 }
 
 int Poller::PollSpills(int) noexcept {
-  if (listed_.empty()) return 0;
+  // Spills the cqs stage holds are its to hand over, later in this pass.
+  if (listed_.empty() || held_passes_ > 0) return 0;
   return Flush(false) ? 1 : 0;  // spills to their consumers
 }
 
@@ -279,7 +280,32 @@ bool Poller::ParkedMayIdle() noexcept {
   return !UnparkPending();
 }
 
-int Poller::PollCqs(int budget) noexcept { return PollAll(budget, /*may_fuse=*/true); }
+int Poller::PollCqs(int budget) noexcept {
+  holding_ = !engine_driven_;  // PollShard hands over what it polled before it returns
+  polls_full_ = true;
+  const int found = PollAll(budget, /*may_fuse=*/true);
+  holding_ = false;
+  if (found > 0 && polls_full_ && held_passes_ < kMaxHeldPasses && MayHoldSpills()) {
+    ++held_passes_;
+    return found;
+  }
+  if (listed_.empty()) return found;
+  return found + (Flush(false) ? 1 : 0);
+}
+
+bool Poller::MayHoldSpills() noexcept {
+  bool held = false;
+  const uint32_t poll = static_cast<uint32_t>(options_.poll_batch);
+  for (uint32_t consumer : listed_) {
+    Lane& lane = *lanes_[consumer];
+    if (lane.direct) continue;  // dispatched from the spill, not handed over (PollHosted)
+    if (lane.room() < poll || lane.spill_size() + poll > consumers_[consumer]->dispatch_batch()) {
+      return false;
+    }
+    held = true;
+  }
+  return held;
+}
 
 bool Poller::CqsMayIdle() noexcept {
   ArmAll();

@@ -353,6 +353,10 @@ class Poller {
   // `force`, everything moves regardless of capacity.
   bool Flush(bool force) noexcept;
   bool FlushOne(uint32_t consumer, bool force) noexcept;
+  // Returns true if the spills may be held for another poll (PollCqs): some lane of a queued
+  // consumer has a spill, and every such spill can take another poll and stays within one
+  // consumer batch.
+  bool MayHoldSpills() noexcept;
   // Names in `item` this poller's lane of `consumer` and how far it has handed over: the item
   // goes behind that (lane.h, Item).
   void PlaceBehindLane(uint32_t consumer, Item& item) const noexcept;
@@ -392,7 +396,12 @@ class Poller {
   // Parked CQs whose event came back into the passes (no work counted).
   int PollParked(int budget) noexcept;
   bool ParkedMayIdle() noexcept;
-  // The CQs in the passes polled; armed (S7) and polled once more (S6) before a sleep.
+  // The CQs in the passes polled; armed (S7) and polled once more (S6) before a sleep. On a
+  // runtime-owned poller, while every CQ it polls comes back full, what it routed stays in the
+  // spills for up to kMaxHeldPasses passes, until a spill is nearly a consumer batch: then each
+  // hand-over, whose lines cross cores, carries a consumer's batch, not one poll's. A poll that
+  // comes back short of full (the CQ is drained: no more to wait for), a spill that could not
+  // take another poll, a sleep, Stop and an engine-driven step hand everything over at once.
   int PollCqs(int budget) noexcept;
   bool CqsMayIdle() noexcept;
   // The run-to-completion consumers dispatched.
@@ -419,6 +428,8 @@ class Poller {
   static constexpr size_t kFencesReserved = 64;
   // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
   static constexpr uint32_t kParkProbe = 16;
+  // The most passes PollCqs holds the spills for (it also stops at about a consumer batch).
+  static constexpr uint32_t kMaxHeldPasses = 16;
 
   const int index_;
   const RuntimeOptions& options_;
@@ -439,6 +450,12 @@ class Poller {
   std::vector<PostedEvent> deferred_;              // posted events not yet placed in a lane
   std::vector<bool> held_;                         // PlaceEvents: consumers with an event held back
   bool arm_failed_ = false;                        // the last TrySleep could not arm every CQ
+  // PollCqs' hold: while `holding_`, PollOne leaves handing over to the stage's end, unless a
+  // poll came back short (`polls_full_` false) or the spills could not take another poll.
+  // `held_passes_` counts the passes since the spills were last handed over (Flush clears it).
+  bool holding_ = false;
+  bool polls_full_ = false;
+  uint32_t held_passes_ = 0;
   // Some consumer records latency: PollOne reads the clock into poll_stamp_, which routing
   // writes into each completion's EntryMeta (latency.h).
   const bool stamp_;

@@ -201,7 +201,8 @@ int Poller::PollOne(CqRecord* cq, int room, bool may_fuse) noexcept {
   }
   // Fewer than `room` taken: the CQ was found empty (fences.h's catch-ups end there).
   if (cq->catch_ups != 0 && !cq->poll_failed) fences_.Polled(cq, taken, taken < room);
-  if (taken > 0) Flush(false);
+  if (taken < room) polls_full_ = false;  // drained: no reason to hold (PollCqs)
+  if (taken > 0 && !(holding_ && polls_full_ && MayHoldSpills())) Flush(false);
   return taken;
 }
 
@@ -388,6 +389,7 @@ void Poller::AppendEvent(uint32_t consumer, const Item& item) noexcept {
 }
 
 bool Poller::Flush(bool force) noexcept {
+  held_passes_ = 0;
   bool moved = false;
   size_t kept = 0;
   for (size_t i = 0; i < listed_.size(); ++i) {

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: BSD-2-Clause
+// How a poller hands what it polls to queued consumers. A runtime-owned poller whose polls keep
+// coming back full gathers up to about a consumer batch in its spill before it hands over (one
+// hand-over per batch, not per poll); it must never keep anything once the CQ is drained, in
+// either idle mode, whatever poll_batch and dispatch_batch are. An engine-driven shard hands over
+// what each PollShard polled before it returns.
+#include "cqd/runtime.h"
+#include "cqd/sim.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace cqd {
+namespace {
+
+using testing::InjectRecvs;
+using testing::OneQp;
+using testing::SequenceHandler;
+using testing::WaitFor;
+
+struct Case {
+  const char* name;
+  int poll_batch;
+  int dispatch_batch;
+  bool busy_poll;
+};
+
+// Bursts of every size up to a few consumer batches, each waited for before the next: what a
+// burst's full polls gathered reaches the handler once the CQ is drained, in order.
+TEST(HandOver, EveryBurstReachesTheHandlerOnceTheCqDrains) {
+  for (const Case& c : {Case{"poll 1, batch 64", 1, 64, false}, Case{"poll 1, busy", 1, 64, true},
+                        Case{"poll 4, batch 16", 4, 16, false}, Case{"poll 4, busy", 4, 16, true},
+                        Case{"poll 8, batch 8", 8, 8, false}, Case{"poll 32, batch 1", 32, 1, true},
+                        Case{"poll 3, batch 1024", 3, 1024, false}}) {
+    SCOPED_TRACE(c.name);
+    RuntimeOptions options;
+    options.poll_batch = c.poll_batch;
+    options.busy_poll = c.busy_poll;
+    options.consumers.assign(1, ConsumerOptions{});
+    options.consumers[0].dispatch_batch = c.dispatch_batch;
+    OneQp one;
+    CQD_ASSERT_OK(one.Build(options));
+    SequenceHandler handler;
+    handler.qp_num = one.qp->qp_num();
+    Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+    uint64_t sent = 0;
+    for (int burst = 1; burst <= 3 * c.dispatch_batch + 2 && burst <= 200; burst += 1 + burst / 4) {
+      ASSERT_TRUE(InjectRecvs(one.qp, sent, burst));
+      sent += static_cast<uint64_t>(burst);
+      ASSERT_TRUE(WaitFor([&] { return handler.received() == sent; }))
+          << "burst of " << burst << ": " << handler.received() << " of " << sent;
+    }
+    EXPECT_EQ(handler.out_of_order(), 0u);
+    EXPECT_EQ(handler.wrong_qp(), 0u);
+    const Stats stats = one.rt->GetStats();
+    EXPECT_EQ(stats.consumers[0].queue_depth, 0u);
+    EXPECT_EQ(stats.consumers[0].delivered, sent);
+    reg.Unregister();
+    CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+    CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+  }
+}
+
+// A CQ that stays full while another consumer's CQ trickles: the trickle's completions are not
+// held behind the busy CQ's gathering (a poll short of full hands everything over), and the
+// busy stream, which keeps every poll full, still reaches its handler in order.
+TEST(HandOver, ATrickleIsNotHeldBehindABusyCq) {
+  RuntimeOptions options;
+  options.poll_batch = 2;
+  options.consumers.assign(2, ConsumerOptions{});
+  for (ConsumerOptions& consumer : options.consumers) consumer.dispatch_batch = 256;
+  testing::SimBed bed;
+  CQD_ASSERT_OK(bed.Start(options));
+  CqHandle busy_cq = bed.Cq(0, CqOptions{.depth = 1 << 16});
+  CqHandle trickle_cq = bed.Cq(0);
+  SimQp* busy_qp = bed.Qp(busy_cq);
+  SimQp* trickle_qp = bed.Qp(trickle_cq);
+  SequenceHandler busy;
+  SequenceHandler trickle;
+  busy.qp_num = busy_qp->qp_num();
+  trickle.qp_num = trickle_qp->qp_num();
+  Registration busy_reg = bed.rt->RegisterQp(*busy_qp, busy, 0).value();
+  Registration trickle_reg = bed.rt->RegisterQp(*trickle_qp, trickle, 1).value();
+  constexpr uint64_t kBusy = 40000;
+  std::thread feeder([&] {
+    for (uint64_t i = 0; i < kBusy; i += 100) ASSERT_TRUE(InjectRecvs(busy_qp, i, 100));
+  });
+  for (uint64_t i = 0; i < 20; ++i) {
+    ASSERT_TRUE(InjectRecvs(trickle_qp, i, 1));
+    ASSERT_TRUE(WaitFor([&] { return trickle.received() == i + 1; })) << "trickle " << i;
+  }
+  feeder.join();
+  ASSERT_TRUE(WaitFor([&] { return busy.received() == kBusy; })) << busy.received();
+  EXPECT_EQ(busy.out_of_order(), 0u);
+  EXPECT_EQ(trickle.out_of_order(), 0u);
+  EXPECT_EQ(busy.wrong_qp() + trickle.wrong_qp(), 0u);
+  busy_reg.Unregister();
+  trickle_reg.Unregister();
+}
+
+// PollShard's contract: what a step polled is handed over before it returns, so the engine's
+// owned consumer gets each completion after the step that took it, with nothing left to poll.
+TEST(HandOver, AnEngineStepHandsOverWhatItPolled) {
+  RuntimeOptions options;
+  options.poll_batch = 1;
+  options.engine_shards = {0};
+  options.consumers.assign(1, ConsumerOptions{});
+  options.consumers[0].dispatch_batch = 64;
+  OneQp one;
+  CQD_ASSERT_OK(one.Build(options));
+  SequenceHandler handler;
+  handler.qp_num = one.qp->qp_num();
+  Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
+  ASSERT_TRUE(InjectRecvs(one.qp, 0, 10));
+  for (uint64_t i = 1; i <= 10; ++i) {
+    ASSERT_GE(one.rt->PollShard(0, 1), 1);  // one full poll of one completion
+    ASSERT_TRUE(WaitFor([&] { return handler.received() == i; }))
+        << "step " << i << ": " << handler.received();
+  }
+  EXPECT_EQ(handler.out_of_order(), 0u);
+  reg.Unregister();
+  while (one.rt->PollShard(0, 16) > 0) {
+  }
+  CQD_ASSERT_OK(one.sim->DestroyQp(one.qp));
+  CQD_ASSERT_OK(one.rt->DestroyCq(one.cq));
+}
+
+}  // namespace
+}  // namespace cqd
