@@ -13,10 +13,9 @@
 
 namespace cqd::internal {
 
-// How often a wait that is normally short (a control call waiting for its part) re-checks.
+// How often a wait that is normally short (a control call waiting for its part) re-checks. A
+// thread that idles for long sleeps on a Parker (parker.h) instead, which needs no re-check.
 inline constexpr std::chrono::milliseconds kCvRecheck{1};
-// How often an idle thread's wait (nothing due) re-checks: rare, so an idle runtime stays idle.
-inline constexpr std::chrono::milliseconds kCvIdleRecheck{100};
 
 // Returns once `done()` holds (checked under `lock`).
 template <typename Done>

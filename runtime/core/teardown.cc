@@ -6,7 +6,6 @@
 #include <string>
 
 #include "runtime/base/chaos.h"
-#include "runtime/base/cv_wait.h"
 #include "runtime/base/pinning.h"
 
 namespace cqd::internal {
@@ -43,7 +42,7 @@ void TeardownWorker::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  parker_.Wake();
   thread_.join();
 }
 
@@ -51,19 +50,16 @@ void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_.push_back(std::move(state));
-    noted_.exchange(true, std::memory_order_acq_rel);  // its deadline is new (an RMW: see noted_)
+    noted_.exchange(true, std::memory_order_seq_cst);  // its deadline is new (an RMW: see noted_)
   }
-  cv_.notify_all();
+  parker_.Wake();
 }
 
 void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
   ChaosPoint();
   state->seen.fetch_or(what, std::memory_order_acq_rel);
-  if (noted_.exchange(true, std::memory_order_acq_rel)) return;  // a scan is due: it sees `seen`
-  {
-    std::lock_guard<std::mutex> lock(mu_);  // the worker is in its scan or at its wait
-  }
-  cv_.notify_all();
+  if (noted_.exchange(true, std::memory_order_seq_cst)) return;  // a scan is due: it sees `seen`
+  parker_.Wake();
 }
 
 void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
@@ -73,9 +69,9 @@ void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
         failed_devices_.end()) {
       failed_devices_.push_back(device);  // at most one entry per device
     }
-    noted_.exchange(true, std::memory_order_acq_rel);
+    noted_.exchange(true, std::memory_order_seq_cst);
   }
-  cv_.notify_all();
+  parker_.Wake();
 }
 
 void TeardownWorker::Run() {
@@ -84,7 +80,7 @@ void TeardownWorker::Run() {
   for (;;) {
     // Decide, under the lock, which teardowns end now and why. Cleared first: a Note from here
     // on sets it again (see noted_), and its marker is then looked at by the next scan.
-    noted_.exchange(false, std::memory_order_acq_rel);
+    noted_.exchange(false, std::memory_order_seq_cst);
     const Clock::time_point now = Clock::now();
     Clock::time_point wake = Clock::time_point::max();
     std::vector<std::pair<std::shared_ptr<TeardownState>, Status>> ending;
@@ -191,19 +187,20 @@ void TeardownWorker::Run() {
     } else if (stopping) {
       continue;
     }
-    if (wake == Clock::time_point::max()) {  // nothing is due (no teardown, or no deadline)
-      // Add, Note and Stop set them.
-      WaitRechecking(
-          cv_, lock, [&] { return noted_.load(std::memory_order_relaxed) || stop_; },
-          kCvIdleRecheck);
-    } else {
-      // Re-checked as WaitRechecking does: a Note that found noted_ set sends no notify of its
-      // own, so one lost wake-up (cv_wait.h) must not last until `wake`.
-      wake = std::min(wake, Clock::now() + kCvIdleRecheck);
-      cv_.wait_until(lock, wake, [&] {
-        return noted_.load(std::memory_order_relaxed) || (stop_ && !stopping);
-      });
+    // Sleep until `wake` (max: nothing is due) or a change: announced first, then re-checked
+    // (parker.h; Stop sets stop_ under mu_, held here, before it wakes).
+    const uint32_t ticket = parker_.Prepare();
+    if (noted_.load(std::memory_order_seq_cst) || (stop_ && !stopping)) {
+      parker_.Cancel();
+      continue;
     }
+    lock.unlock();
+    if (wake == Clock::time_point::max()) {
+      parker_.Park(ticket);
+    } else {
+      parker_.ParkFor(ticket, std::max(Clock::duration::zero(), wake - Clock::now()));
+    }
+    lock.lock();
   }
 }
 

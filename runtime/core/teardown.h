@@ -44,6 +44,7 @@
 
 #include "cqd/status.h"
 #include "runtime/base/log.h"
+#include "runtime/base/parker.h"
 
 namespace cqd::internal {
 
@@ -174,15 +175,19 @@ class TeardownWorker {
 
   TeardownHost& host_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  // The worker sleeps on it; Add, Note, DeviceFailed and Stop wake it after their change. A
+  // futex parker loses no wake-up (glibc's condition variable before 2.41 can: cv_wait.h), so an
+  // idle worker sleeps until one of them without re-checking.
+  Parker parker_;
   std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_
   std::vector<uint32_t> failed_devices_;                // guarded by mu_
   // Something changed that the worker must look at again. Add and DeviceFailed set it under mu_;
   // Note sets it without mu_ and takes mu_ only when it was clear, so that consumers do not queue
   // on mu_ behind the worker's scan; the worker clears it under mu_ before it scans. Every write
-  // is an exchange (acq_rel), so that they form one release sequence: the scan after a clear
-  // sees the `seen` bits of every Note that set it or found it set before that clear. A Note that
-  // found it set sends no notify, so the worker's timed waits re-check (cv_wait.h).
+  // is an exchange, so that they form one release sequence: the scan after a clear sees the
+  // `seen` bits of every Note that set it or found it set before that clear. A Note that found it
+  // set wakes nobody: a scan is due, and the worker reads it (seq_cst, as each write) after it
+  // announced its sleep (parker.h), so it does not sleep past it.
   std::atomic<bool> noted_{false};
   bool stop_ = false;            // guarded by mu_
   std::vector<Ending> retired_;  // worker thread only

@@ -2,7 +2,11 @@
 // Event mode: idle pollers arm their CQs and sleep; the next completion wakes them. The stress
 // test races injection against the poller's arm / re-poll / sleep so that a lost wakeup would
 // leave a completion undelivered (and the test waiting on it until its timeout).
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "cqd/runtime.h"
@@ -39,6 +43,49 @@ TEST(EventMode, IdlePollersSleepAndWakeForTraffic) {
   EXPECT_GT(s.cq_events, 0u);
   EXPECT_GT(SumPollers(s, &PollerStats::sleeps), sleeps);
   for (const auto& p : s.pollers) EXPECT_GT(p.arms, 0u);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+// How many times each of this process's runtime threads (named cqd-*) has been run, by thread id
+// (/proc/self/task/*/schedstat's third field: timeslices run on a CPU).
+std::map<int, uint64_t> RuntimeThreadRuns() {
+  std::map<int, uint64_t> runs;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name.rfind("cqd-", 0) != 0) continue;
+    std::ifstream schedstat(task.path() / "schedstat");
+    uint64_t on_cpu_ns = 0, waited_ns = 0, timeslices = 0;
+    schedstat >> on_cpu_ns >> waited_ns >> timeslices;
+    runs[std::stoi(task.path().filename().string())] = timeslices;
+  }
+  return runs;
+}
+
+// An idle runtime costs no CPU: once its pollers sleep, no thread of it (pollers, consumers, the
+// event thread, the teardown worker) runs until something happens, after traffic and a teardown
+// that ended as after none.
+TEST(EventMode, AnIdleRuntimeRunsNoThread) {
+  RuntimeOptions options = testing::OwnedConsumers(2, 2);
+  options.idle_budget = std::chrono::microseconds(100);
+  SimTopology topo;
+  CQD_ASSERT_OK(topo.Build(options, 2, 3));
+  for (size_t q = 0; q < topo.qps.size(); ++q) ASSERT_EQ(topo.qps[q]->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return topo.received() == topo.qps.size(); }));
+  CQD_ASSERT_OK_AND_ASSIGN(teardown, topo.rt->TeardownQp(topo.registrations.back()));
+  CQD_ASSERT_OK(teardown.Wait());
+  ASSERT_TRUE(WaitForPollersAsleep(*topo.rt));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // consumers' idle_spin, and so on
+  const std::map<int, uint64_t> before = RuntimeThreadRuns();
+  ASSERT_GE(before.size(), 5u);  // 2 pollers, 2 consumers, the event thread, the teardown worker
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const std::map<int, uint64_t> after = RuntimeThreadRuns();
+  for (const auto& [tid, runs] : after) {
+    const auto was = before.find(tid);
+    ASSERT_NE(was, before.end()) << "thread " << tid << " started while idle";
+    EXPECT_EQ(runs, was->second) << "runtime thread " << tid << " ran while the runtime was idle";
+  }
   CQD_ASSERT_OK(topo.TearDown());
 }
 
