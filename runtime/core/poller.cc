@@ -299,7 +299,8 @@ bool Poller::MayHoldSpills() noexcept {
   for (uint32_t consumer : listed_) {
     Lane& lane = *lanes_[consumer];
     if (lane.direct) continue;  // dispatched from the spill, not handed over (PollHosted)
-    if (lane.room() < poll || lane.spill_size() + poll > consumers_[consumer]->dispatch_batch()) {
+    if (lane.room() < poll ||
+        lane.spill_size() + poll > kHeldBatches * consumers_[consumer]->dispatch_batch()) {
       return false;
     }
     held = true;

@@ -354,8 +354,8 @@ class Poller {
   bool Flush(bool force) noexcept;
   bool FlushOne(uint32_t consumer, bool force) noexcept;
   // Returns true if the spills may be held for another poll (PollCqs): some lane of a queued
-  // consumer has a spill, and every such spill can take another poll and stays within one
-  // consumer batch.
+  // consumer has a spill, and every such spill can take another poll and stays within
+  // kHeldBatches consumer batches.
   bool MayHoldSpills() noexcept;
   // Names in `item` this poller's lane of `consumer` and how far it has handed over: the item
   // goes behind that (lane.h, Item).
@@ -398,10 +398,11 @@ class Poller {
   bool ParkedMayIdle() noexcept;
   // The CQs in the passes polled; armed (S7) and polled once more (S6) before a sleep. On a
   // runtime-owned poller, while every CQ it polls comes back full, what it routed stays in the
-  // spills for up to kMaxHeldPasses passes, until a spill is nearly a consumer batch: then each
-  // hand-over, whose lines cross cores, carries a consumer's batch, not one poll's. A poll that
-  // comes back short of full (the CQ is drained: no more to wait for), a spill that could not
-  // take another poll, a sleep, Stop and an engine-driven step hand everything over at once.
+  // spills for up to kMaxHeldPasses passes, until a spill holds nearly kHeldBatches consumer
+  // batches: a hand-over moves the same lines between the cores whatever it carries, and the
+  // consumer's later batches of one hand-over find them still in its cache. A poll that comes
+  // back short of full (the CQ is drained: no more to wait for), a spill that could not take
+  // another poll, a sleep, Stop and an engine-driven step hand everything over at once.
   int PollCqs(int budget) noexcept;
   bool CqsMayIdle() noexcept;
   // The run-to-completion consumers dispatched.
@@ -428,8 +429,11 @@ class Poller {
   static constexpr size_t kFencesReserved = 64;
   // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
   static constexpr uint32_t kParkProbe = 16;
-  // The most passes PollCqs holds the spills for (it also stops at about a consumer batch).
+  // The most passes PollCqs holds the spills for, and the consumer batches (dispatch_batch) a
+  // held spill may reach. Four batches: at batch 32 in the VM's slow cross-core mode the handoff
+  // read 1.3x what one batch gave, and eight no more than four (docs/PERFORMANCE.md).
   static constexpr uint32_t kMaxHeldPasses = 16;
+  static constexpr uint32_t kHeldBatches = 4;
 
   const int index_;
   const RuntimeOptions& options_;

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // How a poller hands what it polls to queued consumers. A runtime-owned poller whose polls keep
-// coming back full gathers up to about a consumer batch in its spill before it hands over (one
-// hand-over per batch, not per poll); it must never keep anything once the CQ is drained, in
-// either idle mode, whatever poll_batch and dispatch_batch are. An engine-driven shard hands over
-// what each PollShard polled before it returns.
+// coming back full gathers up to about four consumer batches in its spill before it hands over
+// (one hand-over per few batches, not per poll); it must never keep anything once the CQ is
+// drained, in either idle mode, whatever poll_batch and dispatch_batch are. An engine-driven shard
+// hands over what each PollShard polled before it returns.
 #include "cqd/runtime.h"
 #include "cqd/sim.h"
 #include "gtest/gtest.h"
@@ -24,8 +24,9 @@ struct Case {
   bool busy_poll;
 };
 
-// Bursts of every size up to a few consumer batches, each waited for before the next: what a
-// burst's full polls gathered reaches the handler once the CQ is drained, in order.
+// Bursts of every size up to past what a poller gathers (four consumer batches), each waited for
+// before the next: what a burst's full polls gathered reaches the handler once the CQ is drained,
+// in order.
 TEST(HandOver, EveryBurstReachesTheHandlerOnceTheCqDrains) {
   for (const Case& c : {Case{"poll 1, batch 64", 1, 64, false}, Case{"poll 1, busy", 1, 64, true},
                         Case{"poll 4, batch 16", 4, 16, false}, Case{"poll 4, busy", 4, 16, true},
@@ -43,7 +44,7 @@ TEST(HandOver, EveryBurstReachesTheHandlerOnceTheCqDrains) {
     handler.qp_num = one.qp->qp_num();
     Registration reg = one.rt->RegisterQp(*one.qp, handler, 0).value();
     uint64_t sent = 0;
-    for (int burst = 1; burst <= 3 * c.dispatch_batch + 2 && burst <= 200; burst += 1 + burst / 4) {
+    for (int burst = 1; burst <= 5 * c.dispatch_batch + 2 && burst <= 400; burst += 1 + burst / 4) {
       ASSERT_TRUE(InjectRecvs(one.qp, sent, burst));
       sent += static_cast<uint64_t>(burst);
       ASSERT_TRUE(WaitFor([&] { return handler.received() == sent; }))
