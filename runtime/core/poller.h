@@ -430,8 +430,9 @@ class Poller {
   // Empty polls in a row after which a CQ's idle time starts to be measured for parking.
   static constexpr uint32_t kParkProbe = 16;
   // The most passes PollCqs holds the spills for, and the consumer batches (dispatch_batch) a
-  // held spill may reach. Four batches: at batch 32 in the VM's slow cross-core mode the handoff
-  // read 1.3x what one batch gave, and eight no more than four (docs/PERFORMANCE.md).
+  // held spill may reach. Four: in the VM's slow cross-core mode they took the handoff at batch
+  // 32 from about the mutex pipeline's rate to 1.4x it; eight gained at most a few percent more
+  // in the fast mode (docs/PERFORMANCE.md, "Small poll batches").
   static constexpr uint32_t kMaxHeldPasses = 16;
   static constexpr uint32_t kHeldBatches = 4;
 
