@@ -96,6 +96,7 @@ int Poller::PollAll(int budget, bool may_fuse) noexcept {
     poll_kept_ = kept;
     poll_next_ = i + 1;
     int n = PollOne(cq, room, may_fuse);
+    if (n < room) polls_full_ = false;  // as PollOne's own: the fused pass and errors return early
     if (cut_pass_) [[unlikely]] {
       // A handler's control call ended the pass (SettleFused mended the list): `cq` may be gone.
       cut_pass_ = false;
