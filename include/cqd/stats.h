@@ -83,8 +83,10 @@ struct ConsumerStats {
   uint64_t queue_depth = 0;   ///< items handed over and not yet dispatched (their handlers done)
   uint64_t high_water = 0;    ///< most such items at once
   /// Spill: items pollers hold because the queue was full (summed over pollers; see
-  /// ConsumerOptions::spill_capacity). A stall is a time a poller's spill for this consumer was
-  /// full, so that it skipped the CQs this consumer uses. A run-to-completion consumer's poller
+  /// ConsumerOptions::spill_capacity), as each poller's last hand-over left them: what a poller
+  /// gathers under a backlog before it hands over (README, "Threading model") takes spill room
+  /// but is not counted. A stall is a time a poller's spill for this consumer was full, so that
+  /// it skipped the CQs this consumer uses. A run-to-completion consumer's poller
   /// also holds there, between polling and dispatch, what it dispatches without queueing it: for
   /// that kind the queue figures count only what the spill could not hold.
   uint64_t spill_depth = 0;       ///< items held in pollers' spills now
