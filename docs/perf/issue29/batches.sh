@@ -8,16 +8,6 @@
 # Usage: docs/perf/issue29/batches.sh ROUNDS > FILE (on a quiet machine).
 set -euo pipefail
 rounds=${1:?usage: batches.sh ROUNDS}
-bin=/tmp/cqd-issue29-dispatch
-echo "# $(date -u +%FT%TZ) $(nproc) CPUs:$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-for r in $(seq 1 "$rounds"); do
-  order="before after"
-  [[ $((r % 2)) == 0 ]] && order="after before"
-  for row in cqd:1:1000:1 cqd:8:1000:1 cqd:32:1000:1 cqd:64:1000:1 cqd:1:1:1 cqd:8:1:1 \
-             cqd:32:1:1 cqd:64:1:1 mutex:32:1000:1; do
-    for which in $order; do
-      echo "round $r $which $("$bin-$which" --seconds=0.5 --only="$row")"
-    done
-  done
-done
-echo "# $(date -u +%FT%TZ) done"
+exec "$(dirname "${BASH_SOURCE[0]}")/rows.sh" "$rounds" --in-order \
+  cqd:1:1000:1 cqd:8:1000:1 cqd:32:1000:1 cqd:64:1000:1 cqd:1:1:1 cqd:8:1:1 cqd:32:1:1 \
+  cqd:64:1:1 mutex:32:1000:1

@@ -8,17 +8,26 @@
 # too: their speed moves with the binary's layout). Each line ends with the cross-core probe
 # taken before and after its row ("xcore BEFORE/AFTER ns").
 #   docs/perf/issue29/rows.sh ROUNDS > docs/perf/issue29/rows.txt   (after run.sh built them)
+# With `--in-order ROW...` after ROUNDS it runs those rows instead, QPs in order (batches.sh).
 set -euo pipefail
-rounds=${1:?usage: rows.sh ROUNDS}
+rounds=${1:?usage: rows.sh ROUNDS [--in-order ROW...]}
+shift
 bin=/tmp/cqd-issue29-dispatch
+order_flag=(--random-order)
+rows=(handlers:32:1000:1 limit:32:1000:1 limit:32:100000:1 limit:32:1:1 mutex:32:1000:1
+      cqd:32:1000:1 cqd:32:100000:1 cqd_rtc:32:1000:1 cqd_rtc:32:100000:1 cqd_rtc:32:1:1)
+if [[ ${1:-} == --in-order ]]; then
+  shift
+  order_flag=()
+  rows=("$@")
+fi
 echo "# $(date -u +%FT%TZ) $(nproc) CPUs:$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 for r in $(seq 1 "$rounds"); do
   order="before after"
   [[ $((r % 2)) == 0 ]] && order="after before"
-  for row in handlers:32:1000:1 limit:32:1000:1 limit:32:100000:1 limit:32:1:1 mutex:32:1000:1 \
-             cqd:32:1000:1 cqd:32:100000:1 cqd_rtc:32:1000:1 cqd_rtc:32:100000:1 cqd_rtc:32:1:1; do
+  for row in "${rows[@]}"; do
     for which in $order; do
-      echo "round $r $which $("$bin-$which" --random-order --seconds=0.5 --only="$row")"
+      echo "round $r $which $("$bin-$which" "${order_flag[@]}" --seconds=0.5 --only="$row")"
     done
   done
 done
