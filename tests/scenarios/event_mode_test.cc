@@ -76,7 +76,14 @@ TEST(EventMode, AnIdleRuntimeRunsNoThread) {
   CQD_ASSERT_OK_AND_ASSIGN(teardown, topo.rt->TeardownQp(topo.registrations.back()));
   CQD_ASSERT_OK(teardown.Wait());
   ASSERT_TRUE(WaitForPollersAsleep(*topo.rt));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // consumers' idle_spin, and so on
+  // Settled: a 150 ms stretch in which no runtime thread ran (consumers past their idle_spin, the
+  // teardown worker past its last scan), however long a loaded machine takes to get there. A
+  // thread that wakes on its own at least that often never settles.
+  ASSERT_TRUE(WaitFor([] {
+    const std::map<int, uint64_t> start = RuntimeThreadRuns();
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    return RuntimeThreadRuns() == start;
+  })) << "a runtime thread kept running while the runtime was idle";
   const std::map<int, uint64_t> before = RuntimeThreadRuns();
   ASSERT_GE(before.size(), 5u);  // 2 pollers, 2 consumers, the event thread, the teardown worker
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
