@@ -257,6 +257,11 @@ void Consumer::RunBatch(size_t pieces) noexcept {
     // without waiting for this one's (a computed step made each load wait for the last).
     for (uint32_t i = piece.at, end = piece.at + piece.n; i < end;) {
       const EntryMeta& meta = piece.lane->meta(i);
+      // DeliverRun reads this run's slot: fetch it now, while the rest is listed (with many QPs
+      // its miss otherwise comes after the previous handler call, one at a time).
+      if (meta.kind == EntryKind::kCompletion && meta.slot != last) {
+        __builtin_prefetch(&slots_.slot(meta.slot));
+      }
       list(meta.slot);
       if (meta.kind == EntryKind::kCompletion && meta.run > 1) [[unlikely]] {
         i += std::min<uint32_t>(meta.run, end - i);
@@ -463,37 +468,5 @@ void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }
 
 bool Consumer::DispatchingHere() const noexcept { return DispatchingOnThisThread(this); }
-
-uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
-  if (DispatchingOnThisThread(this)) return 0;  // a handler of this consumer unregistering
-  const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
-  if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
-  uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
-  uint32_t key = slot;
-  if (count & kListsQpNums) {  // a fused batch lists QP numbers of one CQ's poll
-    count &= ~kListsQpNums;
-    // The slot still holds its own facts (it is freed only after this wait). Read with the
-    // count: if a later batch wrote them, batch `seq` is over, whatever this decides.
-    const Slot& s = slots_.slot(slot);
-    const uint32_t cq = fused_cq_.load(std::memory_order_relaxed);
-    if (s.send_cq.load(std::memory_order_relaxed) != cq &&
-        s.recv_cq.load(std::memory_order_relaxed) != cq) {
-      return 0;  // the batch routes only registrations of its CQ to handlers (route.h)
-    }
-    key = s.qp_num.load(std::memory_order_relaxed);
-  }
-  for (uint32_t k = 0; k < count; ++k) {
-    if (batch_slots_[k].load(std::memory_order_acquire) == key) return seq;
-  }
-  // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
-  // over. A batch that does not list the slot calls none of its handlers.
-  return 0;
-}
-
-void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
-  const uint64_t seq = BatchInProgress(slot);
-  if (seq == 0) return;
-  while (!BatchOver(seq)) WaitStep();  // thread_role.h
-}
 
 }  // namespace cqd::internal
