@@ -2,9 +2,10 @@
 # SPDX-License-Identifier: BSD-2-Clause
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
 # formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh), the layering
-# (tools/check_layers.sh) and the runtime's file sizes (tools/check_sizes.sh), runs every test,
-# then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer (with
-# UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
+# (tools/check_layers.sh), the runtime's file sizes (tools/check_sizes.sh) and Clang's
+# thread-safety analysis (tools/check_tsa.sh: the tree built with -Wthread-safety -Werror), runs
+# every test, then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer
+# (with UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
 # fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that,
 # both with the chaos points on, builds the API reference (tools/api_docs.sh: a Doxygen warning
 # fails) and the Debian packages (tools/build_debs.sh: lintian, the symbols file, engines built
@@ -94,6 +95,15 @@ fi
 echo "== sizes: tools/check_sizes.sh"
 if ! tools/check_sizes.sh; then
   echo "== sizes: FAILED"
+  status=1
+  failed=$((failed + 1))
+fi
+
+# Clang's thread-safety analysis: the whole tree under -Wthread-safety -Werror, and a guarded field
+# read without its lock must fail it.
+echo "== thread safety: tools/check_tsa.sh"
+if ! tools/check_tsa.sh; then
+  echo "== thread safety: FAILED"
   status=1
   failed=$((failed + 1))
 fi

@@ -11,13 +11,12 @@
 #define CQD_RUNTIME_BASE_MAILBOX_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <vector>
 
-#include "runtime/base/cv_wait.h"
+#include "runtime/base/mutex.h"
+#include "runtime/base/thread_annotations.h"
 #include "runtime/base/thread_role.h"
 
 namespace cqd::internal {
@@ -26,8 +25,9 @@ class Mailbox {
  public:
   // Any thread but the owner: runs `fn` on the owner (after `wake_owner` nudges it) and returns
   // once it ran.
-  void RunSync(const std::function<void()>& fn, const std::function<void()>& wake_owner) {
-    std::unique_lock<std::mutex> lock(mu_);
+  void RunSync(const std::function<void()>& fn, const std::function<void()>& wake_owner)
+      CQD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (!open_) {
       // In the stopped owner's place, and as it: the engine callbacks `fn` makes (an
       // OrphanHandler) have their control calls refused, as on the owner. The caller may hold the
@@ -39,52 +39,53 @@ class Mailbox {
     uint64_t ticket = ++posted_;
     posted_fns_.push_back(&fn);
     pending_.store(true, std::memory_order_seq_cst);
-    lock.unlock();
+    lock.Unlock();
     wake_owner();
-    lock.lock();
+    lock.Lock();
     if (!HasWaitDuty()) {
-      WaitRechecking(done_cv_, lock, [&] { return done_ >= ticket; });  // cv_wait.h
+      while (done_ < ticket) done_cv_.WaitForRecheck(mu_);
       return;
     }
     while (done_ < ticket) {
-      lock.unlock();
+      lock.Unlock();
       WaitStep();
-      lock.lock();
+      lock.Lock();
     }
   }
   // Owner: true when RunPosted has work.
   bool pending() const noexcept { return pending_.load(std::memory_order_seq_cst); }
   // Owner: runs everything posted so far.
-  void RunPosted() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void RunPosted() CQD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     RunPostedLocked();
   }
   // Owner, when it starts and stops.
-  void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Open() CQD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     open_ = true;
   }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close() CQD_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     RunPostedLocked();
     open_ = false;
   }
 
  private:
-  void RunPostedLocked() {
+  void RunPostedLocked() CQD_REQUIRES(mu_) {
     pending_.store(false, std::memory_order_relaxed);
     for (const std::function<void()>* fn : posted_fns_) (*fn)();
     done_ += posted_fns_.size();
     posted_fns_.clear();
-    done_cv_.notify_all();
+    done_cv_.NotifyAll();
   }
 
-  std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::vector<const std::function<void()>*> posted_fns_;  // each waits in RunSync: stays alive
-  uint64_t posted_ = 0;
-  uint64_t done_ = 0;
-  bool open_ = false;
+  Mutex mu_;
+  CondVar done_cv_;
+  // Each waits in RunSync: stays alive.
+  std::vector<const std::function<void()>*> posted_fns_ CQD_GUARDED_BY(mu_);
+  uint64_t posted_ CQD_GUARDED_BY(mu_) = 0;
+  uint64_t done_ CQD_GUARDED_BY(mu_) = 0;
+  bool open_ CQD_GUARDED_BY(mu_) = false;
   std::atomic<bool> pending_{false};
 };
 

@@ -17,6 +17,9 @@
 #include <cstdint>
 #include <thread>
 
+#include "runtime/base/mutex.h"
+#include "runtime/base/thread_annotations.h"
+
 namespace cqd::internal {
 
 inline thread_local bool tls_runtime_thread = false;
@@ -106,7 +109,7 @@ inline void WaitStep() {
 // (first come, first served). A thread with a wait duty spins for its turn and serves its duty
 // at each step; any other thread sleeps on the turn counter (a futex).
 //
-// Why every lock() finishes: each holder finishes its call (a holder that waits for a poller
+// Why every Lock() finishes: each holder finishes its call (a holder that waits for a poller
 // with a wait duty is served by that poller's spin), and turns pass strictly in ticket order, so
 // no caller can be passed over by one that came later. An unfair mutex could not promise this: a
 // thread making control calls back to back re-took it every time ahead of a hosted handler that
@@ -114,9 +117,9 @@ inline void WaitStep() {
 //
 // Memory order: taking a ticket is relaxed (it orders nothing); the turn is read with acquire and
 // passed on with release, so a holder sees everything the one before it wrote.
-class ControlMutex {
+class CQD_CAPABILITY("mutex") ControlMutex {
  public:
-  void lock() {
+  void Lock() CQD_ACQUIRE() {
     const uint32_t ticket = next_ticket_.fetch_add(1, std::memory_order_relaxed);
     if (HasWaitDuty()) {
       while (turn_.load(std::memory_order_acquire) != ticket) WaitStep();
@@ -127,7 +130,7 @@ class ControlMutex {
       turn_.wait(now, std::memory_order_acquire);
     }
   }
-  void unlock() {
+  void Unlock() CQD_RELEASE_CAPABILITY() {
     turn_.fetch_add(1, std::memory_order_release);
     turn_.notify_all();
   }
@@ -136,6 +139,8 @@ class ControlMutex {
   std::atomic<uint32_t> next_ticket_{0};
   std::atomic<uint32_t> turn_{0};
 };
+
+using ControlLock = ScopedLock<ControlMutex>;
 
 }  // namespace cqd::internal
 

@@ -79,7 +79,7 @@ void CmBinding::EndLocked() noexcept {
 
 CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmBinding>& self,
                                       const SlotPool& slots) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const bool live = !ended_ && LiveIn(slots.slot(route_.slot));
   if (!live && !ended_) EndLocked();
   // Behind a delivery under way the event waits even when nothing else does: the CmHandler must
@@ -96,7 +96,7 @@ CmBinding::Admission CmBinding::Admit(EventJoin* join, const std::shared_ptr<CmB
 }
 
 CmEventGate::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (join->left) return Arrival::kDone;  // handed on already: this was a stale part
   const bool live = !ended_ && slot != nullptr && LiveIn(*slot);
   if (Route(RouteStage::kConsumer, {.kind = EntryKind::kEventPart, .live = live}) ==
@@ -111,18 +111,18 @@ CmEventGate::Arrival CmBinding::Arrived(EventJoin* join, const Slot* slot) noexc
 }
 
 void CmBinding::Delivered() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   delivering_ = false;
   if (end_pending_) EndLocked();
 }
 
 void CmBinding::Drop(EventJoin* join) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!join->left) Unlink(join);  // the caller still holds the route's hold
 }
 
 bool CmBinding::End() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   EndLocked();
   return first_ == nullptr && !delivering_;
 }
@@ -160,7 +160,7 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
     auto binding = std::make_shared<CmBinding>(RouteOf(s, slot, state),
                                                s.qp_num.load(std::memory_order_relaxed));
     {
-      std::lock_guard<std::mutex> lock(by_slot_mu_);
+      MutexLock lock(by_slot_mu_);
       by_slot_[slot] = binding;
     }
     auto [it, added] = bindings_.try_emplace(id, binding);
@@ -177,7 +177,7 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
 void CmRouter::Ended(uint32_t slot, uint32_t generation) noexcept {
   std::shared_ptr<CmBinding> binding;
   {
-    std::lock_guard<std::mutex> lock(by_slot_mu_);
+    MutexLock lock(by_slot_mu_);
     auto it = by_slot_.find(slot);
     if (it == by_slot_.end() || it->second->route().generation != generation) return;
     binding = std::move(it->second);

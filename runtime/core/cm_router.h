@@ -52,11 +52,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "cqd/handler.h"
+#include "runtime/base/mutex.h"
 #include "runtime/core/event_join.h"
 #include "runtime/core/registry.h"
 
@@ -92,17 +92,17 @@ class CmBinding final : public CmEventGate {
 
  private:
   bool LiveIn(const Slot& slot) const noexcept;
-  void Unlink(EventJoin* join) noexcept;  // requires mu_
-  void EndLocked() noexcept;              // requires mu_
+  void Unlink(EventJoin* join) noexcept CQD_REQUIRES(mu_);
+  void EndLocked() noexcept CQD_REQUIRES(mu_);
 
   const EventRoute route_;
   const uint32_t qp_num_;
-  std::mutex mu_;
-  EventJoin* first_ = nullptr;  // guarded by mu_: listed events, read order, linked by `next`
-  EventJoin* last_ = nullptr;
-  bool ended_ = false;        // guarded by mu_
-  bool delivering_ = false;   // guarded by mu_: a consumer is in the QP handler with an event
-  bool end_pending_ = false;  // guarded by mu_: End waits for that delivery
+  Mutex mu_;
+  EventJoin* first_ CQD_GUARDED_BY(mu_) = nullptr;  // listed events, read order, linked by `next`
+  EventJoin* last_ CQD_GUARDED_BY(mu_) = nullptr;
+  bool ended_ CQD_GUARDED_BY(mu_) = false;
+  bool delivering_ CQD_GUARDED_BY(mu_) = false;   // a consumer is in the QP handler with an event
+  bool end_pending_ CQD_GUARDED_BY(mu_) = false;  // End waits for that delivery
 };
 
 class CmRouter {
@@ -145,8 +145,8 @@ class CmRouter {
   std::unordered_map<rdma_cm_id*, std::shared_ptr<CmBinding>> bindings_;
   size_t sweep_at_ = 64;
   // Slot -> the binding of its registration, for Ended (any thread).
-  std::mutex by_slot_mu_;
-  std::unordered_map<uint32_t, std::shared_ptr<CmBinding>> by_slot_;
+  Mutex by_slot_mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<CmBinding>> by_slot_ CQD_GUARDED_BY(by_slot_mu_);
   std::atomic<uint64_t> events_{0};
 };
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "runtime/base/chaos.h"
+#include "runtime/base/check.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/teardown.h"
 
@@ -102,7 +103,7 @@ void Consumer::PushAlone(moodycamel::ProducerToken& token, Item& item) noexcept 
 }
 
 bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept {
-  std::lock_guard<std::mutex> lock(close_mu_);
+  MutexLock lock(close_mu_);
   if (closed_) return false;
   Reserve(1);
   PushAlone(token, item);
@@ -272,6 +273,7 @@ void Consumer::RunBatch(size_t pieces) noexcept {
   }
   batch_slot_count_.store(listed, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
+  CQD_DCHECK((seq & 1) == 0, "a consumer's batch opened while another of it was open");
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
   for (size_t k = 0; k < pieces; ++k) {
     const Piece& piece = pieces_[k];
@@ -292,11 +294,14 @@ void Consumer::OpenFusedBatch(size_t n, uint32_t cq_id) noexcept {
   fused_cq_.store(cq_id, std::memory_order_relaxed);  // published by the count's release
   batch_slot_count_.store(static_cast<uint32_t>(n) | kListsQpNums, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
+  CQD_DCHECK((seq & 1) == 0, "a consumer's fused batch opened while another of it was open");
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
 }
 
 void Consumer::CloseFusedBatch(uint64_t delivered) noexcept {
-  batch_seq_.store(batch_seq_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
+  CQD_DCHECK((seq & 1) == 1, "a consumer's fused batch closed that was not open");
+  batch_seq_.store(seq + 1, std::memory_order_release);
   tls_dispatch_frames = fused_frame_.outer;
   CountDelivered(delivered);
   DeliverHeldEvents();

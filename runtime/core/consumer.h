@@ -36,7 +36,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -45,6 +44,7 @@
 #include "cqd/handler.h"
 #include "cqd/options.h"
 #include "cqd/status.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/parker.h"
 #include "runtime/core/event_join.h"
 #include "runtime/core/lane.h"
@@ -262,8 +262,8 @@ class Consumer {
   std::atomic<uintptr_t> draining_{0};      // the ThreadToken() of the Drain in progress, or 0
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::mutex close_mu_;  // orders PushIfOpen against the owned thread's exit
-  bool closed_ = false;  // guarded by close_mu_
+  Mutex close_mu_;  // orders PushIfOpen against the owned thread's exit
+  bool closed_ CQD_GUARDED_BY(close_mu_) = false;
   Parker parker_;
   Parker* waker_ = &parker_;  // whom Push wakes: this consumer, or its run-to-completion poller
   const std::unique_ptr<LatencyHistogram> latency_ =

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 
+#include "runtime/base/mutex.h"
 #include "runtime/base/pinning.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
@@ -67,7 +68,7 @@ void Consumer::Run() {
 }
 
 bool Consumer::CloseIfEmpty() {
-  std::lock_guard<std::mutex> lock(close_mu_);
+  MutexLock lock(close_mu_);
   if (depth_.load(std::memory_order_seq_cst) != 0) return false;
   closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
   return true;

@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/core/device_claims.h"
 
-#include <mutex>
 #include <unordered_set>
+
+#include "runtime/base/mutex.h"
 
 namespace cqd::internal {
 namespace {
 
 struct Claims {
-  std::mutex mu;
-  std::unordered_set<const void*> held;  // guarded by mu
+  Mutex mu;
+  std::unordered_set<const void*> held CQD_GUARDED_BY(mu);
 };
 
 // Never destroyed: a runtime destroyed during static destruction still gives its claims back.
@@ -22,7 +23,7 @@ Claims& TheClaims() {
 
 bool DeviceClaim::Take(const void* native) {
   Claims& claims = TheClaims();
-  std::lock_guard<std::mutex> lock(claims.mu);
+  MutexLock lock(claims.mu);
   if (!claims.held.insert(native).second) return false;
   native_ = native;
   return true;
@@ -31,7 +32,7 @@ bool DeviceClaim::Take(const void* native) {
 DeviceClaim::~DeviceClaim() {
   if (native_ == nullptr) return;
   Claims& claims = TheClaims();
-  std::lock_guard<std::mutex> lock(claims.mu);
+  MutexLock lock(claims.mu);
   claims.held.erase(native_);
 }
 

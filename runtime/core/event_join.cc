@@ -29,7 +29,7 @@ void PostToListener(EventJoin* join) noexcept {
 // ---- HeldEvents ----
 
 void HeldEvents::Push(EventJoin* join) noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   join->next_held = nullptr;
   (last_ != nullptr ? last_->next_held : first_) = join;
   last_ = join;
@@ -38,21 +38,21 @@ void HeldEvents::Push(EventJoin* join) noexcept {
 
 void HeldEvents::DeliverAll() noexcept {
   if (!any_.load(std::memory_order_acquire)) return;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (delivering_) return;  // that thread runs ours too, before it stops
   delivering_ = true;
   while (first_ != nullptr) {
     EventJoin* join = first_;
     first_ = join->next_held;
     if (first_ == nullptr) last_ = nullptr;
-    lock.unlock();
+    lock.Unlock();
     {
       const CallbackScope scope;
       join->watch->handler->OnCmEvent(join->cm);
     }
     join->Finish();
     EventJoin::ReleaseHold(join);
-    lock.lock();
+    lock.Lock();
   }
   any_.store(false, std::memory_order_relaxed);
   delivering_ = false;
@@ -65,7 +65,7 @@ void HeldEvents::DeliverAllOrAfterBatch() noexcept {
 }
 
 void HeldEvents::DropAll() noexcept {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (first_ != nullptr) {
     EventJoin* join = first_;
     first_ = join->next_held;

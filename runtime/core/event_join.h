@@ -19,11 +19,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "cqd/handler.h"
 #include "cqd/types.h"
+#include "runtime/base/mutex.h"
 #include "runtime/core/registry.h"
 
 namespace cqd::internal {
@@ -135,10 +135,10 @@ class HeldEvents {
   void DropAll() noexcept;
 
  private:
-  std::mutex mu_;
-  EventJoin* first_ = nullptr;  // guarded by mu_, linked by next_held
-  EventJoin* last_ = nullptr;
-  bool delivering_ = false;  // guarded by mu_
+  Mutex mu_;
+  EventJoin* first_ CQD_GUARDED_BY(mu_) = nullptr;  // linked by next_held
+  EventJoin* last_ CQD_GUARDED_BY(mu_) = nullptr;
+  bool delivering_ CQD_GUARDED_BY(mu_) = false;
   std::atomic<bool> any_{false};
 };
 

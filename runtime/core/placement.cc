@@ -159,7 +159,7 @@ void Placement::OnDeviceAdded(uint32_t id, const std::string& name, bool verbs, 
   device.name = name;
   device.comp_vectors = std::max(comp_vectors, 1);
   device.numa_node = verbs ? DeviceNumaNode(sysfs_root_, name) : -1;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   devices_[id] = device;
   if (!enabled_ || placed_ || device.numa_node < 0) return;
   placed_ = true;  // the first device with a node decides, whatever it decides
@@ -184,7 +184,7 @@ void Placement::OnDeviceAdded(uint32_t id, const std::string& name, bool verbs, 
 }
 
 Result<int> Placement::CompVector(uint32_t id, int requested) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = devices_.find(id);
   if (it == devices_.end()) return NotFound("no device " + std::to_string(id));
   Device& device = it->second;
@@ -198,7 +198,7 @@ Result<int> Placement::CompVector(uint32_t id, int requested) {
 }
 
 void Placement::FillStats(Stats& stats) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < stats.pollers.size() && i < poller_placed_.size(); ++i) {
     stats.pollers[i].numa_node = poller_placed_[i] ? node_ : -1;
   }

@@ -31,7 +31,6 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,6 +39,7 @@
 #include "cqd/options.h"
 #include "cqd/stats.h"
 #include "cqd/status.h"
+#include "runtime/base/mutex.h"
 
 namespace cqd::internal {
 
@@ -108,13 +108,13 @@ class Placement {
   std::vector<int> consumer_cpus_;      // ConsumerOptions::cpu
   const std::string sysfs_root_;
   const std::optional<std::vector<int>> allowed_;
-  mutable std::mutex mu_;
-  std::map<uint32_t, Device> devices_;  // guarded by mu_
-  bool placed_ = false;                 // guarded by mu_: a device was considered for it
-  int node_ = -1;                       // guarded by mu_: the node threads were placed on
-  std::vector<int> cpus_;               // guarded by mu_: ... and the CPUs, empty if none
-  std::vector<bool> poller_placed_;     // guarded by mu_
-  std::vector<bool> consumer_placed_;   // guarded by mu_
+  mutable Mutex mu_;
+  std::map<uint32_t, Device> devices_ CQD_GUARDED_BY(mu_);
+  bool placed_ CQD_GUARDED_BY(mu_) = false;    // a device was considered for it
+  int node_ CQD_GUARDED_BY(mu_) = -1;          // the node threads were placed on
+  std::vector<int> cpus_ CQD_GUARDED_BY(mu_);  // ... and the CPUs, empty if none
+  std::vector<bool> poller_placed_ CQD_GUARDED_BY(mu_);
+  std::vector<bool> consumer_placed_ CQD_GUARDED_BY(mu_);
 };
 
 }  // namespace cqd::internal

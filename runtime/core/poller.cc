@@ -63,6 +63,7 @@ Status Poller::Start() {
   if (engine_driven_ && wake_fd_ < 0) {
     return ErrnoStatus("engine-driven shard " + std::to_string(index_) + ": eventfd", errno);
   }
+  started_.store(true, std::memory_order_relaxed);
   mailbox_.Open();
   if (!engine_driven_) thread_ = std::thread([this] { Run(); });
   return Status::Ok();
@@ -85,6 +86,18 @@ void Poller::Stop() {
 }
 
 void Poller::RunSync(const std::function<void()>& fn) {
+#if CQD_DCHECKS_ON
+  const std::function<void()> checked = [this, &fn] {
+    CQD_DCHECK(OnDriver(), "a poller's control part ran off its driver thread");
+    fn();
+  };
+  RunOnDriver(checked);
+#else
+  RunOnDriver(fn);
+#endif
+}
+
+void Poller::RunOnDriver(const std::function<void()>& fn) {
   if (ServingAs(this)) {  // a run-to-completion handler of this poller
     SettleFused();        // inside a fused poll: what it still holds is routed first
     fn();
@@ -150,6 +163,7 @@ bool Poller::HostedPending() const noexcept {
 
 void Poller::Run() {
   MarkRuntimeThread();
+  thread_token_.store(ThreadToken(), std::memory_order_relaxed);
   PinAndNameThread(options_.poller_cpus.empty() ? -1 : options_.poller_cpus[index_],
                    "cqd-poll" + std::to_string(index_));
   Clock::time_point idle_since;
@@ -183,13 +197,14 @@ void Poller::Run() {
     while (!lane.spill_empty() || !consumer->CloseIfEmpty()) (void)RunHosted();
   }
   mailbox_.Close();
+  thread_token_.store(0, std::memory_order_relaxed);
 }
 
 void Poller::HandOverAll() {
   // Everything taken off the CQs so far, and every posted event, reaches a consumer (they
   // outlive the pollers' shutdown). PostEvent waits on inbox_mu_ meanwhile and afterwards hands
   // events over directly, behind everything this flush moved.
-  std::lock_guard<std::mutex> lock(inbox_mu_);
+  MutexLock lock(inbox_mu_);
   for (PostedEvent& posted : inbox_) deferred_.push_back(posted);
   inbox_.clear();
   Flush(/*force=*/true);
@@ -212,12 +227,14 @@ const Poller::Stage Poller::kStages[kStageCount] = {
 };
 
 int Poller::Pass(int budget) noexcept {
+  CQD_DCHECK(OnDriver(), "a poller's pass ran off its driver thread");
   int work = 0;
   for (const Stage& stage : kStages) work += (this->*stage.poll)(budget);
   return work;
 }
 
 bool Poller::ArmAndRecheck() noexcept {
+  CQD_DCHECK(OnDriver(), "a poller's sleep protocol ran off its driver thread");
   for (const Stage& stage : kStages) {
     if (!(this->*stage.may_idle)()) return true;
   }

@@ -97,14 +97,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "cqd/options.h"
 #include "cqd/stats.h"
 #include "runtime/base/chaos.h"
+#include "runtime/base/check.h"
 #include "runtime/base/mailbox.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/parker.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
@@ -228,7 +229,22 @@ class Poller {
     uint32_t caught_up = 0;       // bit k: cq_ids[k] needs no more polling
   };
   void Run();
+  // Runs `fn` where the shard's state may be touched (its driver) and waits for it.
   void RunSync(const std::function<void()>& fn);
+  void RunOnDriver(const std::function<void()>& fn);  // RunSync without the affinity check
+  // Whether the calling thread may touch the shard's state now (debug and chaos builds assert it
+  // where a pass or a control part starts): the poller thread while it runs, or on an
+  // engine-driven shard the thread holding the driver; any thread before Start (control calls
+  // then run inline, one at a time) and, on a thread-run shard, once its thread has exited.
+  bool OnDriver() const noexcept {
+    const uintptr_t me = ThreadToken();
+    if (engine_driven_) {
+      return !started_.load(std::memory_order_relaxed) ||
+             driver_.load(std::memory_order_relaxed) == me;
+    }
+    const uintptr_t running = thread_token_.load(std::memory_order_relaxed);
+    return running == 0 || running == me;
+  }
   // Hands everything polled and posted to the consumers (Stop); closes the inbox.
   void HandOverAll();
   // Engine-driven: takes or gives back the driver (see the header comment).
@@ -467,6 +483,8 @@ class Poller {
   uint32_t poll_stamp_ = 0;
 
   std::thread thread_;
+  std::atomic<uintptr_t> thread_token_{0};  // ThreadToken() of thread_ while Run runs (OnDriver)
+  std::atomic<bool> started_{false};        // Start ran (OnDriver)
   std::atomic<bool> stop_{false};
   // Engine-driven shards.
   const bool engine_driven_;
@@ -485,9 +503,9 @@ class Poller {
   Mailbox mailbox_;
 
   // Events posted by the event thread, taken by the poller thread.
-  std::mutex inbox_mu_;
-  std::vector<PostedEvent> inbox_;  // guarded by inbox_mu_
-  bool inbox_open_ = true;          // guarded by inbox_mu_; false once the thread has stopped
+  Mutex inbox_mu_;
+  std::vector<PostedEvent> inbox_ CQD_GUARDED_BY(inbox_mu_);
+  bool inbox_open_ CQD_GUARDED_BY(inbox_mu_) = true;  // false once the thread has stopped
   std::atomic<bool> inbox_pending_{false};
 
   // Stats, written by the poller thread only.

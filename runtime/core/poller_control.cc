@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "runtime/base/chaos.h"
+#include "runtime/base/mutex.h"
 #include "runtime/core/poller.h"
 #include "runtime/core/route.h"
 
@@ -197,7 +198,7 @@ void Poller::CatchUpFences(CqRecord* cq) noexcept {
 }
 
 bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
-  std::unique_lock<std::mutex> lock(inbox_mu_);
+  MutexLock lock(inbox_mu_);
   if (!inbox_open_) {
     // The thread has stopped (Shutdown): nothing it polled is still held, so hand it over now.
     Item copy = item;
@@ -206,7 +207,7 @@ bool Poller::PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint3
   }
   inbox_.push_back({consumer, item, {cq_a, cq_b}});
   inbox_pending_.store(true, std::memory_order_seq_cst);
-  lock.unlock();
+  lock.Unlock();
   parker_.Wake();
   return true;
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "runtime/base/chaos.h"
+#include "runtime/base/mutex.h"
 #include "runtime/core/poller.h"
 #include "runtime/core/route.h"
 
@@ -15,7 +16,7 @@ using Clock = std::chrono::steady_clock;
 
 bool Poller::PlaceEvents() {
   if (inbox_pending_.exchange(false, std::memory_order_acq_rel)) {
-    std::lock_guard<std::mutex> lock(inbox_mu_);
+    MutexLock lock(inbox_mu_);
     deferred_.insert(deferred_.end(), inbox_.begin(), inbox_.end());
     inbox_.clear();
   }

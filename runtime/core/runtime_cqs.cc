@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/base/chaos.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/caller.h"
 #include "runtime/core/runtime_impl.h"
@@ -15,7 +16,7 @@ namespace cqd::internal {
 Result<DeviceId> RuntimeImpl::AddDevice(const char* op, std::unique_ptr<backend::Device> device,
                                         DeviceEventHandler* events) {
   if (Status refused = CheckCaller(op); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   for (auto& d : devices_) {
     if (d->backend->kind() == device->kind() && d->backend->native() == device->native()) {
       return AlreadyExists(std::string(op) + ": " + device->name() +
@@ -67,7 +68,7 @@ Result<DeviceId> RuntimeImpl::AddDevice(const char* op, std::unique_ptr<backend:
 
 Result<void*> RuntimeImpl::DeviceNative(const char* op, DeviceId id, backend::Kind kind) {
   if (Status refused = CheckCaller(op); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   if (id < 1 || id > devices_.size())
     return NotFound(std::string(op) + ": no device " + std::to_string(id));
   const backend::Device& device = *devices_[id - 1]->backend;
@@ -80,7 +81,7 @@ Result<void*> RuntimeImpl::DeviceNative(const char* op, DeviceId id, backend::Ki
 
 Result<DeviceId> RuntimeImpl::FindDevice(const char* op, backend::Kind kind, void* native) {
   if (Status refused = CheckCaller(op); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   for (auto& d : devices_) {
     if (d->backend->kind() == kind && d->backend->native() == native) return d->id;
   }
@@ -91,7 +92,7 @@ Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handl
                                    ConsumerId consumer) {
   if (Status refused = CheckCaller("WatchCmChannel"); !refused.ok()) return refused;
   if (channel == nullptr) return InvalidArgument("WatchCmChannel: channel is null");
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   if (shut_down_) return FailedPrecondition("WatchCmChannel: the runtime is shut down");
   if (consumer >= consumers_.size()) {
     return InvalidArgument("WatchCmChannel: consumer " + std::to_string(consumer) +
@@ -107,18 +108,18 @@ Status RuntimeImpl::WatchCmChannel(rdma_event_channel* channel, CmHandler& handl
 Status RuntimeImpl::UnwatchCmChannel(rdma_event_channel* channel) {
   if (Status refused = CheckCaller("UnwatchCmChannel"); !refused.ok()) return refused;
   if (channel == nullptr) return InvalidArgument("UnwatchCmChannel: channel is null");
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   Status status;
   events_->RunSync([&] { status = events_->UnwatchCm(channel); });
   return status;
 }
 
 bool RuntimeImpl::BindCm(rdma_cm_id* id, const RegisteredQp& registration) {
-  std::unique_lock<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   bool bound = false;
   events_->RunSync(
       [&] { bound = events_->cm().Bind(id, registration.slot, registration.generation); });
-  lock.unlock();
+  lock.Unlock();
   // A Shutdown since RegisterQp: what Bind's sweep handed on to a closed consumer runs here (or
   // after the batch of the handler calling this).
   events_->cm().held().DeliverAllOrAfterBatch();
@@ -143,7 +144,7 @@ Result<DeviceRecord*> RuntimeImpl::FindShard(const char* op, DeviceId id, int sh
 
 Result<PolledCq> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& options) {
   if (Status refused = CheckCaller("CreateCq"); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   Result<DeviceRecord*> device = FindShard("CreateCq", id, shard);
   if (!device.ok()) return device.status();
   if (options.depth < 1) {
@@ -168,7 +169,7 @@ Result<PolledCq> RuntimeImpl::CreateCq(DeviceId id, int shard, const CqOptions& 
 Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard,
                                          backend::Kind kind) {
   if (Status refused = CheckCaller(op); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   Result<DeviceRecord*> device = FindShard(op, id, shard);
   if (!device.ok()) return device.status();
   if ((*device)->backend->kind() != kind) {
@@ -181,7 +182,7 @@ Result<void*> RuntimeImpl::NativeChannel(const char* op, DeviceId id, int shard,
 Result<PolledCq> RuntimeImpl::AdoptCq(DeviceId id, int shard, backend::Kind kind, void* native,
                                       const CqOptions& options) {
   if (Status refused = CheckCaller("AdoptCq"); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   Result<DeviceRecord*> device = FindShard("AdoptCq", id, shard);
   if (!device.ok()) return device.status();
   if (native == nullptr) return InvalidArgument("AdoptCq: cq is null");
@@ -215,7 +216,7 @@ Result<PolledCq> RuntimeImpl::AddCq(std::unique_ptr<CqRecord> record) {
 
 Status RuntimeImpl::DestroyCq(uint64_t runtime, uint32_t id) {
   if (Status refused = CheckCaller("DestroyCq"); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   if (id == 0) return InvalidArgument("DestroyCq: the handle is empty");
   if (runtime != serial_) {
     return InvalidArgument("DestroyCq: CQ " + std::to_string(id) +

@@ -206,7 +206,7 @@ Stats RuntimeImpl::GetStats() const {
   stats.failed_fds = events_->failed_fds();
   stats.cm_events = events_->cm_events();
   if (CallerRoles() & kRefusedControlCallers) return stats;  // the CQ part needs the mutex
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   cqs_.FillStats(stats);
   return stats;
 }
@@ -222,9 +222,9 @@ Status RuntimeImpl::Shutdown() {
 }
 
 Status RuntimeImpl::StopEverything() {
-  std::lock_guard<std::mutex> shutdown_lock(shutdown_mu_);
+  MutexLock shutdown_lock(shutdown_mu_);
   {
-    std::lock_guard<ControlMutex> lock(mu_);
+    ControlLock lock(mu_);
     if (shut_down_) return Status::Ok();
     shut_down_ = true;  // from here TeardownQp is refused
   }

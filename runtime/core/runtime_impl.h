@@ -19,7 +19,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +29,7 @@
 #include "cqd/types.h"
 #include "runtime/backend/device.h"
 #include "runtime/base/log.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/caller.h"
 #include "runtime/core/consumer.h"
@@ -129,28 +129,27 @@ class RuntimeImpl final : private TeardownHost {
   void PostFence(const TeardownState& state) noexcept override;
   bool RedriveDrain(const TeardownState& state) noexcept override;
 
-  // All require mu_.
   // Ends the registration (slot, generation) without waiting for its consumer: it is dead and
   // unroutable, its CQ uses dropped, what the pollers hold for it orphaned, and what it may still
   // have in its CQs fenced (fences.h: `ending` is the teardown that ended, null for a plain
   // Unregister). Returns the batch to wait out before the slot is freed; `retired` false if it was
   // gone.
-  BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending);
+  BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending) CQD_REQUIRES(mu_);
   void FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
-                    CqRecord* const cqs[2], const uint32_t commits[2]);
+                    CqRecord* const cqs[2], const uint32_t commits[2]) CQD_REQUIRES(mu_);
   // The device `id`, if the runtime runs and `shard` is one of its shards.
-  Result<DeviceRecord*> FindShard(const char* op, DeviceId id, int shard);
-  Result<PolledCq> AddCq(std::unique_ptr<CqRecord> record);
+  Result<DeviceRecord*> FindShard(const char* op, DeviceId id, int shard) CQD_REQUIRES(mu_);
+  Result<PolledCq> AddCq(std::unique_ptr<CqRecord> record) CQD_REQUIRES(mu_);
   // Commits `wrs` more work requests on `cq`, growing it if allowed; kResourceExhausted if not.
-  Status Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num);
+  Status Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) CQD_REQUIRES(mu_);
 
   const RuntimeOptions options_;
   const uint64_t serial_;  // tells this runtime's CqHandles from another's
   const Logger log_;       // RuntimeOptions::log; before every thread that logs
   const std::chrono::steady_clock::time_point created_ = std::chrono::steady_clock::now();
   mutable ControlMutex mu_;  // thread_role.h: served while a run-to-completion poller waits
-  std::mutex shutdown_mu_;
-  bool shut_down_ = false;  // guarded by mu_
+  Mutex shutdown_mu_;
+  bool shut_down_ CQD_GUARDED_BY(mu_) = false;
   // Start finished: threads may have run callbacks. Until then nothing of this runtime's can be
   // a caller's own thread or wait for one, so the destructor stops it from any thread.
   bool started_ = false;
@@ -168,7 +167,7 @@ class RuntimeImpl final : private TeardownHost {
   std::unique_ptr<EventLoop> events_;
   std::unique_ptr<TeardownWorker> teardowns_;
   std::vector<std::unique_ptr<DeviceRecord>> devices_;  // id - 1
-  CqTable cqs_;                                         // guarded by mu_
+  CqTable cqs_ CQD_GUARDED_BY(mu_);
   // NUMA placement of the threads and completion vectors of CQs (placement.h; own mutex).
   Placement placement_{options_};
   // RuntimeOptions::stats_socket. Last: its thread calls GetStats, so it goes first.

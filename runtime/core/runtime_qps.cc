@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/base/chaos.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/caller.h"
 #include "runtime/core/runtime_impl.h"
@@ -16,7 +17,7 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
                                              void* recv_native, QpHandler& handler,
                                              ConsumerId consumer, const QpOptions& options) {
   if (Status refused = CheckCaller("RegisterQp"); !refused.ok()) return refused;
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
   if (consumer >= consumers_.size()) {
     return InvalidArgument("RegisterQp: consumer " + std::to_string(consumer) + " is not in 0.." +
@@ -220,17 +221,17 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, con
 
 bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
   if (CallerRoles() & kRefusedControlCallers) return false;  // as CheckCaller refuses
-  std::unique_lock<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   const BatchTicket batch = Retire(index, generation, nullptr);
   if (!batch.retired) return true;  // already gone
   ChaosPoint();
   if (batch.seq != 0) {
-    lock.unlock();  // a handler in that batch may want mu_
+    lock.Unlock();  // a handler in that batch may want mu_
     while (!consumers_[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h
-    lock.lock();
+    lock.Lock();
   }
   slots_.Free(index);
-  lock.unlock();
+  lock.Unlock();
   // After Shutdown: CM events it handed on (cm_router.h), now, or after the batch of the handler
   // calling this.
   events_->cm().held().DeliverAllOrAfterBatch();
@@ -238,7 +239,7 @@ bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
 }
 
 BatchTicket RuntimeImpl::RetireTeardown(TeardownState& state) noexcept {
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   return Retire(state.slot, state.generation, &state);
 }
 
@@ -247,12 +248,12 @@ bool RuntimeImpl::BatchOver(const BatchTicket& ticket) const noexcept {
 }
 
 void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   slots_.Free(index);
 }
 
 bool RuntimeImpl::RedriveDrain(const TeardownState& state) noexcept {
-  std::lock_guard<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   const Slot& slot = slots_.slot(state.slot);
   if (!StateLiveAs(slot.state.load(std::memory_order_relaxed), state.generation)) return false;
   DeviceRecord* device = devices_[state.device - 1].get();
@@ -281,7 +282,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   if (options.last_wqe_grace.count() < 0) {
     return InvalidArgument("TeardownQp: last_wqe_grace must not be negative");
   }
-  std::unique_lock<ControlMutex> lock(mu_);
+  ControlLock lock(mu_);
   if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
   Slot& slot = slots_.slot(index);
   const uint64_t state = slot.state.load(std::memory_order_relaxed);
@@ -321,9 +322,9 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
     // No marker went out. Back to live; a batch that saw `draining` may still read the state
     // through slot.teardown: wait for it (without mu_, as Unregister does) before it goes.
     slot.state.store(state, std::memory_order_seq_cst);
-    lock.unlock();
+    lock.Unlock();
     consumers_[consumer]->WaitForBatchInProgress(index);
-    lock.lock();
+    lock.Lock();
     if (slot.teardown.load(std::memory_order_relaxed) == teardown.get()) {
       slot.teardown.store(nullptr, std::memory_order_release);
     }

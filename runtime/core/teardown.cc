@@ -39,7 +39,7 @@ void TeardownWorker::Start() {
 void TeardownWorker::Stop() {
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   parker_.Wake();
@@ -48,7 +48,7 @@ void TeardownWorker::Stop() {
 
 void TeardownWorker::Add(std::shared_ptr<TeardownState> state) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     active_.push_back(std::move(state));
     noted_.exchange(true, std::memory_order_seq_cst);  // its deadline is new (an RMW: see noted_)
   }
@@ -64,7 +64,7 @@ void TeardownWorker::Note(TeardownState* state, uint32_t what) noexcept {
 
 void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (std::find(failed_devices_.begin(), failed_devices_.end(), device) ==
         failed_devices_.end()) {
       failed_devices_.push_back(device);  // at most one entry per device
@@ -76,7 +76,7 @@ void TeardownWorker::DeviceFailed(uint32_t device) noexcept {
 
 void TeardownWorker::Run() {
   using Clock = TeardownState::Clock;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     // Decide, under the lock, which teardowns end now and why. Cleared first: a Note from here
     // on sets it again (see noted_), and its marker is then looked at by the next scan.
@@ -146,7 +146,7 @@ void TeardownWorker::Run() {
     const bool stopping = stop_;
     // Without the lock: retiring takes the runtime mutex and waits for pollers, whose
     // consumers' Note takes mu_; on_done may call the runtime.
-    lock.unlock();
+    lock.Unlock();
     for (auto& state : fencing) host_.PostFence(*state);
     for (auto& state : redriving) {
       if (log_ != nullptr && log_->enabled()) {
@@ -176,7 +176,7 @@ void TeardownWorker::Run() {
       retired_.push_back({state, std::move(result), batch});
     }
     const bool waiting_on_batches = FinishRetired();
-    lock.lock();
+    lock.Lock();
     if (stopping && active_.empty() && !waiting_on_batches) return;
     if (noted_.load(std::memory_order_relaxed) || !ending.empty() || !fencing.empty() ||
         !redriving.empty()) {
@@ -194,13 +194,13 @@ void TeardownWorker::Run() {
       parker_.Cancel();
       continue;
     }
-    lock.unlock();
+    lock.Unlock();
     if (wake == Clock::time_point::max()) {
       parker_.Park(ticket);
     } else {
       parker_.ParkFor(ticket, std::max(Clock::duration::zero(), wake - Clock::now()));
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -221,11 +221,11 @@ bool TeardownWorker::FinishRetired() {
 
 void TeardownWorker::Publish(const std::shared_ptr<TeardownState>& state, const Status& result) {
   {
-    std::lock_guard<std::mutex> lock(state->mu);
+    MutexLock lock(state->mu);
     state->done = true;
     state->result = result;
   }
-  state->cv.notify_all();
+  state->cv.NotifyAll();
   if (state->on_done) {
     try {
       state->on_done(result);

@@ -33,17 +33,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "cqd/status.h"
 #include "runtime/base/log.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/parker.h"
 
 namespace cqd::internal {
@@ -97,10 +96,10 @@ struct alignas(8) TeardownState {
   Clock::time_point retry_at;
   std::chrono::microseconds retry_every{0};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;  // guarded by mu
-  Status result;      // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  bool done CQD_GUARDED_BY(mu) = false;
+  Status result CQD_GUARDED_BY(mu);
 
   uint64_t send_marker() const noexcept { return reinterpret_cast<uint64_t>(this); }
   uint64_t recv_marker() const noexcept { return send_marker() + 1; }
@@ -174,13 +173,13 @@ class TeardownWorker {
   void Publish(const std::shared_ptr<TeardownState>& state, const Status& result);
 
   TeardownHost& host_;
-  std::mutex mu_;
+  Mutex mu_;
   // The worker sleeps on it; Add, Note, DeviceFailed and Stop wake it after their change. A
-  // futex parker loses no wake-up (glibc's condition variable before 2.41 can: cv_wait.h), so an
+  // futex parker loses no wake-up (glibc's condition variable before 2.41 can: mutex.h), so an
   // idle worker sleeps until one of them without re-checking.
   Parker parker_;
-  std::vector<std::shared_ptr<TeardownState>> active_;  // guarded by mu_
-  std::vector<uint32_t> failed_devices_;                // guarded by mu_
+  std::vector<std::shared_ptr<TeardownState>> active_ CQD_GUARDED_BY(mu_);
+  std::vector<uint32_t> failed_devices_ CQD_GUARDED_BY(mu_);
   // Something changed that the worker must look at again. Add and DeviceFailed set it under mu_;
   // Note sets it without mu_ and takes mu_ only when it was clear, so that consumers do not queue
   // on mu_ behind the worker's scan; the worker clears it under mu_ before it scans. Every write
@@ -189,7 +188,7 @@ class TeardownWorker {
   // set wakes nobody: a scan is due, and the worker reads it (seq_cst, as each write) after it
   // announced its sleep (parker.h), so it does not sleep past it.
   std::atomic<bool> noted_{false};
-  bool stop_ = false;            // guarded by mu_
+  bool stop_ CQD_GUARDED_BY(mu_) = false;
   std::vector<Ending> retired_;  // worker thread only
   std::thread thread_;
   const Logger* log_ = nullptr;

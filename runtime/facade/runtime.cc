@@ -13,7 +13,7 @@
 #include "cqd/sim.h"
 #include "runtime/backend/sim/sim_device.h"
 #include "runtime/backend/verbs/verbs_device.h"
-#include "runtime/base/cv_wait.h"
+#include "runtime/base/mutex.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/caller.h"
 #include "runtime/core/options_check.h"
@@ -219,13 +219,13 @@ Result<Teardown> Runtime::TeardownQp(Registration& registration, const TeardownO
 
 bool Teardown::done() const {
   if (state_ == nullptr) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
+  internal::MutexLock lock(state_->mu);
   return state_->done;
 }
 
 Status Teardown::Wait() const {
   if (state_ == nullptr) return FailedPrecondition("Teardown::Wait: no teardown");
-  std::unique_lock<std::mutex> lock(state_->mu);
+  internal::MutexLock lock(state_->mu);
   if (state_->done) return state_->result;
   // The threads a teardown may need, or that others need while it runs (runtime.h, "Waiting").
   const char* refused = internal::RefusalReason(
@@ -247,7 +247,7 @@ Status Teardown::Wait() const {
     return FailedPrecondition(std::string("Teardown::Wait: ") + refused +
                               "; use done() or TeardownOptions::on_done instead");
   }
-  internal::WaitRechecking(state_->cv, lock, [&] { return state_->done; });
+  while (!state_->done) state_->cv.WaitForRecheck(state_->mu);
   return state_->result;
 }
 

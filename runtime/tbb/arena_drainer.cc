@@ -17,8 +17,8 @@ namespace {
 thread_local TaskScope* current_scope = nullptr;
 
 // Consumers hosted by some drainer in this process: each may be drained by one only.
-std::mutex hosted_mu;
-std::set<std::pair<const Runtime*, ConsumerId>>& Hosted() {
+Mutex hosted_mu;
+std::set<std::pair<const Runtime*, ConsumerId>>& Hosted() CQD_REQUIRES(hosted_mu) {
   static auto* hosted = new std::set<std::pair<const Runtime*, ConsumerId>>();
   return *hosted;
 }
@@ -113,7 +113,7 @@ Result<std::unique_ptr<ArenaDrainer>> ArenaDrainer::Create(Runtime& runtime,
     d->slots_.push_back(std::move(slot));
   }
   {
-    std::lock_guard<std::mutex> lock(hosted_mu);
+    MutexLock lock(hosted_mu);
     for (const auto& slot : d->slots_) {
       if (Hosted().count({&runtime, slot->id}) != 0) {
         return AlreadyExists(name + ": consumer " + std::to_string(slot->id) +
@@ -158,7 +158,7 @@ ArenaDrainer::~ArenaDrainer() {
 }
 
 void ArenaDrainer::Unhost() noexcept {
-  std::lock_guard<std::mutex> lock(hosted_mu);
+  MutexLock lock(hosted_mu);
   if (!hosting_) return;  // a failed Create hosted nothing; or already given up
   for (const auto& slot : slots_) Hosted().erase({&runtime_, slot->id});
   hosting_ = false;
@@ -250,7 +250,7 @@ Status ArenaDrainer::Stop(const void* also_refuse_owner) {
     return FailedPrecondition(
         "Stop: called from one of its own tasks (a handler), which it waits for");
   }
-  std::lock_guard<std::mutex> lock(stop_mu_);
+  MutexLock lock(stop_mu_);
   if (stopped_) return Status::Ok();
   stopping_.store(true, std::memory_order_seq_cst);
   if (watcher_.joinable()) {

@@ -37,6 +37,7 @@
 #include "cqd/status.h"
 #include "cqd/tbb.h"
 #include "cqd/types.h"
+#include "runtime/base/mutex.h"
 
 #if defined(__SANITIZE_THREAD__)
 extern "C" void __tsan_acquire(void* addr);
@@ -187,8 +188,8 @@ class ArenaDrainer {
   int epoll_fd_ = -1;
   int stop_fd_ = -1;
   std::thread watcher_;
-  std::mutex stop_mu_;  // serializes Stop
-  bool stopped_ = false;
+  Mutex stop_mu_;  // serializes Stop
+  bool stopped_ CQD_GUARDED_BY(stop_mu_) = false;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> inflight_{0};
   std::atomic<uint64_t> tasks_{0};

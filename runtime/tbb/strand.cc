@@ -9,12 +9,12 @@ namespace cqd::internal {
 
 void StrandTeardownState::Finish(const Status& status) noexcept {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     result = status;
     finished = true;
   }
   done.store(true, std::memory_order_release);
-  cv.notify_all();
+  cv.NotifyAll();
   if (on_done) {
     try {
       on_done(status);
@@ -40,7 +40,7 @@ void StrandBatch::swap(StrandBatch& other) noexcept {
 }
 
 Strand::~Strand() {
-  std::lock_guard<std::mutex> lock(core->mu);
+  MutexLock lock(core->mu);
   core->live.erase(this);
 }
 
@@ -49,7 +49,7 @@ bool Strand::Push(const Append& append) noexcept {
   bool schedule = false;
   bool rejected = false;
   {
-    std::lock_guard<SpinLock> lock(mu);
+    ScopedLock<SpinLock> lock(mu);
     if (!dead.load(std::memory_order_relaxed) && !core->stopped.load(std::memory_order_acquire)) {
       try {
         append(in_);
@@ -112,7 +112,7 @@ void Strand::PushFence(const std::shared_ptr<StrandTeardownState>& state,
   bool finish_now = false;
   Status result = status;
   {
-    std::lock_guard<SpinLock> lock(mu);
+    ScopedLock<SpinLock> lock(mu);
     if (!scheduled && in_.empty() && !dead.load(std::memory_order_relaxed) &&
         !core->stopped.load(std::memory_order_acquire)) {
       dead.store(true, std::memory_order_release);  // delivered up to here: nothing follows
@@ -141,7 +141,7 @@ void Strand::Enqueue() noexcept {
   core->enqueue_failures.fetch_add(1, std::memory_order_relaxed);
   std::shared_ptr<Strand> last;
   {
-    std::lock_guard<SpinLock> lock(mu);
+    ScopedLock<SpinLock> lock(mu);
     scheduled = false;  // the next push retries
     last = std::move(keep_alive);
   }
@@ -158,7 +158,7 @@ void Strand::Run() noexcept {
     for (;;) {
       bool yield = false;
       {
-        std::lock_guard<SpinLock> lock(mu);
+        ScopedLock<SpinLock> lock(mu);
         if (in_.empty() || dead.load(std::memory_order_relaxed)) {
           scheduled = false;
           last = std::move(keep_alive);
@@ -181,7 +181,7 @@ void Strand::Run() noexcept {
       }
       items += Deliver();
       out_.clear();
-      std::lock_guard<SpinLock> lock(mu);
+      ScopedLock<SpinLock> lock(mu);
       running.store(false, std::memory_order_release);
     }
   }
@@ -218,7 +218,7 @@ int Strand::Deliver() noexcept {
         // The runtime unregistered the QP before this: nothing follows. The handler made its
         // last call; the result goes out now.
         {
-          std::lock_guard<SpinLock> lock(mu);
+          ScopedLock<SpinLock> lock(mu);
           dead.store(true, std::memory_order_release);
         }
         Leave();
@@ -253,7 +253,7 @@ void Strand::Drop(Batch& b, size_t from, bool fences_too) noexcept {
 }
 
 void Strand::Leave() noexcept {
-  std::lock_guard<std::mutex> lock(core->mu);
+  MutexLock lock(core->mu);
   core->live.erase(this);
 }
 
@@ -261,7 +261,7 @@ void Strand::Kill() noexcept {
   Batch leftovers;
   bool wait = false;
   {
-    std::lock_guard<SpinLock> lock(mu);
+    ScopedLock<SpinLock> lock(mu);
     dead.store(true, std::memory_order_release);
     leftovers.swap(in_);
     wait = running.load(std::memory_order_relaxed) && !TaskScope::InStrand(this);

@@ -17,23 +17,22 @@
 #define CQD_RUNTIME_TBB_STRAND_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <unordered_set>
 #include <vector>
 
 #include "cqd/tbb.h"
+#include "runtime/base/mutex.h"
 #include "runtime/tbb/arena_drainer.h"
 
 namespace cqd::internal {
 
-class SpinLock {
+class CQD_CAPABILITY("mutex") SpinLock {
  public:
-  void lock() noexcept {
+  void Lock() noexcept CQD_ACQUIRE() {
     while (locked_.exchange(true, std::memory_order_acquire)) {
       while (locked_.load(std::memory_order_relaxed)) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,17 +41,19 @@ class SpinLock {
       }
     }
   }
-  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+  void Unlock() noexcept CQD_RELEASE_CAPABILITY() {
+    locked_.store(false, std::memory_order_release);
+  }
 
  private:
   std::atomic<bool> locked_{false};
 };
 
 struct StrandTeardownState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;  // under mu
-  Status result;          // under mu
+  Mutex mu;
+  CondVar cv;
+  bool finished CQD_GUARDED_BY(mu) = false;
+  Status result CQD_GUARDED_BY(mu);
   std::atomic<bool> done{false};
   std::function<void(const Status&)> on_done;
 
@@ -70,9 +71,9 @@ struct StrandCore {
   int strand_budget = 64;
   OrphanHandler* orphan_handler = nullptr;
 
-  std::mutex stop_mu;                // serializes StrandConsumer::Stop
-  std::mutex mu;                     // guards live and the stopped transition
-  std::unordered_set<Strand*> live;  // strands registered or tearing down
+  Mutex stop_mu;  // serializes StrandConsumer::Stop
+  Mutex mu;       // guards live, handed_over and the stopped transition
+  std::unordered_set<Strand*> live CQD_GUARDED_BY(mu);  // strands registered or tearing down
   std::atomic<bool> stopped{false};  // written under mu and each live strand's lock
   std::atomic<int64_t> inflight{0};  // strand tasks queued or running
   std::atomic<uint64_t> strand_tasks{0};
@@ -81,8 +82,8 @@ struct StrandCore {
   std::atomic<uint64_t> dropped_events{0};
   std::atomic<uint64_t> enqueue_failures{0};
   // Strands whose StrandRegistration went away on a poller or the event thread, where the
-  // runtime cannot unregister: the next StrandConsumer call that may unregisters them. Under mu.
-  std::vector<std::shared_ptr<Strand>> handed_over;
+  // runtime cannot unregister: the next StrandConsumer call that may unregisters them.
+  std::vector<std::shared_ptr<Strand>> handed_over CQD_GUARDED_BY(mu);
 };
 
 // What a strand holds: items in order, completions of adjacent runs merged.
@@ -152,11 +153,11 @@ struct Strand final : public QpHandler, public std::enable_shared_from_this<Stra
   // Takes the strand out of the consumer's live set (it is dead: Stop need not wait for it).
   void Leave() noexcept;
 
-  Batch in_;               // under mu
-  bool scheduled = false;  // under mu
-  // Under mu: the strand's own reference while `scheduled`, so that its queued task (which holds a
-  // plain pointer) finds it alive; the task that clears `scheduled` drops it.
-  std::shared_ptr<Strand> keep_alive;
+  Batch in_ CQD_GUARDED_BY(mu);
+  bool scheduled CQD_GUARDED_BY(mu) = false;
+  // The strand's own reference while `scheduled`, so that its queued task (which holds a plain
+  // pointer) finds it alive; the task that clears `scheduled` drops it.
+  std::shared_ptr<Strand> keep_alive CQD_GUARDED_BY(mu);
   std::atomic<bool> running{false};  // written under mu
   std::atomic<bool> dead{false};     // written under mu
   std::atomic<bool> lost{false};     // a completion was dropped

@@ -4,13 +4,13 @@
 // to the user's handler from strand tasks. This file holds the public side: registration,
 // teardown, Stop and the stats.
 #include <chrono>
-#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cqd/tbb.h"
+#include "runtime/base/mutex.h"
 #include "runtime/tbb/arena_drainer.h"
 #include "runtime/tbb/strand.h"
 
@@ -26,7 +26,7 @@ namespace {
 void UnregisterHandedOver(StrandCore& core) noexcept {
   std::vector<std::shared_ptr<Strand>> strands;
   {
-    std::lock_guard<std::mutex> lock(core.mu);
+    internal::MutexLock lock(core.mu);
     if (core.handed_over.empty()) return;
     strands.swap(core.handed_over);
   }
@@ -36,7 +36,7 @@ void UnregisterHandedOver(StrandCore& core) noexcept {
       strand->Kill();
       continue;
     }
-    std::lock_guard<std::mutex> lock(core.mu);  // a poller or the event thread again: later
+    internal::MutexLock lock(core.mu);  // a poller or the event thread again: later
     try {
       core.handed_over.push_back(std::move(strand));
     } catch (const std::bad_alloc&) {
@@ -78,7 +78,7 @@ void StrandRegistration::HandOver() noexcept {
   std::shared_ptr<Strand> strand = std::move(strand_);
   strand_ = nullptr;
   StrandCore& core = *strand->core;
-  std::lock_guard<std::mutex> lock(core.mu);
+  internal::MutexLock lock(core.mu);
   try {
     core.handed_over.push_back(std::move(strand));
   } catch (const std::bad_alloc&) {
@@ -95,17 +95,15 @@ Status StrandTeardown::Wait() const {
     return FailedPrecondition("StrandTeardown::Wait: a default-constructed StrandTeardown");
   }
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    internal::MutexLock lock(state_->mu);
     if (state_->finished) return state_->result;  // any thread
   }
   if (Status refused = internal::RefuseWaitInCallback("StrandTeardown::Wait"); !refused.ok()) {
     return FailedPrecondition(refused.message() + ": use TeardownOptions::on_done");
   }
-  std::unique_lock<std::mutex> lock(state_->mu);
-  // Re-checked: glibc before 2.41 can lose a condition variable's wake-up (bug 25847).
-  while (
-      !state_->cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return state_->finished; })) {
-  }
+  internal::MutexLock lock(state_->mu);
+  // Re-checked: glibc before 2.41 can lose a condition variable's wake-up (mutex.h).
+  while (!state_->finished) state_->cv.WaitForRecheck(state_->mu);
   return state_->result;
 }
 
@@ -113,7 +111,7 @@ namespace {
 
 // StrandConsumer::Stop past its refusal (the destructor's too).
 Status StopAndDeliver(Runtime& runtime, StrandCore& core, internal::ArenaDrainer& drainer) {
-  std::lock_guard<std::mutex> stop_lock(core.stop_mu);
+  internal::MutexLock stop_lock(core.stop_mu);
   if (Status s = drainer.Stop(); !s.ok()) return s;
   if (core.stopped.load(std::memory_order_acquire)) return Status::Ok();
   // What the consumer still holds goes to the strands, on this thread: no drain task runs now,
@@ -129,10 +127,10 @@ Status StopAndDeliver(Runtime& runtime, StrandCore& core, internal::ArenaDrainer
   {
     // From here a push finds `stopped` (the lock of each live strand orders it with the pushes
     // that did not), so no strand task starts after the wait below.
-    std::lock_guard<std::mutex> lock(core.mu);
+    internal::MutexLock lock(core.mu);
     core.stopped.store(true, std::memory_order_release);
     for (Strand* strand : core.live) {
-      std::lock_guard<internal::SpinLock> strand_lock(strand->mu);
+      internal::ScopedLock<internal::SpinLock> strand_lock(strand->mu);
     }
   }
   internal::WaitForZero(core.inflight);
@@ -183,7 +181,7 @@ Result<StrandRegistration> StrandConsumer::RegisterWith(QpHandler& handler,
   try {
     auto strand = std::make_shared<Strand>(core_, &handler);
     {
-      std::lock_guard<std::mutex> lock(core_->mu);
+      internal::MutexLock lock(core_->mu);
       if (core_->stopped.load(std::memory_order_relaxed)) {
         return FailedPrecondition("StrandConsumer::RegisterQp: the StrandConsumer was stopped");
       }
@@ -263,7 +261,7 @@ Status StrandConsumer::Stop() {
 StrandStats StrandConsumer::GetStats() const {
   StrandStats s;
   {
-    std::lock_guard<std::mutex> lock(core_->mu);
+    internal::MutexLock lock(core_->mu);
     s.strands = core_->live.size();
   }
   s.strand_tasks = core_->strand_tasks.load(std::memory_order_relaxed);

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "runtime/backend/sim/sim_device.h"
-#include "runtime/base/cv_wait.h"
+#include "runtime/base/mutex.h"
 
 namespace cqd::sim_internal {
 
@@ -83,7 +83,7 @@ int SimChannelImpl::GetEvent(void** native_cq) noexcept {
   if (injected_errno_.Fire()) return -1;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      internal::MutexLock lock(mu_);
       if (!events_.empty()) {
         SimCqImpl* cq = events_.front();
         events_.pop_front();
@@ -102,14 +102,14 @@ int SimChannelImpl::GetEvent(void** native_cq) noexcept {
 }
 
 void SimChannelImpl::Push(SimCqImpl* cq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   if (cq->destroying.load(std::memory_order_relaxed)) return;
   events_.push_back(cq);
   pending_.Add();
 }
 
 void SimChannelImpl::Retire(SimCqImpl* cq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   cq->destroying.store(true, std::memory_order_relaxed);
   auto it = std::remove(events_.begin(), events_.end(), cq);
   int removed = static_cast<int>(events_.end() - it);
@@ -233,7 +233,7 @@ void SimCqImpl::Replay(std::span<const ibv_wc> pattern, uint64_t total,
   }
   replay_.store(record.get(), std::memory_order_release);
   {
-    std::lock_guard<std::mutex> lock(ack_mu_);  // not hot: guards the record list only
+    internal::MutexLock lock(ack_mu_);  // not hot: guards the record list only
     replay_records_.push_back(std::move(record));
   }
   replay_left_.store(total, std::memory_order_seq_cst);
@@ -330,15 +330,14 @@ int SimCqImpl::RequestNotify(bool solicited_only) noexcept {
 }
 
 void SimCqImpl::Ack(unsigned n) {
-  std::lock_guard<std::mutex> lock(ack_mu_);
+  internal::MutexLock lock(ack_mu_);
   acked_ += n;
-  ack_cv_.notify_all();
+  ack_cv_.NotifyAll();
 }
 
 bool SimCqImpl::WaitAllAcked() {
-  std::unique_lock<std::mutex> lock(ack_mu_);
-  internal::WaitRechecking(ack_cv_, lock,
-                           [&] { return acked_ >= reported_.load(std::memory_order_relaxed); });
+  internal::MutexLock lock(ack_mu_);
+  while (acked_ < reported_.load(std::memory_order_relaxed)) ack_cv_.WaitForRecheck(ack_mu_);
   return acked_ == reported_.load(std::memory_order_relaxed);
 }
 

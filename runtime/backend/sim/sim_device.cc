@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "runtime/base/cv_wait.h"
+#include "runtime/base/mutex.h"
 
 namespace cqd {
 
@@ -43,13 +43,13 @@ SimDeviceImpl::~SimDeviceImpl() = default;
 Result<SimChannel*> SimDeviceImpl::CreateChannel() {
   auto channel = std::make_unique<SimChannelImpl>(this);
   SimChannelImpl* raw = channel.get();
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   channels_.emplace(raw, std::move(channel));
   return static_cast<SimChannel*>(raw);
 }
 
 Status SimDeviceImpl::DestroyChannel(SimChannel* channel) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   auto it = channels_.find(static_cast<SimChannelImpl*>(channel));
   if (channel == nullptr || it == channels_.end()) {
     return NotFound("DestroyChannel: not a channel of sim device " + options_.name);
@@ -66,7 +66,7 @@ Result<SimCq*> SimDeviceImpl::CreateCq(int depth, SimChannel* channel) {
   if (depth < 1 || depth > (1 << 22)) {
     return InvalidArgument("CreateCq: depth " + std::to_string(depth) + " is not in 1..4194304");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   SimChannelImpl* ch = static_cast<SimChannelImpl*>(channel);
   if (channel != nullptr && !channels_.contains(ch)) {
     return NotFound("CreateCq: not a channel of sim device " + options_.name);
@@ -80,7 +80,7 @@ Result<SimCq*> SimDeviceImpl::CreateCq(int depth, SimChannel* channel) {
 }
 
 SimCqImpl* SimDeviceImpl::FindCq(void* native) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   auto* cq = static_cast<SimCqImpl*>(static_cast<SimCq*>(native));
   return cqs_.contains(cq) ? cq : nullptr;
 }
@@ -90,7 +90,7 @@ Status SimDeviceImpl::DestroyCq(SimCq* public_cq) { return DestroyCqAs(public_cq
 Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
   auto* cq = static_cast<SimCqImpl*>(public_cq);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    internal::MutexLock lock(mu_);
     if (public_cq == nullptr || !cqs_.contains(cq)) {
       return NotFound(who + "not a CQ of sim device " + options_.name);
     }
@@ -114,8 +114,8 @@ Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
                     "more completion events were acked than were read "
                     "(verbs would hang here)");
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  internal::WaitRechecking(async_acked_cv_, lock, [&] { return cq->async_unacked == 0; });
+  internal::MutexLock lock(mu_);
+  while (cq->async_unacked != 0) async_acked_cv_.WaitForRecheck(mu_);
   if (cq->sim_channel() != nullptr) --cq->sim_channel()->cq_count;
   cqs_.erase(cq);
   return Status::Ok();
@@ -123,7 +123,7 @@ Status SimDeviceImpl::DestroyCqAs(SimCq* public_cq, const std::string& who) {
 
 Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq,
                                        const SimQpOptions& options) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   auto* send = static_cast<SimCqImpl*>(send_cq);
   auto* recv = static_cast<SimCqImpl*>(recv_cq);
   if (send_cq == nullptr || recv_cq == nullptr || !cqs_.contains(send) || !cqs_.contains(recv) ||
@@ -157,14 +157,14 @@ Result<SimQp*> SimDeviceImpl::CreateQp(SimCq* send_cq, SimCq* recv_cq,
 }
 
 Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
-  std::unique_lock<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
   if (it == qps_.end() || it->second.get() != public_qp) {
     return NotFound("DestroyQp: not a QP of sim device " + options_.name);
   }
   SimQpImpl* qp = it->second.get();
   PurgeAsyncLocked(qp);
-  internal::WaitRechecking(async_acked_cv_, lock, [&] { return qp->async_unacked == 0; });  // S13
+  while (qp->async_unacked != 0) async_acked_cv_.WaitForRecheck(mu_);  // S13
   --qp->send()->qp_refs;
   --qp->recv()->qp_refs;
   free_qp_nums_.push_back(qp->qp_num());
@@ -173,14 +173,14 @@ Status SimDeviceImpl::DestroyQp(SimQp* public_qp) {
 }
 
 SimQpImpl* SimDeviceImpl::FindQp(void* native) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   auto* qp = static_cast<SimQpImpl*>(static_cast<SimQp*>(native));
   auto it = qps_.find(qp->qp_num());
   return it != qps_.end() && it->second.get() == qp ? qp : nullptr;
 }
 
 Status SimQpImpl::PostSend(uint64_t wr_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   if (sends_.size() > static_cast<size_t>(options_.max_send_wr)) {
     return ResourceExhausted("PostSend: the send queue of qp_num " + std::to_string(qp_num_) +
                              " is full");
@@ -207,7 +207,7 @@ Status SimQpImpl::PostRecv(uint64_t wr_id) {
   if (options_.srq) {
     return InvalidArgument("PostRecv: qp_num " + std::to_string(qp_num_) + " receives from an SRQ");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   if (recvs_.size() > static_cast<size_t>(options_.max_recv_wr)) {
     return ResourceExhausted("PostRecv: the receive queue of qp_num " + std::to_string(qp_num_) +
                              " is full");
@@ -217,12 +217,12 @@ Status SimQpImpl::PostRecv(uint64_t wr_id) {
 }
 
 int SimQpImpl::outstanding(bool recv) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   return static_cast<int>(recv ? recvs_.size() : sends_.size());
 }
 
 void SimQpImpl::ModifyToError() {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   error_.store(true, std::memory_order_release);
   if (receives_first_) {
     FlushLocked(recvs_, recv_, IBV_WC_RECV);
@@ -263,7 +263,7 @@ Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t 
   }
   qp->ModifyToError();
   if (qp->options().srq && options_.last_wqe_reached) {
-    std::lock_guard<std::mutex> lock(mu_);
+    internal::MutexLock lock(mu_);
     PushAsyncLocked({IBV_EVENT_QP_LAST_WQE_REACHED, qp, nullptr, 0});
   }
   return posted;
@@ -279,7 +279,7 @@ Status SimDeviceImpl::RedriveDrain(SimQpImpl* qp, uint64_t recv_marker) {
 
 Status SimDeviceImpl::RaiseQpEvent(SimQp* public_qp, ibv_event_type type) {
   if (!backend::IsQpEvent(type)) return InvalidArgument("RaiseQpEvent: not a QP event type");
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   auto it = public_qp ? qps_.find(public_qp->qp_num()) : qps_.end();
   if (it == qps_.end() || it->second.get() != public_qp) {
     return NotFound("RaiseQpEvent: not a QP of sim device " + options_.name);
@@ -296,19 +296,19 @@ Status SimDeviceImpl::RaiseDeviceEvent(ibv_event_type type, int port_num) {
   } else if (type != IBV_EVENT_SRQ_ERR && type != IBV_EVENT_SRQ_LIMIT_REACHED) {
     return InvalidArgument("RaiseDeviceEvent: use RaiseQpEvent, RaiseDeviceFatal or overflow");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   PushAsyncLocked({type, nullptr, nullptr, port_num});
   return Status::Ok();
 }
 
 void SimDeviceImpl::RaiseDeviceFatal() {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   if (fatal_.exchange(true, std::memory_order_acq_rel)) return;
   PushAsyncLocked({IBV_EVENT_DEVICE_FATAL, nullptr, nullptr, 0});
 }
 
 void SimDeviceImpl::RaiseOverflow(SimCqImpl* cq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   PushAsyncLocked({IBV_EVENT_CQ_ERR, nullptr, cq, 0});
   for (auto& [num, qp] : qps_) {
     if (qp->send() == cq || qp->recv() == cq) {
@@ -326,7 +326,7 @@ void SimDeviceImpl::AddSpuriousEvent(SimCq* cq) {
 void SimDeviceImpl::FailGetEvent(SimChannel* channel, int err, int times) {
   auto* impl = static_cast<SimChannelImpl*>(channel);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    internal::MutexLock lock(mu_);
     if (channel == nullptr || !channels_.contains(impl)) return;
   }
   impl->injected_errno().Set(err, times);
@@ -356,7 +356,7 @@ int SimDeviceImpl::GetAsyncEvent(backend::AsyncEventRecord* out) noexcept {
   if (async_errno_.Fire()) return -1;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      internal::MutexLock lock(mu_);
       if (!async_events_.empty()) {
         PendingAsync event = async_events_.front();
         async_events_.pop_front();
@@ -391,14 +391,14 @@ void SimDeviceImpl::AckAsyncEvent(backend::AsyncEventRecord* record) noexcept {
   void* held = record->Kept<void*>();
   if (held == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    internal::MutexLock lock(mu_);
     if (backend::IsQpEvent(record->type)) {
       --static_cast<SimQpImpl*>(held)->async_unacked;
     } else {
       --static_cast<SimCqImpl*>(held)->async_unacked;
     }
     record->Keep<void*>(nullptr);
-    async_acked_cv_.notify_all();
+    async_acked_cv_.NotifyAll();
   }
   if (void (*hook)(void*) = after_ack_hook_.load(std::memory_order_acquire); hook != nullptr) {
     hook(after_ack_arg_.load(std::memory_order_relaxed));

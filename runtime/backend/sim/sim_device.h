@@ -11,16 +11,15 @@
 #define CQD_RUNTIME_BACKEND_SIM_SIM_DEVICE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "cqd/sim.h"
 #include "runtime/backend/device.h"
+#include "runtime/base/mutex.h"
 
 namespace cqd::sim_internal {
 
@@ -82,8 +81,8 @@ class SimChannelImpl final : public SimChannel, public backend::Channel {
 
  private:
   SimDeviceImpl* device_;
-  std::mutex mu_;
-  std::deque<SimCqImpl*> events_;
+  internal::Mutex mu_;
+  std::deque<SimCqImpl*> events_ CQD_GUARDED_BY(mu_);
   PendingFd pending_;
   InjectedErrno injected_errno_;
   std::atomic<uint64_t> get_event_calls_{0};
@@ -168,7 +167,7 @@ class SimCqImpl final : public SimCq, public backend::Cq {
     uint64_t start_ns = 0;  // paced: when completion 0 became pollable
   };
   std::atomic<ReplayRecord*> replay_{nullptr};
-  std::vector<std::unique_ptr<ReplayRecord>> replay_records_;  // guarded by ack_mu_
+  std::vector<std::unique_ptr<ReplayRecord>> replay_records_ CQD_GUARDED_BY(ack_mu_);
   std::atomic<uint64_t> replay_left_{0};
   std::atomic<bool> stamp_poll_time_{false};
   // Poll's replay path, kept out of line so the common path stays small.
@@ -176,9 +175,9 @@ class SimCqImpl final : public SimCq, public backend::Cq {
   void StampIfAsked(ibv_wc* wc, int n) noexcept;
   // Raises the CQ's event if it is armed for completions like `added` (S6-S8).
   void NotifyIfArmed(std::span<const ibv_wc> added, bool solicited);
-  std::mutex ack_mu_;
-  std::condition_variable ack_cv_;
-  uint64_t acked_ = 0;  // guarded by ack_mu_
+  internal::Mutex ack_mu_;
+  internal::CondVar ack_cv_;
+  uint64_t acked_ CQD_GUARDED_BY(ack_mu_) = 0;
 };
 
 // A QP: its CQs, and the work requests posted on it (SimQp::PostSend/PostRecv), which flush
@@ -209,8 +208,9 @@ class SimQpImpl final : public SimQp {
   int async_unacked = 0;  // guarded by the device mutex
 
  private:
-  // Flushes `queue` into `cq` from its oldest entry while the CQ has room. Requires mu_.
-  void FlushLocked(std::deque<uint64_t>& queue, SimCqImpl* cq, ibv_wc_opcode opcode);
+  // Flushes `queue` into `cq` from its oldest entry while the CQ has room.
+  void FlushLocked(std::deque<uint64_t>& queue, SimCqImpl* cq, ibv_wc_opcode opcode)
+      CQD_REQUIRES(mu_);
 
   const uint32_t qp_num_;
   SimCqImpl* const send_;
@@ -219,9 +219,9 @@ class SimQpImpl final : public SimQp {
   const bool receives_first_;
   const bool sends_at_post_;
   std::atomic<bool> error_{false};
-  mutable std::mutex mu_;
-  std::deque<uint64_t> sends_;  // guarded by mu_: posted, not flushed
-  std::deque<uint64_t> recvs_;  // guarded by mu_
+  mutable internal::Mutex mu_;
+  std::deque<uint64_t> sends_ CQD_GUARDED_BY(mu_);  // posted, not flushed
+  std::deque<uint64_t> recvs_ CQD_GUARDED_BY(mu_);
 };
 
 class SimDeviceImpl final : public SimDevice {
@@ -276,19 +276,19 @@ class SimDeviceImpl final : public SimDevice {
     SimCqImpl* cq;
     int port;
   };
-  // Both require mu_.
-  void PushAsyncLocked(const PendingAsync& event);
-  void PurgeAsyncLocked(const void* object);
+  void PushAsyncLocked(const PendingAsync& event) CQD_REQUIRES(mu_);
+  void PurgeAsyncLocked(const void* object) CQD_REQUIRES(mu_);
 
   SimDeviceOptions options_;
-  std::mutex mu_;
-  std::condition_variable async_acked_cv_;
-  std::unordered_map<SimChannelImpl*, std::unique_ptr<SimChannelImpl>> channels_;
-  std::unordered_map<SimCqImpl*, std::unique_ptr<SimCqImpl>> cqs_;
-  std::unordered_map<uint32_t, std::unique_ptr<SimQpImpl>> qps_;
-  uint32_t next_qp_num_ = 0x100;
-  std::vector<uint32_t> free_qp_nums_;  // reused last-freed first
-  std::deque<PendingAsync> async_events_;
+  internal::Mutex mu_;
+  internal::CondVar async_acked_cv_;
+  std::unordered_map<SimChannelImpl*, std::unique_ptr<SimChannelImpl>> channels_
+      CQD_GUARDED_BY(mu_);
+  std::unordered_map<SimCqImpl*, std::unique_ptr<SimCqImpl>> cqs_ CQD_GUARDED_BY(mu_);
+  std::unordered_map<uint32_t, std::unique_ptr<SimQpImpl>> qps_ CQD_GUARDED_BY(mu_);
+  uint32_t next_qp_num_ CQD_GUARDED_BY(mu_) = 0x100;
+  std::vector<uint32_t> free_qp_nums_ CQD_GUARDED_BY(mu_);  // reused last-freed first
+  std::deque<PendingAsync> async_events_ CQD_GUARDED_BY(mu_);
   PendingFd async_pending_;
   InjectedErrno async_errno_;
   std::atomic<bool> fatal_{false};

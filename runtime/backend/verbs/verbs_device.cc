@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "runtime/base/mutex.h"
+
 namespace cqd::verbs_internal {
 
 int VerbsChannel::GetEvent(void** native_cq) noexcept {
@@ -66,7 +68,7 @@ Result<backend::Cq*> VerbsBackend::AdoptCq(void* native_cq, backend::Channel* ch
 }
 
 void VerbsBackend::ReleaseCq(backend::Cq* cq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  internal::MutexLock lock(mu_);
   released_.emplace_back(static_cast<VerbsCq*>(cq));
 }
 

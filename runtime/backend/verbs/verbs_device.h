@@ -11,11 +11,11 @@
 #include <infiniband/verbs.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "runtime/backend/device.h"
+#include "runtime/base/mutex.h"
 
 namespace cqd::verbs_internal {
 
@@ -87,9 +87,9 @@ class VerbsBackend final : public backend::Device {
   ibv_context* const context_;
   const bool close_on_destroy_;
   const std::string name_;
-  std::mutex mu_;
+  internal::Mutex mu_;
   // Wrappers of released (adopted) CQs: the runtime may still ack a late event through one.
-  std::vector<std::unique_ptr<VerbsCq>> released_;
+  std::vector<std::unique_ptr<VerbsCq>> released_ CQD_GUARDED_BY(mu_);
 };
 
 // Opens the device called `name` ("rxe0", "mlx5_0"); kNotFound lists the devices there are.

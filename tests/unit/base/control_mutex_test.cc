@@ -28,16 +28,16 @@ TEST(ControlMutex, AWaiterWithADutyServesItUntilItsTurn) {
   ControlMutex mu;
   Duty duty;
   std::atomic<bool> locked{false};
-  mu.lock();
+  mu.Lock();
   std::thread waiter([&] {
     HostedDispatchScope scope(&Duty::Serve, &duty);
-    mu.lock();
+    mu.Lock();
     locked.store(true, std::memory_order_release);
-    mu.unlock();
+    mu.Unlock();
   });
   while (duty.served.load(std::memory_order_relaxed) < 3) std::this_thread::yield();
   EXPECT_FALSE(locked.load(std::memory_order_acquire)) << "took the lock while it was held";
-  mu.unlock();
+  mu.Unlock();
   waiter.join();
   EXPECT_TRUE(locked.load());
 }
@@ -50,7 +50,7 @@ TEST(ControlMutex, TurnsPassInTheOrderAsked) {
   ControlMutex mu;
   std::vector<char> order;  // guarded by mu
   std::atomic<bool> duty_waiting{false};
-  mu.lock();
+  mu.Lock();
   std::thread handler([&] {
     HostedDispatchScope scope(
         [](void* owner) {
@@ -58,22 +58,22 @@ TEST(ControlMutex, TurnsPassInTheOrderAsked) {
           waiting->store(true, std::memory_order_release);
         },
         &duty_waiting);
-    mu.lock();
+    mu.Lock();
     order.push_back('H');
-    mu.unlock();
+    mu.Unlock();
   });
   std::thread busy([&] {
     Await(duty_waiting);
     for (int i = 0; i < 2000; ++i) {
-      mu.lock();
+      mu.Lock();
       order.push_back('B');
-      mu.unlock();
+      mu.Unlock();
     }
   });
   Await(duty_waiting);
   // Lets the looping thread reach the lock, so that both wait when the holder lets go.
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  mu.unlock();
+  mu.Unlock();
   handler.join();
   busy.join();
   ASSERT_EQ(order.size(), 2001u);
@@ -87,9 +87,9 @@ TEST(ControlMutex, AHolderSeesWhatTheOneBeforeWrote) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 10000; ++i) {
-        mu.lock();
+        mu.Lock();
         ++value;
-        mu.unlock();
+        mu.Unlock();
       }
     });
   }
