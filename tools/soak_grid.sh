@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
 # Runs the soak tool across a grid of its options, each row three ways, and writes the table to
-# docs/runs/soak_grid.md (one row per run, every figure read from that run's log, kept beside it
-# in docs/runs/soak_grid/). Usage: tools/soak_grid.sh [seconds per run, default 15]
+# docs/runs/soak_grid.md (one row per run, every figure read from that run's log; the logs are
+# kept packed beside it in docs/runs/soak_grid.tar.xz, members soak_grid/run_N_MODE.txt:
+# `tar -xJf docs/runs/soak_grid.tar.xz -C docs/runs` unpacks them where the table names them).
+# Usage: tools/soak_grid.sh [seconds per run, default 15]
 #
 # The three ways: quiet (the optimised build, nothing else running), chaos (the chaos build,
 # --config=chaos: seeded pauses at the runtime's synchronization points; the seed is the row's)
@@ -55,7 +57,7 @@ table="$out/../soak_grid.md"
   echo "each run injects for $seconds s (\`--seconds=$seconds --completions=2e9\`), then waits for every"
   echo "completion to be delivered or orphaned. Each row runs three ways: *quiet* (\`-c opt\`, nothing else"
   echo "running), *chaos* (\`--config=chaos\`, \`CQD_CHAOS_SEED\` = the row's seed) and *hog* (\`-c opt\` beside two"
-  echo "busy loops that keep both cores busy). Logs: \`docs/runs/soak_grid/run_N_MODE.txt\`. Teardowns: drained"
+  echo "busy loops that keep both cores busy). Logs: \`docs/runs/soak_grid/run_N_MODE.txt\` in \`docs/runs/soak_grid.tar.xz\`. Teardowns: drained"
   echo "OK / ended at the deadline (what they left fenced and orphaned) / failed. Refused: RegisterQp"
   echo "answered UNAVAILABLE (a retired QP's number still fenced in a held-back CQ) and was retried."
   echo "Consumer 0 is the runtime-owned thread, or, with the engine shard, the run-to-completion"
@@ -111,5 +113,6 @@ for row in "${grid[@]}"; do
     echo "   $verdict: injected $injected, lost $lost, duplicated $dup, out of order $ooo, wrong QP $wrong"
   done
 done
-echo "soak_grid: table in $table"
+tar -cJf docs/runs/soak_grid.tar.xz -C docs/runs soak_grid && rm -rf "$out"
+echo "soak_grid: table in $table, logs in docs/runs/soak_grid.tar.xz"
 exit $status
