@@ -180,8 +180,12 @@ void Consumer::Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexce
         ReleaseEventPart(join, /*hand_on=*/false);  // no thread is left to run a CmHandler
       }
       break;
-    default:
-      break;  // a teardown marker is the runtime's own
+    case Disposal::kDropMarker:  // a teardown marker is the runtime's own
+      break;
+    case Disposal::kDeliver:     // never with no consumer left (route_test)
+    case Disposal::kNoteMarker:
+    case Disposal::kFenceTaken:
+      break;
   }
 }
 

@@ -258,8 +258,11 @@ inline uint32_t Poller::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
                                 std::memory_order_relaxed);
       meta = {slot->index, StateGeneration(state), EntryKind::kTeardownMarker, 1, poll_stamp_};
       return StateConsumer(state);
-    default:
+    case Disposal::kDeliver:
       break;
+    case Disposal::kReleaseEvent:  // never at the poll (route_test): Route decides only for a
+    case Disposal::kDropMarker:    // completion there
+      return kOrphan;
   }
   meta = {slot->index, StateGeneration(state), EntryKind::kCompletion, 1, poll_stamp_};
   // The next completions of this QP in the poll route the same way (the consumer re-checks the
