@@ -44,7 +44,7 @@ HandOnRig::HandOnRig(const Options& options) : options_(options) {
   }
   for (int p = 0; p < runtime_options_.pollers; ++p) {
     pollers_.push_back(
-        std::make_unique<Poller>(p, runtime_options_, consumer_ptrs, slots_, orphans_));
+        std::make_unique<Shard>(p, runtime_options_, consumer_ptrs, slots_, orphans_));
     poller_ptrs_.push_back(pollers_.back().get());
   }
   router_ = std::make_unique<CmRouter>(slots_, poller_ptrs_);
@@ -88,7 +88,7 @@ void HandOnRig::End(int k) {
   id.registered = false;
   slots_.slot(id.slot).state.store(MakeState(id.generation + 1, 1 + k, false),
                                    std::memory_order_seq_cst);
-  for (Poller* p : poller_ptrs_) p->PurgeDead(1 + k);
+  for (Shard* p : poller_ptrs_) p->PurgeDead(1 + k);
   router_->Ended(id.slot, id.generation);
   consumers_[1 + k]->WaitForBatchInProgress(id.slot);
   slots_.Free(id.slot);

@@ -27,8 +27,8 @@
 #include "runtime/core/cm_router.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/orphans.h"
-#include "runtime/core/poller.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/shard/shard.h"
 
 namespace cqd::internal::testing {
 
@@ -113,8 +113,8 @@ class HandOnRig {
   SlotPool slots_{256};
   OrphanSink orphans_{nullptr};
   std::vector<std::unique_ptr<Consumer>> consumers_;
-  std::vector<std::unique_ptr<Poller>> pollers_;
-  std::vector<Poller*> poller_ptrs_;
+  std::vector<std::unique_ptr<Shard>> pollers_;
+  std::vector<Shard*> poller_ptrs_;
   std::unique_ptr<CmRouter> router_;
   CmWatch* watch_ = nullptr;
   CmSide listener_{*this};

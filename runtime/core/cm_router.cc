@@ -6,8 +6,8 @@
 #include <cstring>
 #include <new>
 
-#include "runtime/core/poller.h"
 #include "runtime/core/route.h"
+#include "runtime/core/shard/shard.h"
 
 namespace cqd::internal {
 namespace {

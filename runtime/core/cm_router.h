@@ -62,7 +62,7 @@
 
 namespace cqd::internal {
 
-class Poller;
+class Shard;
 
 // An id's binding to the registration it was registered with, and the events routed to that
 // registration that have not left yet (see above).
@@ -107,7 +107,7 @@ class CmBinding final : public CmEventGate {
 
 class CmRouter {
  public:
-  CmRouter(const SlotPool& slots, const std::vector<Poller*>& pollers)
+  CmRouter(const SlotPool& slots, const std::vector<Shard*>& pollers)
       : slots_(slots), pollers_(pollers) {}
   ~CmRouter() { held_.DropAll(); }
 
@@ -137,7 +137,7 @@ class CmRouter {
 
  private:
   const SlotPool& slots_;
-  const std::vector<Poller*>& pollers_;
+  const std::vector<Shard*>& pollers_;
   HeldEvents held_;
   std::vector<std::unique_ptr<CmWatch>> watches_;
   // Ids of registrations; ended ones are dropped when met, or when the map has doubled since

@@ -17,7 +17,7 @@
 // lane (DispatchLane), and hands over only what the spill cannot hold. What it handed over is
 // older than what its spill holds, so that goes first and each QP's order stays. With nothing
 // handed over or spilled, the poller may run a poll's handlers as it routes them (the fused
-// pass, poller_fused.cc), in a batch of its own (OpenFusedBatch).
+// pass, shard/fused_pass.cc), in a batch of its own (OpenFusedBatch).
 //
 // Dispatch(), DispatchLane() and the fused batch run on the consumer's thread only (the owned
 // thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread). Before
@@ -92,7 +92,7 @@ class Consumer {
   bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Run-to-completion, on its poller's thread only: a batch whose completions the poller routes
-  // as it runs them (the fused pass, Poller::PollFused), all polled from the CQ `cq_id`. The
+  // as it runs them (the fused pass, FusedPass::Poll), all polled from the CQ `cq_id`. The
   // poller lists the poll's QP numbers in FusedListing()[0, n) (as it finds its runs: no slot
   // touched, no second look), then OpenFusedBatch(n, cq_id) publishes the list and makes
   // `batch_seq_` odd, as RunBatch does; between it and CloseFusedBatch, DeliverFused calls

@@ -182,7 +182,7 @@ void Consumer::Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexce
       break;
     case Disposal::kDropMarker:  // a teardown marker is the runtime's own
       break;
-    case Disposal::kDeliver:     // never with no consumer left (route_test)
+    case Disposal::kDeliver:  // never with no consumer left (route_test)
     case Disposal::kNoteMarker:
     case Disposal::kFenceTaken:
       break;

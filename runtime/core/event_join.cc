@@ -5,7 +5,7 @@
 
 #include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
-#include "runtime/core/poller.h"
+#include "runtime/core/shard/shard.h"
 
 namespace cqd::internal {
 
@@ -75,7 +75,7 @@ void HeldEvents::DropAll() noexcept {
   any_.store(false, std::memory_order_relaxed);
 }
 
-bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t index,
+bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint32_t index,
                  const AsyncEvent& event, DeviceId device, bool fence) {
   const Slot& slot = slots.slot(index);
   const uint64_t state = slot.state.load(std::memory_order_acquire);
@@ -101,7 +101,7 @@ EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state) {
   return route;
 }
 
-void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Poller*>& pollers) {
+void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Shard*>& pollers) {
   const EventRoute r = route;  // a copy: the join (which may hold the route) can go once posted
   const bool one = r.send_shard == r.recv_shard;
   join->parts.store(one ? 1 : 2, std::memory_order_relaxed);

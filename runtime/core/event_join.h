@@ -29,7 +29,7 @@
 namespace cqd::internal {
 
 class HeldEvents;
-class Poller;
+class Shard;
 struct EventJoin;
 
 // A watched rdma_event_channel (cm_router.h). Lives as long as the runtime, because joins in
@@ -38,7 +38,7 @@ struct CmWatch {
   rdma_event_channel* channel = nullptr;
   CmHandler* handler = nullptr;
   uint32_t consumer = 0;
-  Poller* poller = nullptr;    // listener events travel through it
+  Shard* poller = nullptr;     // listener events travel through it
   HeldEvents* held = nullptr;  // where they wait once the consumer has closed
   int64_t limit = 0;           // events read and not yet delivered, at most
   std::atomic<int64_t> unfinished{0};
@@ -156,15 +156,15 @@ struct EventRoute {
 EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state);
 
 // Posts `join` (parts unset) along `route`: one part per shard, each behind what that poller
-// takes off the route's CQs first (see poller.h). The consumer delivers it if the registration
+// takes off the route's CQs first (see shard/spills.h). The consumer delivers it if the registration
 // is still the routed one, and otherwise releases it (a CM event's gate hands it on to the
 // CmHandler). A part a closed consumer refuses (after Shutdown) is released at once. Any thread.
-void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Poller*>& pollers);
+void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Shard*>& pollers);
 
 // Posts an async event (or, with `fence`, a teardown's fence: the consumer only notes it for the
 // slot's teardown, see teardown.h) along the route of the live registration of event.qp_num on
 // `device` in `slot`; false if there is none, or memory ran out. Any thread.
-bool PostQpEvent(const SlotPool& slots, const std::vector<Poller*>& pollers, uint32_t slot,
+bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint32_t slot,
                  const AsyncEvent& event, DeviceId device, bool fence);
 
 // Any thread: releases an event part without delivering it (its registration is gone). The last

@@ -17,7 +17,7 @@
 #include "runtime/base/thread_role.h"
 
 namespace cqd::internal {
-EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers,
+EventLoop::EventLoop(uint32_t ack_threshold, const std::vector<Shard*>& pollers,
                      const SlotPool& slots)
     : ack_threshold_(ack_threshold),
       pollers_(pollers),
@@ -339,7 +339,7 @@ void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event, b
   }
   if (event.type == IBV_EVENT_DEVICE_FATAL) {
     device->failed.store(true, std::memory_order_release);
-    for (Poller* poller : pollers_) poller->UnparkAll();  // its CQs raise no more events
+    for (Shard* poller : pollers_) poller->UnparkAll();  // its CQs raise no more events
   }
   if (event.type == IBV_EVENT_CQ_ERR) LogCqError(device, event);
   if (device->handler != nullptr) device->handler->OnDeviceEvent(event);

@@ -8,7 +8,7 @@
 // Async events are copied, acked (S13) and routed: QP events to the QP's handler; CQ_ERR and
 // DEVICE_FATAL to the device handler and to every QP they affect; port and SRQ events (and QP
 // events of unregistered QPs) to the device handler. An event for a QP travels through the
-// pollers of the QP's CQs (Poller::PostEvent, EventJoin), so it reaches the handler after every
+// pollers of the QP's CQs (Shard::PostEvent, EventJoin), so it reaches the handler after every
 // completion those pollers took off the QP's CQs before the event was read.
 //
 // Each fd is watched through a dup of its own (F_DUPFD_CLOEXEC), registered in the epoll set in
@@ -40,15 +40,15 @@
 #include "runtime/core/cm_router.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/event_join.h"
-#include "runtime/core/poller.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/shard/shard.h"
 
 namespace cqd::internal {
 
 class EventLoop {
  public:
-  EventLoop(uint32_t ack_threshold, const std::vector<Poller*>& pollers, const SlotPool& slots);
+  EventLoop(uint32_t ack_threshold, const std::vector<Shard*>& pollers, const SlotPool& slots);
   ~EventLoop();
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -120,7 +120,7 @@ class EventLoop {
   void Unwatch(Source& source);
 
   const uint32_t ack_threshold_;
-  std::vector<Poller*> pollers_;
+  std::vector<Shard*> pollers_;
   const SlotPool& slots_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;

@@ -29,7 +29,7 @@
 //
 // While a fence awaits its marker, every completion of its (CQ, qp_num) is the retired QP's (it
 // flushed ahead of the marker): it goes to the orphan sink. A new QP with the number is
-// registered on a CQ only once every fence of that number there is over (Poller::FenceForReuse).
+// registered on a CQ only once every fence of that number there is over (Shard::FenceForReuse).
 // So no completion of a retired QP reaches a later registration, whatever ended it.
 //
 // Scale: an engine may retire every QP of a CQ at once (10^5 of them at shutdown), so no step

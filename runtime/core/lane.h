@@ -215,7 +215,7 @@ class Lane {
   // kRewindFrom entries (a few dozen KB that stay in cache) instead of the whole ring. Checked
   // once per kRewindEvery entries past kRewindFrom: the read crosses to the consumer's core.
   // (A run-to-completion consumer's poller, whose thread is the consumer, calls it after each
-  // dispatch from the spill instead: Poller::DispatchHosted.)
+  // dispatch from the spill instead: HostedConsumers::DispatchOne.)
   // Both positions jump: `released` first, then `published` (release), so a consumer that reads
   // `published` and then `released` (GatherLane) sees either both old or `released` at least the
   // lap; it never reads the entries skipped. The store cannot race the consumer's: it has

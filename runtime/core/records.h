@@ -84,7 +84,7 @@ struct CqRecord {
   uint64_t catch_up_polled = 0;
   uint64_t catch_up_due = UINT64_MAX;
   // Consumers of the QPs registered on this CQ, with how many QPs each: the spills whose room
-  // bounds a poll of this CQ (see poller.h).
+  // bounds a poll of this CQ (see shard/spills.h).
   struct Use {
     uint32_t consumer;
     uint32_t count;
@@ -92,7 +92,7 @@ struct CqRecord {
   std::vector<Use> uses;
   // Parking (RuntimeOptions::cq_park_after): parked CQs are armed and out of the poller's passes
   // until their event; empty_run counts the empty polls in a row, empty_since is when that run
-  // reached Poller::kParkProbe polls.
+  // reached CqSet::kParkProbe polls.
   bool parked = false;
   uint32_t empty_run = 0;
   std::chrono::steady_clock::time_point empty_since{};

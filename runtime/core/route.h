@@ -22,7 +22,7 @@
 // A completion goes to a handler only if its registration was live at the poll and is still
 // live with the same generation when its consumer runs it; a retired QP's completion can pass
 // neither check while its fences stand (fences.h), and a new QP with its number is registered
-// only once they are over (Poller::FenceForReuse). A teardown marker never reaches a handler or
+// only once they are over (Shard::FenceForReuse). A teardown marker never reaches a handler or
 // the OrphanHandler.
 //
 // Threading: Route is a pure function of its arguments; any thread may call it. The facts are

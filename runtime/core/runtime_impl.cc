@@ -39,9 +39,9 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
                                                     options_.pollers));
     consumers.push_back(consumers_.back().get());
   }
-  std::vector<Poller*> pollers;
+  std::vector<Shard*> pollers;
   for (int i = 0; i < options_.pollers; ++i) {
-    pollers_.push_back(std::make_unique<Poller>(i, options_, consumers, slots_, orphans_));
+    pollers_.push_back(std::make_unique<Shard>(i, options_, consumers, slots_, orphans_));
     pollers.push_back(pollers_.back().get());
   }
   for (const auto& consumer : consumers_) {
@@ -140,7 +140,7 @@ static bool InsideRuntimeCallback() noexcept { return CallerRoles() != 0; }
 
 int RuntimeImpl::PollShard(int shard, int budget) noexcept {
   if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size() || budget < 1) return -EINVAL;
-  Poller& poller = *pollers_[shard];
+  Shard& poller = *pollers_[shard];
   if (!poller.engine_driven()) return -EINVAL;
   if (InsideRuntimeCallback()) return -EBUSY;
   return poller.Step(budget);
@@ -148,7 +148,7 @@ int RuntimeImpl::PollShard(int shard, int budget) noexcept {
 
 int RuntimeImpl::TrySleepShard(int shard) noexcept {
   if (shard < 0 || static_cast<size_t>(shard) >= pollers_.size()) return -EINVAL;
-  Poller& poller = *pollers_[shard];
+  Shard& poller = *pollers_[shard];
   if (!poller.engine_driven()) return -EINVAL;
   if (InsideRuntimeCallback()) return -EBUSY;
   return poller.PrepareSleep();

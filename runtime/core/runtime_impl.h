@@ -37,9 +37,9 @@
 #include "runtime/core/event_loop.h"
 #include "runtime/core/orphans.h"
 #include "runtime/core/placement.h"
-#include "runtime/core/poller.h"
 #include "runtime/core/records.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/shard/shard.h"
 #include "runtime/core/stall_watch.h"
 #include "runtime/core/teardown.h"
 #include "runtime/observe/stats_server.h"
@@ -159,7 +159,7 @@ class RuntimeImpl final : private TeardownHost {
   OrphanSink orphans_;
   // Declared before the pollers and the event loop: their producer tokens must go first.
   std::vector<std::unique_ptr<Consumer>> consumers_;
-  std::vector<std::unique_ptr<Poller>> pollers_;
+  std::vector<std::unique_ptr<Shard>> pollers_;
   // The "last drainer" and "last driver" tokens of every engine-driven consumer and shard
   // (TeardownState::engine_threads): fixed after the constructor.
   std::vector<const std::atomic<uintptr_t>*> engine_threads_;

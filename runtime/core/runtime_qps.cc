@@ -200,8 +200,8 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, con
   const bool plain = ending == nullptr;
   if (!plain && (ending->markers == 0 || ending->Drained())) return;
   const uint32_t seen = plain ? 0 : ending->seen.load(std::memory_order_acquire);
-  Poller::RetiredSide send{cqs[0], TeardownState::kSendMarker, 0, plain, commits[0], qp};
-  Poller::RetiredSide recv{cqs[1], TeardownState::kRecvMarker, 0, plain, commits[1], qp};
+  Shard::RetiredSide send{cqs[0], TeardownState::kSendMarker, 0, plain, commits[0], qp};
+  Shard::RetiredSide recv{cqs[1], TeardownState::kRecvMarker, 0, plain, commits[1], qp};
   if (!plain) {
     send.marker = ending->send_marker();
     recv.marker = ending->recv_marker();
@@ -211,7 +211,7 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, con
                                 : (ending->markers & TeardownState::kRecvMarker) == 0;
   }
   if (send.cq != nullptr && send.cq == recv.cq) {
-    const Poller::RetiredSide both[2] = {send, recv};
+    const Shard::RetiredSide both[2] = {send, recv};
     pollers_[send.cq->shard]->FenceRetired(ending, qp_num, both, 2);
     return;
   }
@@ -270,7 +270,7 @@ void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
   fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
   fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
   fence.device = slot.device.load(std::memory_order_relaxed);
-  std::vector<Poller*> pollers;
+  std::vector<Shard*> pollers;
   for (auto& p : pollers_) pollers.push_back(p.get());
   PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*fence=*/true);
 }

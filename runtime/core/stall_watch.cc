@@ -6,7 +6,7 @@
 
 namespace cqd::internal {
 
-StallWatch::StallWatch(const Logger& log, const std::vector<std::unique_ptr<Poller>>& pollers,
+StallWatch::StallWatch(const Logger& log, const std::vector<std::unique_ptr<Shard>>& pollers,
                        const std::vector<std::unique_ptr<Consumer>>& consumers)
     : log_(log), pollers_(pollers), consumers_(consumers), watched_(consumers.size()) {}
 

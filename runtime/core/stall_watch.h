@@ -21,7 +21,7 @@
 
 #include "runtime/base/log.h"
 #include "runtime/core/consumer.h"
-#include "runtime/core/poller.h"
+#include "runtime/core/shard/shard.h"
 
 namespace cqd::internal {
 
@@ -30,7 +30,7 @@ class StallWatch {
   static constexpr std::chrono::seconds kReportAfter{1};
   static constexpr std::chrono::seconds kQuietFor{10};
 
-  StallWatch(const Logger& log, const std::vector<std::unique_ptr<Poller>>& pollers,
+  StallWatch(const Logger& log, const std::vector<std::unique_ptr<Shard>>& pollers,
              const std::vector<std::unique_ptr<Consumer>>& consumers);
 
   // Looks at every consumer's stall and logs what changed (event thread, once a second).
@@ -45,7 +45,7 @@ class StallWatch {
   };
 
   const Logger& log_;
-  const std::vector<std::unique_ptr<Poller>>& pollers_;
+  const std::vector<std::unique_ptr<Shard>>& pollers_;
   const std::vector<std::unique_ptr<Consumer>>& consumers_;
   std::vector<Watched> watched_;
 };

@@ -72,7 +72,7 @@ struct alignas(8) TeardownState {
   std::optional<Status> end_with;  // end at once with this result (nothing can drain)
   // The runtime's engine threads: the "last drainer" token of each engine-driven consumer
   // (Consumer::last_drainer) and the "last driver" token of each engine-driven shard
-  // (Poller::last_driver); null when the teardown ended at once. Teardown::Wait refuses them all:
+  // (Shard::last_driver); null when the teardown ended at once. Teardown::Wait refuses them all:
   // the markers may wait behind what any of them delivers or polls (the QP's consumer, a full
   // consumer sharing one of its CQs, its CQs' shards), or that thread may itself be waiting for
   // a teardown that needs the caller. Valid while not done (the runtime ends every teardown

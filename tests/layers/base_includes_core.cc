@@ -1,3 +1,3 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Must not build: runtime/base may not include the core.
-#include "runtime/core/poller.h"
+#include "runtime/core/shard/shard.h"

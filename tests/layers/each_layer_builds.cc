@@ -4,5 +4,5 @@
 #include "cqd/types.h"
 #include "runtime/backend/device.h"
 #include "runtime/base/thread_role.h"
-#include "runtime/core/poller.h"
+#include "runtime/core/shard/shard.h"
 #include "runtime/observe/latency.h"
