@@ -52,7 +52,7 @@ void CmBinding::Unlink(EventJoin* join) noexcept {
     if (last_ == j) last_ = before;
     j->next = nullptr;
     j->left = true;
-    EventJoin::ReleaseHold(j);  // the list's (the caller still holds the route's)
+    EventJoin::DropHold(j);  // the list's (the caller still holds the route's)
     return;
   }
 }
@@ -72,7 +72,7 @@ void CmBinding::EndLocked() noexcept {
     PostToListener(join);
     // The list's hold. The last one may free the join here: its binding outlives this call
     // (every caller holds it).
-    EventJoin::ReleaseHold(join);
+    EventJoin::DropHold(join);
   }
   last_ = nullptr;
 }

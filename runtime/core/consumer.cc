@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Consumer (consumer.h): the hot path. Producers' reservations and pushes, the batch gathered from
 // the lanes' published entries and the queued items, and its delivery to handlers.
-// consumer_drive.cc runs it.
+// consumer_drive.cc runs it; consumer_events.cc delivers the events and markers a batch holds.
 #include "runtime/core/consumer.h"
 
 #include <sys/eventfd.h>
@@ -132,12 +132,12 @@ void Consumer::ForgetRunItems() noexcept {
 
 uint32_t Consumer::GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size_t& pieces,
                               bool items_hidden) noexcept {
-  uint64_t from = lane.released();  // after `handed` was read (Lane::TryRewind)
+  uint64_t from = lane.recycled();  // after `handed` was read (Lane::TryRewind)
   // The oldest item of this lane not yet taken: the lane is read up to its position, then it.
   size_t next_item = 0;
   auto find_item = [&]() -> Item* {
     for (; next_item < alone_count_; ++next_item) {
-      if (!alone_run_[next_item] && alone_[next_item].lane == lane.index()) {
+      if (!alone_run_[next_item] && alone_[next_item].shard == lane.index()) {
         return &alone_[next_item];
       }
     }
@@ -193,7 +193,7 @@ int Consumer::Dispatch(int max) noexcept {
   ChaosPoint();  // the handlers returned, nothing released yet
   // The handlers have returned: the lane memory may be reused, and the entries leave the depth.
   for (size_t k = 0; k < pieces; ++k) {
-    if (pieces_[k].lane != nullptr) pieces_[k].lane->Release(pieces_[k].end);
+    if (pieces_[k].lane != nullptr) pieces_[k].lane->Recycle(pieces_[k].end);
   }
   if (alone_count_ > 0) ForgetRunItems();
   ChaosPoint();  // the lanes released, the depth not yet
@@ -218,7 +218,7 @@ void Consumer::WakeWaitingProducers() noexcept {
 void Consumer::DispatchLane(Lane& lane, uint32_t at, uint32_t n, uint64_t end) noexcept {
   pieces_[0] = {&lane, nullptr, at, n, end};
   RunBatch(1);
-  lane.Release(end);
+  lane.Recycle(end);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // the room freed, then wants_room read
   WakeWaitingProducers();
   DeliverHeldEvents();
@@ -369,13 +369,6 @@ void Consumer::RunItem(const Item& item) noexcept {
   }
 }
 
-inline Disposal Consumer::RouteHere(EntryKind kind, const Slot& slot,
-                                    uint32_t generation) noexcept {
-  // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
-  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  return Route(RouteStage::kConsumer, {.kind = kind, .live = StateLiveAs(state, generation)});
-}
-
 size_t Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
                             uint32_t generation) noexcept {
   Slot& slot = slots_.slot(slot_index);
@@ -387,55 +380,6 @@ size_t Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
   return 0;
 }
 
-void Consumer::CountDelivered(uint64_t n) noexcept {
-  delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-}
-
-void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t generation) noexcept {
-  if (!join->ReleasePart()) return;  // the other poller's part is still on its way
-  Slot& slot = slots_.slot(slot_index);
-  if (join->kind == EventJoin::Kind::kCm) {
-    DeliverCm(join, slot);
-    return;
-  }
-  // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
-  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  const RouteFacts facts{.kind = EntryKind::kEventPart, .live = StateLiveAs(state, generation)};
-  if (Route(RouteStage::kConsumer, facts) == Disposal::kReleaseEvent) {
-    delete join;  // unregistered after it was routed here (its last part)
-    return;
-  }
-  if (join->kind == EventJoin::Kind::kAsync) {
-    slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
-    CountEvent();
-  }
-  if (StateDraining(state) && join->drain_epoch != 0 &&
-      join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED &&
-      join->drain_epoch == slot.drain_epoch.load(std::memory_order_relaxed)) {
-    // Null once the teardown ends or its start failed; either waits for this batch before the
-    // state goes away.
-    TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
-    if (teardown != nullptr) teardown->worker->Note(teardown, TeardownState::kLastWqe);
-  }
-  delete join;
-}
-
-void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
-  // Ours: the join (and its reference) may go while the binding is in use.
-  const std::shared_ptr<CmEventGate> gate = join->gate;
-  HeldEvents* held = join->watch->held;  // read now: the join may go
-  if (gate->Arrived(join, &slot) == CmEventGate::Arrival::kDeliver) {
-    slot.handler.load(std::memory_order_relaxed)->OnCmEvent(join->cm);
-    CountEvent();
-    join->Finish();
-    EventJoin::ReleaseHold(join);  // the route's
-    gate->Delivered();
-  } else {
-    EventJoin::ReleaseHold(join);  // the route's
-  }
-  DeferHeldEvents(held);  // run once the batch is over and released (cm_router.h)
-}
-
 bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {
   if (tls_dispatch_frames == nullptr) return false;
   if (tls_held_to_run != nullptr && tls_held_to_run != held) {
@@ -444,30 +388,6 @@ bool Consumer::DeferHeldEvents(HeldEvents* held) noexcept {
   }
   tls_held_to_run = held;
   return true;
-}
-
-void Consumer::DeliverListenerEvent(EventJoin* join) noexcept {
-  join->watch->handler->OnCmEvent(join->cm);
-  CountEvent();
-  join->Finish();
-  EventJoin::ReleaseHold(join);
-}
-
-void Consumer::CountEvent() noexcept {
-  async_delivered_.store(async_delivered_.load(std::memory_order_relaxed) + 1,
-                         std::memory_order_relaxed);
-}
-
-void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv_wc& wc) noexcept {
-  Slot& slot = slots_.slot(slot_index);
-  if (RouteHere(EntryKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker) return;
-  // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
-  // which nulls the pointer and then waits for this batch), so the state is still there.
-  TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
-  if (teardown == nullptr) return;
-  teardown->worker->Note(teardown, wc.wr_id == teardown->send_marker()
-                                       ? TeardownState::kSendMarker
-                                       : TeardownState::kRecvMarker);
 }
 
 bool Consumer::OnConsumerThread() noexcept { return tls_dispatch_frames != nullptr; }

@@ -17,7 +17,7 @@
 // lane (DispatchLane), and hands over only what the spill cannot hold. What it handed over is
 // older than what its spill holds, so that goes first and each QP's order stays. With nothing
 // handed over or spilled, the poller may run a poll's handlers as it routes them (the fused
-// pass, shard/fused_pass.cc), in a batch of its own (OpenFusedBatch).
+// pass, shard/fused_poll.cc), in a batch of its own (OpenFusedBatch).
 //
 // Dispatch(), DispatchLane() and the fused batch run on the consumer's thread only (the owned
 // thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread). Before
@@ -92,7 +92,7 @@ class Consumer {
   bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Run-to-completion, on its poller's thread only: a batch whose completions the poller routes
-  // as it runs them (the fused pass, FusedPass::Poll), all polled from the CQ `cq_id`. The
+  // as it runs them (the fused pass, FusedPoll::Poll), all polled from the CQ `cq_id`. The
   // poller lists the poll's QP numbers in FusedListing()[0, n) (as it finds its runs: no slot
   // touched, no second look), then OpenFusedBatch(n, cq_id) publishes the list and makes
   // `batch_seq_` odd, as RunBatch does; between it and CloseFusedBatch, DeliverFused calls
@@ -151,7 +151,7 @@ class Consumer {
   void Reserve(size_t n) noexcept;
   // After a lane's Publish of entries the caller reserved: wakes the consumer if it sleeps.
   void HandedOver() noexcept { waker_->Wake(); }
-  // Queues `item` (its entry reserved by the caller; item.lane and item.after set) and wakes the
+  // Queues `item` (its entry reserved by the caller; item.shard and item.after set) and wakes the
   // consumer if it sleeps. Callers serialize per token.
   void PushAlone(moodycamel::ProducerToken& token, Item& item) noexcept;
   // Reserve(1) and PushAlone, unless the consumer has closed (an owned consumer whose thread
@@ -208,14 +208,20 @@ class Consumer {
   // Delivers one registration's run of completions.
   // Returns how many of the run's completions reached the handler (n, or 0: orphaned).
   size_t DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot, uint32_t generation) noexcept;
-  void CountDelivered(uint64_t n) noexcept;  // adds to `delivered_` (this thread only)
+  void CountDelivered(uint64_t n) noexcept {  // adds to `delivered_` (this thread only)
+    delivered_.store(delivered_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   void DeliverEvent(EventJoin* join, uint32_t slot, uint32_t generation) noexcept;
   void DeliverCm(EventJoin* join, const Slot& slot) noexcept;
   void DeliverListenerEvent(EventJoin* join) noexcept;
   void CountEvent() noexcept;
   void DeliverMarker(uint32_t slot, uint32_t generation, const ibv_wc& wc) noexcept;
   // What becomes of an entry of `kind` for `slot` as of now (route.h, stage kConsumer).
-  static Disposal RouteHere(EntryKind kind, const Slot& slot, uint32_t generation) noexcept;
+  static Disposal RouteHere(EntryKind kind, const Slot& slot, uint32_t generation) noexcept {
+    // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
+    const uint64_t state = slot.state.load(std::memory_order_seq_cst);
+    return Route(RouteStage::kConsumer, {.kind = kind, .live = StateLiveAs(state, generation)});
+  }
   // Carries out the no-consumer disposal of one entry: its completion `wc` or its event `join`.
   void Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexcept;
   // Adds lane `lane`'s entries handed over up to `handed`, and the items that follow them, up to

@@ -141,9 +141,9 @@ int Consumer::DrainHeld(int max) noexcept {
 void Consumer::OrphanRemaining() noexcept {
   for (const auto& lane : lanes_) {
     const uint64_t handed = lane->HandedUpTo();
-    const uint64_t released = lane->released();
-    for (uint64_t pos = released; pos < handed; ++pos) OrphanLane(*lane, lane->IndexOf(pos), 1);
-    if (handed > released) lane->Release(handed);
+    const uint64_t recycled = lane->recycled();
+    for (uint64_t pos = recycled; pos < handed; ++pos) OrphanLane(*lane, lane->IndexOf(pos), 1);
+    if (handed > recycled) lane->Recycle(handed);
   }
   for (;;) {
     TakeQueuedItems();
@@ -173,11 +173,11 @@ void Consumer::Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexce
     case Disposal::kOrphan:
       orphans_.Take({wc, 1});
       break;
-    case Disposal::kReleaseEvent:
+    case Disposal::kDropEvent:
       if (kind == EntryKind::kListenerEvent) {
-        EventJoin::ReleaseHold(join);
+        EventJoin::DropHold(join);
       } else {
-        ReleaseEventPart(join, /*hand_on=*/false);  // no thread is left to run a CmHandler
+        DropEventPart(join, /*hand_on=*/false);  // no thread is left to run a CmHandler
       }
       break;
     case Disposal::kDropMarker:  // a teardown marker is the runtime's own

@@ -51,7 +51,7 @@ void HeldEvents::DeliverAll() noexcept {
       join->watch->handler->OnCmEvent(join->cm);
     }
     join->Finish();
-    EventJoin::ReleaseHold(join);
+    EventJoin::DropHold(join);
     lock.Lock();
   }
   any_.store(false, std::memory_order_relaxed);
@@ -69,22 +69,23 @@ void HeldEvents::DropAll() noexcept {
   while (first_ != nullptr) {
     EventJoin* join = first_;
     first_ = join->next_held;
-    EventJoin::ReleaseHold(join);
+    EventJoin::DropHold(join);
   }
   last_ = nullptr;
   any_.store(false, std::memory_order_relaxed);
 }
 
 bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint32_t index,
-                 const AsyncEvent& event, DeviceId device, bool fence) {
+                 const AsyncEvent& event, DeviceId device, bool stand_in) {
   const Slot& slot = slots.slot(index);
   const uint64_t state = slot.state.load(std::memory_order_acquire);
   if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
   auto* join = new (std::nothrow) EventJoin;
   if (join == nullptr) return false;  // out of memory: the device handler gets it instead
-  join->kind = fence ? EventJoin::Kind::kFence : EventJoin::Kind::kAsync;
+  join->kind = stand_in ? EventJoin::Kind::kLastWqeStandIn : EventJoin::Kind::kAsync;
   join->event = event;
-  if (StateDraining(state)) join->drain_epoch = slot.drain_epoch.load(std::memory_order_relaxed);
+  if (StateTearingDown(state))
+    join->teardown_epoch = slot.teardown_epoch.load(std::memory_order_relaxed);
   PostAlong(RouteOf(slot, index, state), join, pollers);
   return true;
 }
@@ -113,20 +114,20 @@ void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Shard
   if (one) {
     if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq,
                                           r.recv_cq == r.send_cq ? 0 : r.recv_cq)) {
-      ReleaseEventPart(item.join);
+      DropEventPart(item.join);
     }
     return;
   }
   if (!pollers[r.send_shard]->PostEvent(r.consumer, item, r.send_cq, 0)) {
-    ReleaseEventPart(item.join);
+    DropEventPart(item.join);
   }
   if (!pollers[r.recv_shard]->PostEvent(r.consumer, item, r.recv_cq, 0)) {
-    ReleaseEventPart(item.join);
+    DropEventPart(item.join);
   }
 }
 
-void ReleaseEventPart(EventJoin* join, bool hand_on) noexcept {
-  if (!join->ReleasePart()) return;
+void DropEventPart(EventJoin* join, bool hand_on) noexcept {
+  if (!join->DropPart()) return;
   if (join->kind != EventJoin::Kind::kCm) {
     delete join;
     return;
@@ -137,7 +138,7 @@ void ReleaseEventPart(EventJoin* join, bool hand_on) noexcept {
   } else {
     gate->Drop(join);
   }
-  EventJoin::ReleaseHold(join);  // the route's
+  EventJoin::DropHold(join);  // the route's
 }
 
 }  // namespace cqd::internal

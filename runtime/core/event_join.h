@@ -4,7 +4,7 @@
 // The one home of EventJoin: where it is made (PostQpEvent; the CM router makes CM ones), how it
 // travels (PostAlong: one part per poller of the registration's CQs, each behind what that poller
 // took off those CQs first, so the consumer, which delivers the event when it has every part,
-// gets it after them), how a part is released without delivery (ReleaseEventPart), and how a CM
+// gets it after them), how a part is released without delivery (DropEventPart), and how a CM
 // event is handed on to its channel's CmHandler (PostToListener, HeldEvents). Whether a CM event
 // whose last part arrived is delivered or handed on is its id's binding's call: CmEventGate is
 // the interface, CmBinding (cm_router.h) the implementation, so a consumer needs no router.
@@ -69,19 +69,19 @@ class CmEventGate {
 // when its send and recv CQs are on different shards). Each part follows what its poller took
 // off the CQs before it; the consumer delivers the event when it dequeues the last part, so
 // after everything either poller had taken. Made by the event thread (or a teardown, for a
-// fence).
+// LAST_WQE_REACHED stand-in).
 //
-// An async event or fence is freed by whoever releases its last part (the consumer, or a poller
+// An async event or stand-in is freed by whoever releases its last part (the consumer, or a poller
 // purging a dead registration's items). A CM event (kCm, kListener) has up to three holders at
 // once: its binding's list (until it leaves, cm_router.h), its route's parts (until the last is
 // released) and, once handed on to its channel's CmHandler, a listener item; `holds` counts them
 // and the last to let go frees it.
 struct EventJoin {
   enum class Kind : uint8_t {
-    kAsync,     // `event` for QpHandler::OnAsyncEvent
-    kFence,     // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
-    kCm,        // `cm` for QpHandler::OnCmEvent (or, handed on, for the CmHandler of `watch`)
-    kListener,  // `cm` for the CmHandler of `watch`
+    kAsync,           // `event` for QpHandler::OnAsyncEvent
+    kLastWqeStandIn,  // a teardown's stand-in for LAST_WQE_REACHED: noted, never delivered
+    kCm,              // `cm` for QpHandler::OnCmEvent (or, handed on, for the CmHandler of `watch`)
+    kListener,        // `cm` for the CmHandler of `watch`
   };
   EventJoin() = default;
   EventJoin(const EventJoin&) = delete;
@@ -99,15 +99,15 @@ struct EventJoin {
   EventJoin* next = nullptr;
   bool left = false;
   EventJoin* next_held = nullptr;  // in HeldEvents
-  // kAsync, kFence: the slot's drain_epoch if it was draining when the event was posted, else 0.
-  // Only a LAST_WQE_REACHED posted during the teardown attempt still under way ends its receive
-  // side: one posted earlier caught up on the CQs before that attempt's flush (and before any
-  // completion added after it), so it proves nothing.
-  uint32_t drain_epoch = 0;
+  // kAsync, kLastWqeStandIn: the slot's teardown_epoch if it was tearing down when the event was
+  // posted, else 0. Only a LAST_WQE_REACHED posted during the teardown attempt still under way ends
+  // its receive side: one posted earlier caught up on the CQs before that attempt's flush (and
+  // before any completion added after it), so it proves nothing.
+  uint32_t teardown_epoch = 0;
   // Returns true for the caller that released the last part.
-  bool ReleasePart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+  bool DropPart() noexcept { return parts.fetch_sub(1, std::memory_order_acq_rel) == 1; }
   // kCm, kListener: drops one hold; the last frees the join.
-  static void ReleaseHold(EventJoin* join) noexcept {
+  static void DropHold(EventJoin* join) noexcept {
     if (join->holds.fetch_sub(1, std::memory_order_acq_rel) == 1) delete join;
   }
   // A CM event was delivered (or dropped): it no longer counts against its channel's read-ahead.
@@ -156,23 +156,25 @@ struct EventRoute {
 EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state);
 
 // Posts `join` (parts unset) along `route`: one part per shard, each behind what that poller
-// takes off the route's CQs first (see shard/spills.h). The consumer delivers it if the registration
-// is still the routed one, and otherwise releases it (a CM event's gate hands it on to the
-// CmHandler). A part a closed consumer refuses (after Shutdown) is released at once. Any thread.
+// takes off the route's CQs first (see shard/spills.h). The consumer delivers it if the
+// registration is still the routed one, and otherwise releases it (a CM event's gate hands it on to
+// the CmHandler). A part a closed consumer refuses (after Shutdown) is released at once. Any
+// thread.
 void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Shard*>& pollers);
 
-// Posts an async event (or, with `fence`, a teardown's fence: the consumer only notes it for the
-// slot's teardown, see teardown.h) along the route of the live registration of event.qp_num on
-// `device` in `slot`; false if there is none, or memory ran out. Any thread.
+// Posts an async event (or, with `stand_in`, a teardown's stand-in for LAST_WQE_REACHED: the
+// consumer only notes it for the slot's teardown, see teardown.h) along the route of the live
+// registration of event.qp_num on `device` in `slot`; false if there is none, or memory ran out.
+// Any thread.
 bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint32_t slot,
-                 const AsyncEvent& event, DeviceId device, bool fence);
+                 const AsyncEvent& event, DeviceId device, bool stand_in);
 
 // Any thread: releases an event part without delivering it (its registration is gone). The last
 // part of a CM event goes to its gate, which hands it on to the channel's CmHandler with the rest
 // of its binding, unless `hand_on` is false (the runtime is being destroyed). Hands on to a
 // closed consumer's CmHandler are held: the caller runs HeldEvents::DeliverAll once it holds no
 // runtime lock.
-void ReleaseEventPart(EventJoin* join, bool hand_on = true) noexcept;
+void DropEventPart(EventJoin* join, bool hand_on = true) noexcept;
 
 // Any thread: hands `join` (kCm or kListener) on to its channel's CmHandler, through the channel's
 // poller, or into HeldEvents if the CmHandler's consumer has closed. Adds the hold it takes.

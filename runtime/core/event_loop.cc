@@ -385,7 +385,7 @@ void EventLoop::LogCqError(const DeviceRecord* device, const AsyncEvent& event) 
 }
 
 bool EventLoop::DeliverToSlot(uint32_t index, const AsyncEvent& event, DeviceId device) {
-  return PostQpEvent(slots_, pollers_, index, event, device, /*fence=*/false);
+  return PostQpEvent(slots_, pollers_, index, event, device, /*stand_in=*/false);
 }
 
 }  // namespace cqd::internal

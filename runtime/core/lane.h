@@ -12,9 +12,9 @@
 //
 // Positions only grow; entry `pos` lives at index pos % size(). Three positions split the ring:
 //
-//   released <= published <= tail
-//   [released, published)  handed to the consumer, which reads `published` itself (acquire) and
-//                          releases entries in order once their handlers have returned. No queue
+//   recycled <= published <= tail
+//   [recycled, published)  handed to the consumer, which reads `published` itself (acquire) and
+//                          recycles entries in order once their handlers have returned. No queue
 //                          item names them: the position is the hand-over.
 //   [published, tail)      the spill: polled, not yet handed over because the consumer had no
 //                          room (at most `spill_limit` entries). A run-to-completion consumer's
@@ -22,7 +22,7 @@
 //
 // size() = queue_capacity + spill_limit: the queue bound (depth, consumer.h) keeps the handed-over
 // part within queue_capacity, so the ring has room for the spill without the poller reading the
-// consumer's position. It reads `released` (acquire) only when its cached copy says the ring may
+// consumer's position. It reads `recycled` (acquire) only when its cached copy says the ring may
 // be full (which Shutdown's forced hand-over can bring about) and in TryRewind, once per
 // kRewindEvery entries past kRewindFrom, so the line the consumer writes per batch rarely
 // crosses back.
@@ -30,12 +30,12 @@
 // Runs (EntryMeta::run) handed to the consumer never reach past `published`: a hand-over that
 // cuts a run caps it first (CapRunsAt), so that Filter, which rewrites the spill, never changes
 // what a handed-over run covers. (A run-to-completion consumer's poller, which takes entries for
-// dispatch on its own thread, caps them at its batch's end instead, and releases them before any
+// dispatch on its own thread, caps them at its batch's end instead, and recycles them before any
 // batch could read them again.)
 //
 // Threading: tail, the spill and its stats belong to the poller thread (PurgeDead's Filter too,
 // between two passes); it stores `published` (release) after writing the entries it hands over.
-// `released` is written by the one thread dispatching the consumer (release), after its handlers
+// `recycled` is written by the one thread dispatching the consumer (release), after its handlers
 // returned, and by the poller's TryRewind while nothing is handed over; the dispatching thread
 // reads entries between its acquire load of `published` and its store.
 #ifndef CQD_RUNTIME_CORE_LANE_H_
@@ -97,7 +97,7 @@ struct Item {
   EntryKind kind = EntryKind::kCompletion;
   uint32_t stamp = 0;
   uint64_t after = 0;  // set by the producer that queues it
-  uint32_t lane = 0;
+  uint32_t shard = 0;  // whose lane it goes behind (the lane of that shard's index)
 };
 
 class Lane {
@@ -135,9 +135,9 @@ class Lane {
     if (tail_at_ >= rewind_check_at_ && spill_empty()) [[unlikely]]
       TryRewind();
     const uint32_t spill_room = spill_limit_ - std::min(spill_limit_, spill_size());
-    if (size_ - (tail_ - released_seen_) >= spill_room) return spill_room;
-    released_seen_ = released_.load(std::memory_order_acquire);
-    return static_cast<uint32_t>(std::min<uint64_t>(spill_room, size_ - (tail_ - released_seen_)));
+    if (size_ - (tail_ - recycled_seen_) >= spill_room) return spill_room;
+    recycled_seen_ = recycled_.load(std::memory_order_acquire);
+    return static_cast<uint32_t>(std::min<uint64_t>(spill_room, size_ - (tail_ - recycled_seen_)));
   }
   // Returns how many entries fit at the tail without wrapping (callers also respect room()).
   uint32_t contiguous() const noexcept { return static_cast<uint32_t>(size_ - tail_at_); }
@@ -210,41 +210,41 @@ class Lane {
     return removed;
   }
 
-  // Poller side, with the spill empty: if the consumer has released everything handed over,
+  // Poller side, with the spill empty: if the consumer has recycled everything handed over,
   // jumps to the start of the next lap, so that a lane that keeps up cycles through its first
   // kRewindFrom entries (a few dozen KB that stay in cache) instead of the whole ring. Checked
   // once per kRewindEvery entries past kRewindFrom: the read crosses to the consumer's core.
   // (A run-to-completion consumer's poller, whose thread is the consumer, calls it after each
   // dispatch from the spill instead: HostedConsumers::DispatchOne.)
-  // Both positions jump: `released` first, then `published` (release), so a consumer that reads
-  // `published` and then `released` (GatherLane) sees either both old or `released` at least the
+  // Both positions jump: `recycled` first, then `published` (release), so a consumer that reads
+  // `published` and then `recycled` (GatherLane) sees either both old or `recycled` at least the
   // lap; it never reads the entries skipped. The store cannot race the consumer's: it has
-  // released everything handed over, and stores again only for a range handed over after this.
+  // recycled everything handed over, and stores again only for a range handed over after this.
   void TryRewind() noexcept {
     rewind_check_at_ = tail_at_ + kRewindEvery;
-    released_seen_ = released_.load(std::memory_order_acquire);
-    if (released_seen_ != tail_) return;
+    recycled_seen_ = recycled_.load(std::memory_order_acquire);
+    if (recycled_seen_ != tail_) return;
     const uint64_t lap = tail_ + (size_ - tail_at_);
-    tail_ = released_seen_ = lap;
+    tail_ = recycled_seen_ = lap;
     tail_at_ = 0;
     rewind_check_at_ = kRewindFrom;
-    released_.store(lap, std::memory_order_relaxed);
+    recycled_.store(lap, std::memory_order_relaxed);
     published_.store(lap, std::memory_order_release);
   }
 
   // Consumer side (the dispatching thread).
   // Returns how far entries are handed over (acquire: the entries before it are written). Read
-  // it before released() (see TryRewind).
+  // it before recycled() (see TryRewind).
   uint64_t HandedUpTo() const noexcept { return published_.load(std::memory_order_acquire); }
-  // Returns the first entry not yet released: this thread's last store, or a rewind's.
-  uint64_t released() const noexcept { return released_.load(std::memory_order_relaxed); }
+  // Returns the first entry not yet recycled: this thread's last store, or a rewind's.
+  uint64_t recycled() const noexcept { return recycled_.load(std::memory_order_relaxed); }
   // Every entry before `pos` may be reused.
-  void Release(uint64_t pos) noexcept { released_.store(pos, std::memory_order_release); }
+  void Recycle(uint64_t pos) noexcept { recycled_.store(pos, std::memory_order_release); }
   // Dispatching thread, a hint: starts loading the lines of the entry the next range most likely
-  // begins at (the first one not released), so that they cross cores beside the published
+  // begins at (the first one not recycled), so that they cross cores beside the published
   // position, not after it.
   void PrefetchNext() const noexcept {
-    const uint32_t at = IndexOf(released_.load(std::memory_order_relaxed));
+    const uint32_t at = IndexOf(recycled_.load(std::memory_order_relaxed));
     __builtin_prefetch(&metas_[at]);
     __builtin_prefetch(&wcs_[at]);
   }
@@ -294,20 +294,20 @@ class Lane {
   // Poller-owned, written per poll: a line the consumer never reads.
   alignas(64) uint64_t tail_ = 0;
   uint32_t tail_at_ = 0;        // IndexOf(tail_)
-  uint64_t released_seen_ = 0;  // the last value read from released_
+  uint64_t recycled_seen_ = 0;  // the last value read from recycled_
   static constexpr uint32_t kRewindFrom = 1024;
   static constexpr uint32_t kRewindEvery = 256;
   uint64_t rewind_check_at_ = kRewindFrom;  // tail_at_ at which TryRewind looks next
   // Written by the poller per hand-over, read by the dispatching thread per batch.
   alignas(64) std::atomic<uint64_t> published_{0};
   // Written by the dispatching thread, read by the poller now and then.
-  alignas(64) std::atomic<uint64_t> released_{0};
+  alignas(64) std::atomic<uint64_t> recycled_{0};
 
  public:
   // Back-pressure's wake-up (consumer.h): the poller sets it (seq_cst) before it sleeps with
   // entries in this lane's spill or an event held back for it, then re-checks for room; the
   // dispatching thread, after it freed room (seq_cst), takes it (exchange) and wakes the poller.
-  // On released_'s line, which the dispatching thread writes per batch anyway.
+  // On recycled_'s line, which the dispatching thread writes per batch anyway.
   std::atomic<bool> wants_room{false};
 
  private:

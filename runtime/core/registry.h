@@ -26,15 +26,15 @@ namespace cqd::internal {
 
 struct TeardownState;
 
-// state = generation << 32 | consumer << 2 | draining << 1 | live. `draining`: a TeardownQp is
-// under way; pollers then look for its marker completions (teardown.h).
+// state = generation << 32 | consumer << 2 | tearing_down << 1 | live. `tearing_down`: a TeardownQp
+// is under way; pollers then look for its marker completions (teardown.h).
 inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool live,
-                                    bool draining = false) {
-  return uint64_t{generation} << 32 | uint64_t{consumer & 0x3fffffff} << 2 | (draining ? 2 : 0) |
-         (live ? 1 : 0);
+                                    bool tearing_down = false) {
+  return uint64_t{generation} << 32 | uint64_t{consumer & 0x3fffffff} << 2 |
+         (tearing_down ? 2 : 0) | (live ? 1 : 0);
 }
 inline constexpr bool StateLive(uint64_t s) { return s & 1; }
-inline constexpr bool StateDraining(uint64_t s) { return s & 2; }
+inline constexpr bool StateTearingDown(uint64_t s) { return s & 2; }
 inline constexpr uint32_t StateGeneration(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
 // Returns true if `s` is a live registration of `generation` (the one an item was routed to).
 inline constexpr bool StateLiveAs(uint64_t s, uint32_t generation) {
@@ -55,10 +55,10 @@ struct alignas(64) Slot {
   std::atomic<uint16_t> send_shard{0};
   std::atomic<uint16_t> recv_shard{0};
   std::atomic<void*> qp{nullptr};                 // the native QP (ibv_qp* or SimQp*), for teardown
-  std::atomic<TeardownState*> teardown{nullptr};  // while draining; published by `state`
-  // Bumped (never to 0) by each TeardownQp attempt before it sets `draining`; published by
+  std::atomic<TeardownState*> teardown{nullptr};  // while tearing down; published by `state`
+  // Bumped (never to 0) by each TeardownQp attempt before it sets `tearing_down`; published by
   // `state`. Tells a LAST_WQE_REACHED posted during this attempt from one of an earlier attempt.
-  std::atomic<uint32_t> drain_epoch{0};
+  std::atomic<uint32_t> teardown_epoch{0};
   // Control path only (under the runtime mutex): work requests committed on each CQ.
   uint32_t send_commit = 0;
   uint32_t recv_commit = 0;

@@ -11,13 +11,13 @@
 //                     a retired QP's, behind such a marker  -> kOrphan
 //                     unknown qp_num, dead registration, or
 //                     a CQ the registration does not use    -> kOrphan
-//                     a draining QP's own teardown marker   -> kNoteMarker (to its consumer)
+//                     a torn-down QP's own teardown marker  -> kNoteMarker (to its consumer)
 //                     anything else                         -> kDeliver (to its consumer)
 //   at the consumer   live with the entry's generation: completion, event -> kDeliver;
 //                     marker -> kNoteMarker; a listener's event is nobody's -> kDeliver
-//                     otherwise: completion -> kOrphan, event -> kReleaseEvent,
+//                     otherwise: completion -> kOrphan, event -> kDropEvent,
 //                     marker -> kDropMarker
-//   no consumer left  completion -> kOrphan, event -> kReleaseEvent, marker -> kDropMarker
+//   no consumer left  completion -> kOrphan, event -> kDropEvent, marker -> kDropMarker
 //
 // A completion goes to a handler only if its registration was live at the poll and is still
 // live with the same generation when its consumer runs it; a retired QP's completion can pass
@@ -39,12 +39,12 @@
 namespace cqd::internal {
 
 enum class Disposal : uint8_t {
-  kDeliver,       // to the registration's handler (a listener event: its channel's CmHandler)
-  kNoteMarker,    // a draining QP's teardown marker: its consumer tells the teardown thread
-  kFenceTaken,    // a retired QP's marker that its fence awaited: the runtime's own, dropped
-  kOrphan,        // a completion no handler may take: the OrphanHandler
-  kReleaseEvent,  // an event part nobody will deliver: released (its join may end)
-  kDropMarker,    // a teardown marker whose teardown is over: the runtime's own, dropped
+  kDeliver,     // to the registration's handler (a listener event: its channel's CmHandler)
+  kNoteMarker,  // a marker of a QP being torn down: its consumer tells the teardown thread
+  kFenceTaken,  // a retired QP's marker that its fence awaited: the runtime's own, dropped
+  kOrphan,      // a completion no handler may take: the OrphanHandler
+  kDropEvent,   // an event part nobody will deliver: released (its join may end)
+  kDropMarker,  // a teardown marker whose teardown is over: the runtime's own, dropped
 };
 
 enum class RouteStage : uint8_t {
@@ -58,11 +58,11 @@ enum class RouteStage : uint8_t {
 struct RouteFacts {
   EntryKind kind = EntryKind::kCompletion;
   FenceList::Taken fence = FenceList::Taken::kNotFenced;  // kPoll: the CQ's fences' verdict
-  bool known = false;      // kPoll: a registration holds the qp_num on the CQ's device
-  bool live = false;       // its state is live (at the consumer: with the entry's generation)
-  bool uses_cq = false;    // kPoll: the registration's QP has the CQ as a send or receive CQ
-  bool draining = false;   // kPoll: its teardown is under way
-  bool is_marker = false;  // kPoll: the wr_id is one of its teardown's markers
+  bool known = false;         // kPoll: a registration holds the qp_num on the CQ's device
+  bool live = false;          // its state is live (at the consumer: with the entry's generation)
+  bool uses_cq = false;       // kPoll: the registration's QP has the CQ as a send or receive CQ
+  bool tearing_down = false;  // kPoll: its teardown is under way
+  bool is_marker = false;     // kPoll: the wr_id is one of its teardown's markers
 };
 
 // Returns what becomes of the entry.
@@ -72,7 +72,7 @@ constexpr Disposal Route(RouteStage stage, const RouteFacts& f) noexcept {
     if (f.fence == Taken::kMarker) return Disposal::kFenceTaken;
     if (f.fence == Taken::kBehindMarker) return Disposal::kOrphan;
     if (!f.known || !f.live || !f.uses_cq) return Disposal::kOrphan;
-    return f.draining && f.is_marker ? Disposal::kNoteMarker : Disposal::kDeliver;
+    return f.tearing_down && f.is_marker ? Disposal::kNoteMarker : Disposal::kDeliver;
   }
   const bool runs =
       stage == RouteStage::kConsumer && (f.live || f.kind == EntryKind::kListenerEvent);
@@ -83,7 +83,7 @@ constexpr Disposal Route(RouteStage stage, const RouteFacts& f) noexcept {
       return runs ? Disposal::kNoteMarker : Disposal::kDropMarker;
     case EntryKind::kEventPart:
     case EntryKind::kListenerEvent:
-      return runs ? Disposal::kDeliver : Disposal::kReleaseEvent;
+      return runs ? Disposal::kDeliver : Disposal::kDropEvent;
   }
   return Disposal::kDropMarker;  // unreachable: every kind is handled above
 }

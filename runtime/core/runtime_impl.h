@@ -126,7 +126,7 @@ class RuntimeImpl final : private TeardownHost {
   BatchTicket RetireTeardown(TeardownState& state) noexcept override;
   bool BatchOver(const BatchTicket& ticket) const noexcept override;
   void FreeSlot(uint32_t slot) noexcept override;
-  void PostFence(const TeardownState& state) noexcept override;
+  void PostLastWqeStandIn(const TeardownState& state) noexcept override;
   bool RedriveDrain(const TeardownState& state) noexcept override;
 
   // Ends the registration (slot, generation) without waiting for its consumer: it is dead and

@@ -198,7 +198,7 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, con
   // fence standing in for it) came behind its receives. A teardown that started nothing (a QP in
   // RESET, a failed device) has nothing to wait for either.
   const bool plain = ending == nullptr;
-  if (!plain && (ending->markers == 0 || ending->Drained())) return;
+  if (!plain && (ending->markers == 0 || ending->Flushed())) return;
   const uint32_t seen = plain ? 0 : ending->seen.load(std::memory_order_acquire);
   Shard::RetiredSide send{cqs[0], TeardownState::kSendMarker, 0, plain, commits[0], qp};
   Shard::RetiredSide recv{cqs[1], TeardownState::kRecvMarker, 0, plain, commits[1], qp};
@@ -263,7 +263,7 @@ bool RuntimeImpl::RedriveDrain(const TeardownState& state) noexcept {
       .ok();
 }
 
-void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
+void RuntimeImpl::PostLastWqeStandIn(const TeardownState& state) noexcept {
   const Slot& slot = slots_.slot(state.slot);
   if (StateGeneration(slot.state.load(std::memory_order_acquire)) != state.generation) return;
   AsyncEvent fence;
@@ -272,7 +272,7 @@ void RuntimeImpl::PostFence(const TeardownState& state) noexcept {
   fence.device = slot.device.load(std::memory_order_relaxed);
   std::vector<Shard*> pollers;
   for (auto& p : pollers_) pollers.push_back(p.get());
-  PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*fence=*/true);
+  PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*stand_in=*/true);
 }
 
 Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, uint32_t generation,
@@ -289,7 +289,7 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   if (!StateLiveAs(state, generation)) {
     return InvalidArgument("TeardownQp: the registration is no longer live");
   }
-  if (StateDraining(state)) return FailedPrecondition("TeardownQp: already tearing down");
+  if (StateTearingDown(state)) return FailedPrecondition("TeardownQp: already tearing down");
   DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
   auto teardown = std::make_shared<TeardownState>();
   teardown->worker = teardowns_.get();
@@ -312,8 +312,8 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   // Draining before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
-  const uint32_t epoch = slot.drain_epoch.load(std::memory_order_relaxed) + 1;
-  slot.drain_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
+  const uint32_t epoch = slot.teardown_epoch.load(std::memory_order_relaxed) + 1;
+  slot.teardown_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
   slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
                    std::memory_order_seq_cst);
   Result<backend::DrainStart> posted = device->backend->StartQpDrain(

@@ -99,7 +99,7 @@ void TeardownWorker::Run() {
                                            state->device) != failed_devices_.end();
       if (state->end_with) {
         ending.emplace_back(state, *state->end_with);
-      } else if (state->Drained()) {
+      } else if (state->Flushed()) {
         ending.emplace_back(state, Status::Ok());
       } else if (device_failed) {
         ending.emplace_back(state, Unavailable("TeardownQp: the device failed (DEVICE_FATAL) "
@@ -147,7 +147,7 @@ void TeardownWorker::Run() {
     // Without the lock: retiring takes the runtime mutex and waits for pollers, whose
     // consumers' Note takes mu_; on_done may call the runtime.
     lock.Unlock();
-    for (auto& state : fencing) host_.PostFence(*state);
+    for (auto& state : fencing) host_.PostLastWqeStandIn(*state);
     for (auto& state : redriving) {
       if (log_ != nullptr && log_->enabled()) {
         char qp[16];

@@ -104,7 +104,7 @@ struct alignas(8) TeardownState {
   uint64_t send_marker() const noexcept { return reinterpret_cast<uint64_t>(this); }
   uint64_t recv_marker() const noexcept { return send_marker() + 1; }
   // True once everything the QP had posted has flushed back through the handler.
-  bool Drained() const noexcept {
+  bool Flushed() const noexcept {
     uint32_t s = seen.load(std::memory_order_acquire);
     if (!(s & kSendMarker)) return false;
     return srq ? (s & kLastWqe) != 0 : (s & kRecvMarker) != 0;
@@ -132,7 +132,7 @@ class TeardownHost {
   virtual void FreeSlot(uint32_t slot) noexcept = 0;
   // Sends the registration's consumer a fence through the pollers of its CQs, which the consumer
   // notes as kLastWqe.
-  virtual void PostFence(const TeardownState& state) noexcept = 0;
+  virtual void PostLastWqeStandIn(const TeardownState& state) noexcept = 0;
   // Moves the QP to the error state again (what was posted in it flushes), posting the receive
   // marker first if it is owed; returns false if it is owed and still found no room.
   virtual bool RedriveDrain(const TeardownState& state) noexcept = 0;

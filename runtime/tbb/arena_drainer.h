@@ -59,17 +59,17 @@ inline char task_sync_address;
 #if defined(__SANITIZE_THREAD__)
 inline std::recursive_mutex task_memory_mu;
 #endif
-inline void TaskAcquire() noexcept {
+inline void TaskObserve() noexcept {
 #if defined(__SANITIZE_THREAD__)
   __tsan_acquire(&task_sync_address);
 #endif
 }
-inline void TaskRelease() noexcept {
+inline void TaskPublish() noexcept {
 #if defined(__SANITIZE_THREAD__)
   __tsan_release(&task_sync_address);
 #endif
 }
-inline void TaskMemoryFence() noexcept {
+inline void TaskMemoryOrder() noexcept {
 #if defined(__SANITIZE_THREAD__)
   task_memory_mu.lock();
   task_memory_mu.unlock();
@@ -83,13 +83,13 @@ class AnnotatedTask {
   static_assert(std::is_trivially_destructible_v<F>, "capture raw pointers only");
 
  public:
-  explicit AnnotatedTask(F f) : f_(std::move(f)) { TaskRelease(); }
-  AnnotatedTask(const AnnotatedTask& other) : f_(other.f_) { TaskRelease(); }
-  AnnotatedTask(AnnotatedTask&& other) noexcept : f_(std::move(other.f_)) { TaskRelease(); }
+  explicit AnnotatedTask(F f) : f_(std::move(f)) { TaskPublish(); }
+  AnnotatedTask(const AnnotatedTask& other) : f_(other.f_) { TaskPublish(); }
+  AnnotatedTask(AnnotatedTask&& other) noexcept : f_(std::move(other.f_)) { TaskPublish(); }
   AnnotatedTask& operator=(const AnnotatedTask&) = delete;
-  ~AnnotatedTask() { TaskMemoryFence(); }
+  ~AnnotatedTask() { TaskMemoryOrder(); }
   void operator()() const {
-    TaskAcquire();
+    TaskObserve();
     f_();
   }
 

@@ -28,7 +28,7 @@ void StrandBatch::clear() {
   wcs.clear();
   events.clear();
   cms.clear();
-  fences.clear();
+  teardown_ends.clear();
 }
 
 void StrandBatch::swap(StrandBatch& other) noexcept {
@@ -36,7 +36,7 @@ void StrandBatch::swap(StrandBatch& other) noexcept {
   wcs.swap(other.wcs);
   events.swap(other.events);
   cms.swap(other.cms);
-  fences.swap(other.fences);
+  teardown_ends.swap(other.teardown_ends);
 }
 
 Strand::~Strand() {
@@ -74,7 +74,7 @@ bool Strand::Push(const Append& append) noexcept {
       append(dropped);
     } catch (const std::bad_alloc&) {
     }
-    Drop(dropped, 0, /*fences_too=*/false);
+    Drop(dropped, 0, /*ends_too=*/false);
     return false;
   }
   if (schedule) Enqueue();
@@ -107,8 +107,8 @@ void Strand::OnCmEvent(const CmEvent& event) noexcept {
   });
 }
 
-void Strand::PushFence(const std::shared_ptr<StrandTeardownState>& state,
-                       const Status& status) noexcept {
+void Strand::PushTeardownEnd(const std::shared_ptr<StrandTeardownState>& state,
+                             const Status& status) noexcept {
   bool finish_now = false;
   Status result = status;
   {
@@ -121,8 +121,9 @@ void Strand::PushFence(const std::shared_ptr<StrandTeardownState>& state,
   }
   if (!finish_now) {
     if (Push([&](Batch& b) {
-          b.fences.push_back({state, status});
-          b.entries.push_back({Kind::kFence, static_cast<uint32_t>(b.fences.size() - 1), 0});
+          b.teardown_ends.push_back({state, status});
+          b.entries.push_back(
+              {Kind::kTeardownEnd, static_cast<uint32_t>(b.teardown_ends.size() - 1), 0});
         })) {
       return;
     }
@@ -197,7 +198,7 @@ int Strand::Deliver() noexcept {
   const size_t size = out_.entries.size();
   for (size_t i = 0; i < size; ++i) {
     if (dead.load(std::memory_order_acquire)) {
-      Drop(out_, i, /*fences_too=*/true);
+      Drop(out_, i, /*ends_too=*/true);
       return n;
     }
     const Entry& e = out_.entries[i];
@@ -214,7 +215,7 @@ int Strand::Deliver() noexcept {
         user->OnCmEvent(out_.cms[e.index]);
         core->delivered.fetch_add(1, std::memory_order_relaxed);
         break;
-      case Kind::kFence: {
+      case Kind::kTeardownEnd: {
         // The runtime unregistered the QP before this: nothing follows. The handler made its
         // last call; the result goes out now.
         {
@@ -222,7 +223,7 @@ int Strand::Deliver() noexcept {
           dead.store(true, std::memory_order_release);
         }
         Leave();
-        out_.fences[e.index].state->Finish(out_.fences[e.index].status);
+        out_.teardown_ends[e.index].state->Finish(out_.teardown_ends[e.index].status);
         break;
       }
     }
@@ -231,7 +232,7 @@ int Strand::Deliver() noexcept {
   return n;
 }
 
-void Strand::Drop(Batch& b, size_t from, bool fences_too) noexcept {
+void Strand::Drop(Batch& b, size_t from, bool ends_too) noexcept {
   for (size_t i = from; i < b.entries.size(); ++i) {
     const Entry& e = b.entries[i];
     if (e.kind == Kind::kCompletions) {
@@ -240,10 +241,10 @@ void Strand::Drop(Batch& b, size_t from, bool fences_too) noexcept {
       if (core->orphan_handler != nullptr) {
         core->orphan_handler->OnOrphans(std::span<const ibv_wc>(b.wcs.data() + e.index, e.count));
       }
-    } else if (e.kind == Kind::kFence) {
-      if (fences_too) {
+    } else if (e.kind == Kind::kTeardownEnd) {
+      if (ends_too) {
         Leave();
-        b.fences[e.index].state->Finish(
+        b.teardown_ends[e.index].state->Finish(
             Cancelled("StrandConsumer: the strand was unregistered before the teardown's end"));
       }
     } else {
@@ -266,7 +267,7 @@ void Strand::Kill() noexcept {
     leftovers.swap(in_);
     wait = running.load(std::memory_order_relaxed) && !TaskScope::InStrand(this);
   }
-  Drop(leftovers, 0, /*fences_too=*/true);
+  Drop(leftovers, 0, /*ends_too=*/true);
   Leave();
   if (!wait) return;
   for (int spins = 0; running.load(std::memory_order_acquire); ++spins) {

@@ -88,13 +88,13 @@ struct StrandCore {
 
 // What a strand holds: items in order, completions of adjacent runs merged.
 struct StrandBatch {
-  enum class Kind : uint8_t { kCompletions, kAsync, kCm, kFence };
+  enum class Kind : uint8_t { kCompletions, kAsync, kCm, kTeardownEnd };
   struct Entry {
     Kind kind;
-    uint32_t index;  // into wcs (first completion), events, cms or fences
+    uint32_t index;  // into wcs (first completion), events, cms or teardown_ends
     uint32_t count;  // completions
   };
-  struct Fence {
+  struct TeardownEnd {
     std::shared_ptr<StrandTeardownState> state;
     Status status;
   };
@@ -103,7 +103,7 @@ struct StrandBatch {
   std::vector<ibv_wc> wcs;
   std::vector<AsyncEvent> events;
   std::vector<CmEvent> cms;
-  std::vector<Fence> fences;
+  std::vector<TeardownEnd> teardown_ends;
 
   bool empty() const { return entries.empty(); }
   void clear();  // keeps the capacity: a strand's buffers grow to their high water, then stay
@@ -124,7 +124,8 @@ struct Strand final : public QpHandler, public std::enable_shared_from_this<Stra
   void OnCmEvent(const CmEvent& event) noexcept override;
 
   // The runtime's teardown thread (on_done): the result goes behind everything queued.
-  void PushFence(const std::shared_ptr<StrandTeardownState>& state, const Status& status) noexcept;
+  void PushTeardownEnd(const std::shared_ptr<StrandTeardownState>& state,
+                       const Status& status) noexcept;
 
   // StrandRegistration::Unregister after the runtime registration ended: drops what is queued
   // and waits for a delivery in progress unless it runs on this thread.
@@ -139,7 +140,7 @@ struct Strand final : public QpHandler, public std::enable_shared_from_this<Stra
  private:
   // Appends with `append` under the lock and schedules a strand task; returns false when the
   // strand is dead or its consumer stopped: then what `append` adds is dropped (completions to the
-  // orphan handler, counted) outside the lock, fences ignored (the caller finishes them).
+  // orphan handler, counted) outside the lock, teardown_ends ignored (the caller finishes them).
   template <typename Append>
   bool Push(const Append& append) noexcept;
   void Enqueue() noexcept;
@@ -148,8 +149,8 @@ struct Strand final : public QpHandler, public std::enable_shared_from_this<Stra
   // Delivers out_ in order until the strand dies; returns the items delivered.
   int Deliver() noexcept;
   // Gives up b's entries from `from` on: completions to the orphan handler (counted), events
-  // counted; fences (only when `fences_too`) finish with kCancelled.
-  void Drop(Batch& b, size_t from, bool fences_too) noexcept;
+  // counted; teardown_ends (only when `ends_too`) finish with kCancelled.
+  void Drop(Batch& b, size_t from, bool ends_too) noexcept;
   // Takes the strand out of the consumer's live set (it is dead: Stop need not wait for it).
   void Leave() noexcept;
 

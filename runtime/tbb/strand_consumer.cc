@@ -236,7 +236,9 @@ Result<StrandTeardown> StrandConsumer::TeardownQp(StrandRegistration& registrati
     auto state = std::make_shared<internal::StrandTeardownState>();
     state->on_done = options.on_done;
     TeardownOptions forwarded = options;
-    forwarded.on_done = [strand, state](const Status& status) { strand->PushFence(state, status); };
+    forwarded.on_done = [strand, state](const Status& status) {
+      strand->PushTeardownEnd(state, status);
+    };
     Result<Teardown> teardown = runtime_.TeardownQp(strand->registration, forwarded);
     if (!teardown.ok()) return teardown.status();
     registration.strand_ = nullptr;

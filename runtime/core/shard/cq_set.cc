@@ -4,14 +4,14 @@
 #include <algorithm>
 
 #include "runtime/base/chaos.h"
-#include "runtime/core/shard/fused_pass.h"
+#include "runtime/core/shard/fused_poll.h"
 
 namespace cqd::internal {
 
 using Clock = std::chrono::steady_clock;
 
 CqSet::CqSet(const RuntimeOptions& options, ShardCounters& counters, Spills& spills, Router& router,
-             FenceList& fences, FusedPass* fused)
+             FenceList& fences, FusedPoll* fused)
     : options_(options),
       counters_(counters),
       spills_(spills),

@@ -6,7 +6,7 @@
 // consumers it serves has room for (Spills::RoomFor: a CQ a stalled consumer shares waits in the
 // CQ) and at most poll_batch, so one busy CQ cannot starve the others; a budget cut short starts
 // the next pass at the first CQ it left out. Each poll is routed (Router) into the lanes, or run
-// by the fused pass (fused_pass.h) when its CQ's QPs all go to a run-to-completion consumer of
+// by the fused pass (fused_poll.h) when its CQ's QPs all go to a run-to-completion consumer of
 // this shard. A poll that takes fewer than it asked for found the CQ empty: the catch-ups of its
 // fences (fences.h) and of posted events (EventInbox) rely on that.
 //
@@ -48,13 +48,13 @@
 
 namespace cqd::internal {
 
-class FusedPass;
+class FusedPoll;
 
 class CqSet {
  public:
   // `fused`: null when the shard hosts no run-to-completion consumer.
   CqSet(const RuntimeOptions& options, ShardCounters& counters, Spills& spills, Router& router,
-        FenceList& fences, FusedPass* fused);
+        FenceList& fences, FusedPoll* fused);
   CqSet(const CqSet&) = delete;
   CqSet& operator=(const CqSet&) = delete;
 
@@ -131,7 +131,7 @@ class CqSet {
   Spills& spills_;
   Router& router_;
   FenceList& fences_;
-  FusedPass* const fused_;
+  FusedPoll* const fused_;
   const bool may_park_;            // parking is on (cq_park_after > 0, not busy_poll)
   std::vector<CqRecord*> cqs_;     // in the passes, round robin; null: removed mid-pass
   std::vector<CqRecord*> parked_;  // armed, out of the passes until their event

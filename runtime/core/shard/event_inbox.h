@@ -66,7 +66,7 @@ class EventInbox {
   void Purge(uint32_t consumer, Runs&& runs) {
     std::erase_if(deferred_, [&](const PostedEvent& posted) {
       if (posted.consumer != consumer || runs(posted.item)) return false;
-      ReleaseEventPart(posted.item.join);  // deferred entries are events
+      DropEventPart(posted.item.join);  // deferred entries are events
       return true;
     });
   }

@@ -7,7 +7,7 @@
 // handed over is older than its spill), else in place from the spill of this shard's lane. The
 // entries leave the spill before the first handler runs, so a control call's purge (Unregister,
 // run inline here) cannot move them under it. While a consumer's queue and spill are empty its
-// CQs' polls may run its handlers as they are routed (fused_pass.h). Handlers run with the wait
+// CQs' polls may run its handlers as they are routed (fused_poll.h). Handlers run with the wait
 // duty of thread_role.h set: they may make control calls, and the calls that would wait for this
 // shard run inline. Producers wake the shard instead of such a consumer (Consumer::RunOnPoller),
 // so TryEnterIdle re-checks their queues. When the shard stops, Close dispatches what they still

@@ -46,10 +46,10 @@ inline uint32_t Router::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
     ReadSlotFacts(*cq, wc.qp_num, *slot, state, facts);
   }
   TeardownState* teardown = nullptr;
-  if (facts.draining && facts.live) [[unlikely]] {
-    // Non-null while the state says draining: a teardown nulls it only after the state died, and
-    // makes its fences (FenceRetired, on the driver between two passes) before that, so a marker
-    // is either marked `polled` here or taken by its fence above.
+  if (facts.tearing_down && facts.live) [[unlikely]] {
+    // Non-null while the state says tearing down: a teardown nulls it only after the state died,
+    // and makes its fences (FenceRetired, on the driver between two passes) before that, so a
+    // marker is either marked `polled` here or taken by its fence above.
     teardown = slot->teardown.load(std::memory_order_acquire);
     const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
     facts.is_marker = marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1);
@@ -67,15 +67,15 @@ inline uint32_t Router::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
       return StateConsumer(state);
     case Disposal::kDeliver:
       break;
-    case Disposal::kReleaseEvent:  // never at the poll (route_test): Route decides only for a
-    case Disposal::kDropMarker:    // completion there
+    case Disposal::kDropEvent:   // never at the poll (route_test): Route decides only for a
+    case Disposal::kDropMarker:  // completion there
       return kOrphan;
   }
   meta = {slot->index, StateGeneration(state), EntryKind::kCompletion, 1, poll_stamp_};
   // The next completions of this QP in the poll route the same way (the consumer re-checks the
-  // registration before it calls the handler, as it does for every run). A draining QP's are
+  // registration before it calls the handler, as it does for every run). A torn-down QP's are
   // each looked at: any may be its marker.
-  if (!facts.draining) cache = {wc.qp_num, StateConsumer(state), meta};
+  if (!facts.tearing_down) cache = {wc.qp_num, StateConsumer(state), meta};
   return StateConsumer(state);
 }
 

@@ -10,12 +10,12 @@
 //   - RouteInLane: a CQ whose registered QPs all go to one consumer is polled straight into that
 //     consumer's lane; a run of one QP's completions costs one state read (RouteRun), and its
 //     entries stay where the poll put them. Anything else (a CQ awaiting a retired QP's marker, a
-//     draining QP, a completion for another consumer) finishes on the general path.
+//     QP being torn down, a completion for another consumer) finishes on the general path.
 //   - RouteCompletions, the general path: each completion is classified (Classify) and copied
 //     once into its lane. The route of the last QP classified is kept (RouteCache) and reused for
-//     its next completions in the same poll; a draining QP's are each looked at (any may be its
+//     its next completions in the same poll; a torn-down QP's are each looked at (any may be its
 //     marker).
-//   - the fused pass (fused_pass.h) asks RouteRun for each run before it calls the handler.
+//   - the fused pass (fused_poll.h) asks RouteRun for each run before it calls the handler.
 //
 // Threading: the shard's driver only.
 #ifndef CQD_RUNTIME_CORE_SHARD_ROUTER_H_
@@ -65,7 +65,7 @@ class Router {
   // paths' (in place, fused). `slot` is the QP's lookup, its state read with `order` (seq_cst
   // where a handler may be called on it inside a batch, consumer.h). kStays: routed to
   // `consumer`, `meta` set (its run left to the caller); kOrphan: nobody may take them;
-  // kEachAlone: a draining QP's (any may be its marker) or another consumer's: the general path
+  // kEachAlone: a torn-down QP's (any may be its marker) or another consumer's: the general path
   // looks at each, from the first on.
   enum class RunRoute : uint8_t { kStays, kOrphan, kEachAlone };
   RunRoute RouteRun(const CqRecord& cq, uint32_t qp_num, const Slot* slot, uint32_t consumer,
@@ -80,13 +80,13 @@ class Router {
       case Disposal::kOrphan:
         return RunRoute::kOrphan;
       case Disposal::kDeliver:
-        if (facts.draining || StateConsumer(state) != consumer) [[unlikely]]
+        if (facts.tearing_down || StateConsumer(state) != consumer) [[unlikely]]
           return RunRoute::kEachAlone;
         meta = {slot->index, StateGeneration(state), EntryKind::kCompletion, 0, poll_stamp_};
         return RunRoute::kStays;
-      case Disposal::kNoteMarker:    // draining: never without facts.draining
-      case Disposal::kFenceTaken:    // no fence was asked (the caller's CQ awaits no marker)
-      case Disposal::kReleaseEvent:  // never at the poll (route_test)
+      case Disposal::kNoteMarker:  // never without facts.tearing_down
+      case Disposal::kFenceTaken:  // no fence was asked (the caller's CQ awaits no marker)
+      case Disposal::kDropEvent:   // never at the poll (route_test)
       case Disposal::kDropMarker:
         return RunRoute::kEachAlone;
     }
@@ -112,7 +112,7 @@ class Router {
     facts.known = slot.Holds(cq.device->id, qp_num);
     facts.live = StateLive(state);
     facts.uses_cq = slot.Uses(cq.id);
-    facts.draining = StateDraining(state);
+    facts.tearing_down = StateTearingDown(state);
   }
   // Looks up the slots of wcs[0, n) into batch_slots_, prefetching them.
   void LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept;

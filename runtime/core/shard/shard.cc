@@ -47,7 +47,7 @@ Shard::Shard(int index, const RuntimeOptions& options, const std::vector<Consume
       spills_(index, consumers, options.poll_batch, /*hold=*/!engine_driven_),
       router_(options.poll_batch, RecordsLatency(options), fences_, orphans, spills_),
       fused_(HostsAny(options, index)
-                 ? std::make_unique<FusedPass>(options.poll_batch, counters_, spills_, router_,
+                 ? std::make_unique<FusedPoll>(options.poll_batch, counters_, spills_, router_,
                                                orphans, WaitDuty{&Shard::ServeMailbox, this})
                  : nullptr),
       cqs_(options, counters_, spills_, router_, fences_, fused_.get()),

@@ -6,7 +6,7 @@
 // then looks once more, as Seastar's pollers do), in this order:
 //   EventInbox       async-event parts the event thread posts, placed behind their catch-up
 //   Spills           what was polled and not yet handed over, handed to the consumers
-//   CqSet            the CQs, polled (Router, FusedPass), parked while idle, armed before sleep
+//   CqSet            the CQs, polled (Router, FusedPoll), parked while idle, armed before sleep
 //   HostedConsumers  the run-to-completion consumers this shard dispatches itself
 // and the retired QPs' fences (fences.h) the CQs' polls consult. Pass runs every stage once;
 // ArmAndRecheck asks every stage in order, then the mailbox: the first "no" cancels the sleep.
@@ -23,7 +23,7 @@
 // thread has exited, or while nobody drives an engine-driven shard (it takes the driver). A
 // run-to-completion handler of this shard (or a wait of its, serving the mailbox) runs its
 // control call inline, in the middle of a pass: the fused poll in progress is settled first
-// (FusedPass::Settle), and a CQ removed meanwhile leaves the pass through CqSet's deferral.
+// (FusedPoll::Settle), and a CQ removed meanwhile leaves the pass through CqSet's deferral.
 //
 // Threading: Start, Stop and the control calls from control threads (one at a time: the
 // runtime's mutex); Step and PrepareSleep from the engine; PostEvent, CqEvents, UnparkAll and
@@ -47,7 +47,7 @@
 #include "runtime/core/fences.h"
 #include "runtime/core/shard/cq_set.h"
 #include "runtime/core/shard/event_inbox.h"
-#include "runtime/core/shard/fused_pass.h"
+#include "runtime/core/shard/fused_poll.h"
 #include "runtime/core/shard/hosted.h"
 #include "runtime/core/teardown.h"
 
@@ -180,7 +180,7 @@ class Shard {
   ShardCounters counters_;
   Spills spills_;
   Router router_;
-  std::unique_ptr<FusedPass> fused_;  // only with hosted consumers
+  std::unique_ptr<FusedPoll> fused_;  // only with hosted consumers
   CqSet cqs_;
   Parker parker_;
   EventInbox inbox_;

@@ -63,7 +63,7 @@ void Shard::PurgeDead(uint32_t consumer) {
     lane.Filter([&](const EntryMeta& meta, uint32_t at) {
       const Disposal disposal = route(meta.kind, meta.slot, meta.generation);
       if (disposal == Disposal::kOrphan) orphans.Take({&lane.wc(at), 1});
-      if (disposal == Disposal::kReleaseEvent) ReleaseEventPart(lane.join(at));
+      if (disposal == Disposal::kDropEvent) DropEventPart(lane.join(at));
       return Runs(disposal);
     });
     inbox_.Purge(consumer, [&](const Item& item) {

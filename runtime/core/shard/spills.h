@@ -109,7 +109,7 @@ class Spills {
   // Names in `item` this shard's lane of `consumer` and how far it has handed over: the item
   // goes behind that (lane.h, Item). Any thread once the driver has stopped for good.
   void PlaceBehindLane(uint32_t consumer, Item& item) const noexcept {
-    item.lane = static_cast<uint32_t>(index_);
+    item.shard = static_cast<uint32_t>(index_);
     item.after = lanes_[consumer]->published();
   }
   moodycamel::ProducerToken& token(uint32_t consumer) noexcept { return tokens_[consumer]; }

@@ -85,9 +85,9 @@ TEST(Lane, HandedOverEntriesHoldTheRingUntilReleased) {
   EXPECT_EQ(Take(lane, 4), Tags({4, 5, 6, 7}));  // a forced hand-over past the queue bound
   EXPECT_EQ(lane.room(), 0u)
       << "8 entries unreleased: the ring is full although the spill is empty";
-  lane.Release(2);
+  lane.Recycle(2);
   EXPECT_EQ(lane.room(), 2u);
-  lane.Release(8);
+  lane.Recycle(8);
   EXPECT_EQ(lane.room(), 4u);
   EXPECT_EQ(lane.tail_at(), 0u);
 }
@@ -97,7 +97,7 @@ TEST(Lane, ContiguousStopsAtTheRingEdgeAndPositionsWrap) {
   for (uint64_t t = 0; t < 3; ++t) Push(lane, t);
   EXPECT_EQ(lane.contiguous(), 2u);
   EXPECT_EQ(Take(lane, 3), Tags({0, 1, 2}));
-  lane.Release(3);
+  lane.Recycle(3);
   for (uint64_t t = 3; t < 6; ++t) Push(lane, t);  // positions 3, 4 and 5 (index 0)
   EXPECT_EQ(lane.tail_at(), 1u);
   EXPECT_EQ(lane.IndexOf(5), 0u);
@@ -132,7 +132,7 @@ TEST(Lane, FilterKeepsOrderAcrossTheEdgeAndReturnsHowManyItRemoved) {
   Lane lane(0, 6, 1);  // a ring of 7
   for (uint64_t t = 0; t < 4; ++t) Push(lane, t);
   Take(lane, 4);
-  lane.Release(4);
+  lane.Recycle(4);
   for (uint64_t t = 10; t < 16; ++t) Push(lane, t);  // wraps after two
   const uint32_t removed =
       lane.Filter([&](const EntryMeta& meta, uint32_t) { return meta.slot % 2 == 0; });
@@ -163,7 +163,7 @@ TEST(Lane, AKeptUpLaneRewindsToItsStartAndAnUnreleasedOneDoesNot) {
   while (lane.tail_at() < 1000) {
     for (int k = 0; k < 50; ++k) Push(lane, tag++);
     Take(lane, 64);
-    lane.Release(lane.published());
+    lane.Recycle(lane.published());
   }
   const uint64_t held = lane.published();  // from here on the consumer releases nothing
   while (lane.tail_at() < 1400) {
@@ -173,11 +173,11 @@ TEST(Lane, AKeptUpLaneRewindsToItsStartAndAnUnreleasedOneDoesNot) {
   EXPECT_GE(lane.tail_at(), 1400u) << "entries unreleased: no rewind";
   EXPECT_GT(lane.published(), held);
   const uint32_t at = lane.tail_at();
-  lane.Release(lane.published());
+  lane.Recycle(lane.published());
   for (int k = 0; k < 300; ++k) {  // the next check comes at most kRewindEvery entries later
     Push(lane, tag++);
     Take(lane, 1);
-    lane.Release(lane.published());
+    lane.Recycle(lane.published());
     if (lane.tail_at() < at) break;
   }
   EXPECT_LT(lane.tail_at(), 64u) << "everything released: back at the ring's start";
@@ -246,7 +246,7 @@ TEST(Lane, RandomAppendsTakesReleasesAndFiltersMatchAModel) {
           uint32_t n = 1 + rng() % handed.size();
           for (uint32_t k = 0; k < n; ++k) handed.pop_front();
           released += n;
-          lane.Release(released);
+          lane.Recycle(released);
         }
         break;
       case 3:

@@ -22,22 +22,22 @@ TEST(SlotState, PacksAndUnpacksEveryField) {
   EXPECT_EQ(StateGeneration(s), 7u);
   EXPECT_EQ(StateConsumer(s), 12u);
   EXPECT_TRUE(StateLive(s));
-  EXPECT_TRUE(StateDraining(s));
+  EXPECT_TRUE(StateTearingDown(s));
 
   const uint64_t dead = MakeState(7, 12, /*live=*/false);
   EXPECT_EQ(StateGeneration(dead), 7u);
   EXPECT_EQ(StateConsumer(dead), 12u);
   EXPECT_FALSE(StateLive(dead));
-  EXPECT_FALSE(StateDraining(dead));  // draining defaults to false
+  EXPECT_FALSE(StateTearingDown(dead));  // draining defaults to false
 
   const uint64_t draining_only = MakeState(1, 0, /*live=*/false, /*draining=*/true);
   EXPECT_FALSE(StateLive(draining_only));
-  EXPECT_TRUE(StateDraining(draining_only));
+  EXPECT_TRUE(StateTearingDown(draining_only));
 }
 
 TEST(SlotState, ZeroIsNotLive) {
   EXPECT_FALSE(StateLive(0));
-  EXPECT_FALSE(StateDraining(0));
+  EXPECT_FALSE(StateTearingDown(0));
   EXPECT_EQ(StateGeneration(0), 0u);
   EXPECT_EQ(StateConsumer(0), 0u);
   EXPECT_FALSE(StateLiveAs(0, 0));
@@ -49,7 +49,7 @@ TEST(SlotState, FieldsDoNotBleedIntoEachOther) {
   EXPECT_EQ(StateGeneration(s), 0xffffffffu);
   EXPECT_EQ(StateConsumer(s), 0x3fffffffu);
   EXPECT_FALSE(StateLive(s));
-  EXPECT_FALSE(StateDraining(s));
+  EXPECT_FALSE(StateTearingDown(s));
 
   const uint64_t flags = MakeState(0, 0, /*live=*/true, /*draining=*/true);
   EXPECT_EQ(StateGeneration(flags), 0u);
@@ -60,7 +60,7 @@ TEST(SlotState, FieldsDoNotBleedIntoEachOther) {
   EXPECT_EQ(StateGeneration(wide), 5u);
   EXPECT_EQ(StateConsumer(wide), 0x3fffffffu);
   EXPECT_FALSE(StateLive(wide));
-  EXPECT_FALSE(StateDraining(wide));
+  EXPECT_FALSE(StateTearingDown(wide));
 }
 
 TEST(SlotState, LiveAsNeedsLiveAndTheSameGeneration) {

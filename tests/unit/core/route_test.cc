@@ -47,11 +47,11 @@ const std::vector<Case>& Table() {
       {"wrong CQ", Stage::kPoll, With(LiveAtPoll(), [](auto& f) { f.uses_cq = false; }),
        Disposal::kOrphan},
       {"draining, an ordinary completion", Stage::kPoll,
-       With(LiveAtPoll(), [](auto& f) { f.draining = true; }), Disposal::kDeliver},
+       With(LiveAtPoll(), [](auto& f) { f.tearing_down = true; }), Disposal::kDeliver},
       {"draining, its own marker", Stage::kPoll,
        With(LiveAtPoll(),
             [](auto& f) {
-              f.draining = true;
+              f.tearing_down = true;
               f.is_marker = true;
             }),
        Disposal::kNoteMarker},
@@ -93,7 +93,7 @@ const std::vector<Case>& Table() {
       {"event part, unregistered",
        Stage::kConsumer,
        {.kind = EntryKind::kEventPart},
-       Disposal::kReleaseEvent},
+       Disposal::kDropEvent},
       {"listener event (nobody's registration)",
        Stage::kConsumer,
        {.kind = EntryKind::kListenerEvent},
@@ -110,11 +110,11 @@ const std::vector<Case>& Table() {
       {"event part, no consumer",
        Stage::kNoConsumer,
        {.kind = EntryKind::kEventPart, .live = true},
-       Disposal::kReleaseEvent},
+       Disposal::kDropEvent},
       {"listener event, no consumer",
        Stage::kNoConsumer,
        {.kind = EntryKind::kListenerEvent},
-       Disposal::kReleaseEvent},
+       Disposal::kDropEvent},
   };
   return table;
 }
@@ -140,7 +140,7 @@ void ForEveryFact(F visit) {
                        .known = (bits & 1) != 0,
                        .live = (bits & 2) != 0,
                        .uses_cq = (bits & 4) != 0,
-                       .draining = (bits & 8) != 0,
+                       .tearing_down = (bits & 8) != 0,
                        .is_marker = (bits & 16) != 0};
           visit(stage, f);
         }
@@ -164,8 +164,8 @@ TEST(RouteTest, TheGuaranteesHoldOverTheWholeSpaceOfFacts) {
         EXPECT_TRUE(f.fence == Taken::kNotFenced && f.known && f.live && f.uses_cq) << at;
       }
       EXPECT_EQ(d == Disposal::kFenceTaken, f.fence == Taken::kMarker) << at;
-      EXPECT_EQ(d == Disposal::kNoteMarker, Runs(d) && f.draining && f.is_marker) << at;
-      EXPECT_NE(d, Disposal::kReleaseEvent) << at;  // a poll takes completions only
+      EXPECT_EQ(d == Disposal::kNoteMarker, Runs(d) && f.tearing_down && f.is_marker) << at;
+      EXPECT_NE(d, Disposal::kDropEvent) << at;  // a poll takes completions only
       EXPECT_NE(d, Disposal::kDropMarker) << at;
       return;
     }
@@ -186,13 +186,12 @@ TEST(RouteTest, TheGuaranteesHoldOverTheWholeSpaceOfFacts) {
         EXPECT_EQ(d == Disposal::kNoteMarker, stage == Stage::kConsumer && f.live) << at;
         break;
       case EntryKind::kEventPart:
-        EXPECT_EQ(
-            d, stage == Stage::kConsumer && f.live ? Disposal::kDeliver : Disposal::kReleaseEvent)
+        EXPECT_EQ(d,
+                  stage == Stage::kConsumer && f.live ? Disposal::kDeliver : Disposal::kDropEvent)
             << at;
         break;
       case EntryKind::kListenerEvent:
-        EXPECT_EQ(d, stage == Stage::kConsumer ? Disposal::kDeliver : Disposal::kReleaseEvent)
-            << at;
+        EXPECT_EQ(d, stage == Stage::kConsumer ? Disposal::kDeliver : Disposal::kDropEvent) << at;
         break;
     }
   });

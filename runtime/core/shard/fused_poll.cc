@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-2-Clause
-#include "runtime/core/shard/fused_pass.h"
+#include "runtime/core/shard/fused_poll.h"
 
 namespace cqd::internal {
 
-FusedPass::FusedPass(int poll_batch, ShardCounters& counters, Spills& spills, Router& router,
+FusedPoll::FusedPoll(int poll_batch, ShardCounters& counters, Spills& spills, Router& router,
                      OrphanSink& orphans, WaitDuty duty)
     : counters_(counters),
       spills_(spills),
@@ -14,7 +14,7 @@ FusedPass::FusedPass(int poll_batch, ShardCounters& counters, Spills& spills, Ro
       run_slots_(std::make_unique<const Slot*[]>(poll_batch)),
       run_starts_(std::make_unique<int[]>(poll_batch + 1)) {}
 
-int FusedPass::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
+int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
   ibv_wc* wcs = wcs_.get();
   const int n = counters_.CountedPoll(cq, room, wcs, true);
   if (n <= 0) return n;
@@ -84,7 +84,7 @@ int FusedPass::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
   return n;
 }
 
-void FusedPass::Settle() noexcept {
+void FusedPoll::Settle() noexcept {
   if (!active_) return;
   active_ = false;
   const RuntimeThreadScope runtime(true);  // an OrphanHandler called here may not call in

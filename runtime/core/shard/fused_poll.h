@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/core/shard/fused_pass.h: a poll of a CQ whose QPs all go to a run-to-completion
+// runtime/core/shard/fused_poll.h: a poll of a CQ whose QPs all go to a run-to-completion
 // consumer of this shard calls each run's handler as soon as the router has cleared it, the way
 // an engine's own loop would, instead of routing the whole poll into the lane and dispatching it
 // afterwards. What the router does not clear (a draining QP, a QP of another consumer) and what
@@ -15,8 +15,8 @@
 // after its slot was read live (seq_cst) inside that batch.
 //
 // Threading: the shard's driver only.
-#ifndef CQD_RUNTIME_CORE_SHARD_FUSED_PASS_H_
-#define CQD_RUNTIME_CORE_SHARD_FUSED_PASS_H_
+#ifndef CQD_RUNTIME_CORE_SHARD_FUSED_POLL_H_
+#define CQD_RUNTIME_CORE_SHARD_FUSED_POLL_H_
 
 #include <infiniband/verbs.h>
 
@@ -32,13 +32,13 @@
 
 namespace cqd::internal {
 
-class FusedPass {
+class FusedPoll {
  public:
   // `duty`: what the handlers' waits serve (the shard's mailbox, thread_role.h).
-  FusedPass(int poll_batch, ShardCounters& counters, Spills& spills, Router& router,
+  FusedPoll(int poll_batch, ShardCounters& counters, Spills& spills, Router& router,
             OrphanSink& orphans, WaitDuty duty);
-  FusedPass(const FusedPass&) = delete;
-  FusedPass& operator=(const FusedPass&) = delete;
+  FusedPoll(const FusedPoll&) = delete;
+  FusedPoll& operator=(const FusedPoll&) = delete;
 
   // Whether a poll of up to `room` completions of `cq`, whose QPs all go to `consumer`, may run
   // their handlers as it routes them: `consumer` is run to completion on this shard with nothing
@@ -83,4 +83,4 @@ class FusedPass {
 
 }  // namespace cqd::internal
 
-#endif  // CQD_RUNTIME_CORE_SHARD_FUSED_PASS_H_
+#endif  // CQD_RUNTIME_CORE_SHARD_FUSED_POLL_H_
