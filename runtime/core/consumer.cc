@@ -43,11 +43,11 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
       // Shutdown); past that, pushes allocate.
       queue_(2 * ItemQueueTraits::BLOCK_SIZE * (pollers + 2)),
       consumer_token_(queue_),
-      alone_(std::make_unique<Item[]>(options.dispatch_batch)),
-      alone_run_(std::make_unique<bool[]>(options.dispatch_batch)),
+      alone_{std::make_unique<Item[]>(options.dispatch_batch),
+             std::make_unique<bool[]>(options.dispatch_batch)},
       handed_(std::make_unique<uint64_t[]>(static_cast<size_t>(pollers))),
-      pieces_(std::make_unique<Piece[]>(options.dispatch_batch)),
-      batch_slots_(std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch)) {
+      pieces_(std::make_unique<Piece[]>(options.dispatch_batch)) {
+  listing_.slots = std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch);
   for (int p = 0; p < pollers; ++p) {
     lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(p),
                                             static_cast<uint32_t>(options.spill_capacity),
@@ -55,17 +55,17 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
   }
   producer_parkers_.assign(static_cast<size_t>(pollers), nullptr);
   if (options_.kind == ConsumerKind::kEngineDriven) {
-    notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    parker_.UseEventFd(notify_fd_);
+    engine_.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    parker_.UseEventFd(engine_.fd);
     // Start "asleep": the first Push makes the fd readable, before any Drain call.
     parker_.Prepare();
-    notify_armed_ = true;
+    engine_.armed = true;
   }
 }
 
 Consumer::~Consumer() {
   Stop();
-  if (notify_fd_ >= 0) close(notify_fd_);
+  if (engine_.fd >= 0) close(engine_.fd);
 }
 
 size_t Consumer::ReserveUpTo(size_t n) noexcept {
@@ -103,31 +103,31 @@ void Consumer::PushAlone(moodycamel::ProducerToken& token, Item& item) noexcept 
 }
 
 bool Consumer::PushIfOpen(moodycamel::ProducerToken& token, Item& item) noexcept {
-  MutexLock lock(close_mu_);
-  if (closed_) return false;
+  MutexLock lock(owned_.close_mu);
+  if (owned_.closed) return false;
   Reserve(1);
   PushAlone(token, item);
   return true;
 }
 
 void Consumer::TakeQueuedItems() noexcept {
-  const size_t room = static_cast<size_t>(options_.dispatch_batch) - alone_count_;
+  const size_t room = static_cast<size_t>(options_.dispatch_batch) - alone_.count;
   if (room == 0 || queued_items_.load(std::memory_order_relaxed) == 0) return;
   // One producer's items come out in its order (moodycamel), so each lane's stay in order.
-  const size_t n = queue_.try_dequeue_bulk(consumer_token_, &alone_[alone_count_], room);
-  for (size_t k = alone_count_; k < alone_count_ + n; ++k) alone_run_[k] = false;
-  alone_count_ += n;
+  const size_t n = queue_.try_dequeue_bulk(consumer_token_, &alone_.items[alone_.count], room);
+  for (size_t k = alone_.count; k < alone_.count + n; ++k) alone_.run[k] = false;
+  alone_.count += n;
   queued_items_.fetch_sub(n, std::memory_order_relaxed);
 }
 
 void Consumer::ForgetRunItems() noexcept {
   size_t kept = 0;
-  for (size_t k = 0; k < alone_count_; ++k) {
-    if (alone_run_[k]) continue;
-    if (kept != k) alone_[kept] = alone_[k];
-    alone_run_[kept++] = false;
+  for (size_t k = 0; k < alone_.count; ++k) {
+    if (alone_.run[k]) continue;
+    if (kept != k) alone_.items[kept] = alone_.items[k];
+    alone_.run[kept++] = false;
   }
-  alone_count_ = kept;
+  alone_.count = kept;
 }
 
 uint32_t Consumer::GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size_t& pieces,
@@ -136,9 +136,9 @@ uint32_t Consumer::GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size
   // The oldest item of this lane not yet taken: the lane is read up to its position, then it.
   size_t next_item = 0;
   auto find_item = [&]() -> Item* {
-    for (; next_item < alone_count_; ++next_item) {
-      if (!alone_run_[next_item] && alone_[next_item].shard == lane.index()) {
-        return &alone_[next_item];
+    for (; next_item < alone_.count; ++next_item) {
+      if (!alone_.run[next_item] && alone_.items[next_item].shard == lane.index()) {
+        return &alone_.items[next_item];
       }
     }
     return nullptr;
@@ -148,7 +148,7 @@ uint32_t Consumer::GatherLane(Lane& lane, uint64_t handed, uint32_t budget, size
   while (got < budget) {
     if (item != nullptr && from >= item->after) {
       pieces_[pieces++] = {nullptr, item, 0, 1, 0};
-      alone_run_[next_item] = true;
+      alone_.run[next_item] = true;
       ++got;
       item = find_item();
       continue;
@@ -195,7 +195,7 @@ int Consumer::Dispatch(int max) noexcept {
   for (size_t k = 0; k < pieces; ++k) {
     if (pieces_[k].lane != nullptr) pieces_[k].lane->Recycle(pieces_[k].end);
   }
-  if (alone_count_ > 0) ForgetRunItems();
+  if (alone_.count > 0) ForgetRunItems();
   ChaosPoint();  // the lanes released, the depth not yet
   // seq_cst: the room is freed before wants_room is read (lane.h), so a poller going to sleep for
   // want of room either sees it or is woken.
@@ -243,7 +243,7 @@ void Consumer::RunBatch(size_t pieces) noexcept {
   uint32_t last = kNoSlot;
   auto list = [&](uint32_t slot) {
     if (listed == 0 || slot != last) {
-      batch_slots_[listed++].store(slot, std::memory_order_release);
+      listing_.slots[listed++].store(slot, std::memory_order_release);
       last = slot;
     }
   };
@@ -271,7 +271,7 @@ void Consumer::RunBatch(size_t pieces) noexcept {
       }
     }
   }
-  batch_slot_count_.store(listed, std::memory_order_release);
+  listing_.count.store(listed, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
   CQD_DCHECK((seq & 1) == 0, "a consumer's batch opened while another of it was open");
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
@@ -291,8 +291,8 @@ void Consumer::OpenFusedBatch(size_t n, uint32_t cq_id) noexcept {
   fused_frame_ = {this, tls_dispatch_frames};
   tls_dispatch_frames = &fused_frame_;
   // As RunBatch: what this batch may call (here by CQ and QP number), then the sequence odd.
-  fused_cq_.store(cq_id, std::memory_order_relaxed);  // published by the count's release
-  batch_slot_count_.store(static_cast<uint32_t>(n) | kListsQpNums, std::memory_order_release);
+  listing_.fused_cq.store(cq_id, std::memory_order_relaxed);  // published by the count's release
+  listing_.count.store(static_cast<uint32_t>(n) | kListsQpNums, std::memory_order_release);
   const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
   CQD_DCHECK((seq & 1) == 0, "a consumer's fused batch opened while another of it was open");
   batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run

@@ -21,7 +21,7 @@
 //
 // Dispatch(), DispatchLane() and the fused batch run on the consumer's thread only (the owned
 // thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread). Before
-// a batch's first handler call they list the batch's slots in `batch_slots_` (release; a fused
+// a batch's first handler call they list the batch's slots in `listing_.slots` (release; a fused
 // batch lists QP numbers) and make `batch_seq_` odd (seq_cst); after the last call they make it
 // even. Each reads each slot's state (seq_cst) right
 // before calling its handler. Unregister stores the dead state (seq_cst), then reads
@@ -101,7 +101,7 @@ class Consumer {
   // may call (a QP registered on a CQ that still held a retired same-numbered QP's completions
   // is not: RegisterQp polls them out first). n <= dispatch_batch() (the poller fuses only polls
   // that fit one batch).
-  std::atomic<uint32_t>* FusedListing() noexcept { return batch_slots_.get(); }
+  std::atomic<uint32_t>* FusedListing() noexcept { return listing_.slots.get(); }
   void OpenFusedBatch(size_t n, uint32_t cq_id) noexcept;
   // Calls `slot`'s handler with `wcs`; the caller read the slot live for this consumer (seq_cst)
   // after OpenFusedBatch.
@@ -120,16 +120,16 @@ class Consumer {
     return batch_seq_.load(std::memory_order_acquire) != seq;
   }
   // Engine-driven: the ThreadToken() (thread_role.h) of the thread that called Drain last.
-  const std::atomic<uintptr_t>& last_drainer() const { return last_drainer_; }
+  const std::atomic<uintptr_t>& last_drainer() const { return engine_.last_drainer; }
   // Returns true while another thread's Drain is in progress (acquire; a snapshot).
   bool DrainingElsewhere() const noexcept {
-    const uintptr_t drainer = draining_.load(std::memory_order_acquire);
+    const uintptr_t drainer = engine_.draining.load(std::memory_order_acquire);
     return drainer != 0 && drainer != ThreadToken();
   }
   // Engine thread: records the calling thread as the one that drains (as Drain does).
   void NoteDrainer() noexcept {
-    if (last_drainer_.load(std::memory_order_relaxed) != ThreadToken()) {
-      last_drainer_.store(ThreadToken(), std::memory_order_relaxed);
+    if (engine_.last_drainer.load(std::memory_order_relaxed) != ThreadToken()) {
+      engine_.last_drainer.store(ThreadToken(), std::memory_order_relaxed);
     }
   }
   // Returns true if this thread is inside this consumer's Dispatch.
@@ -168,11 +168,11 @@ class Consumer {
   // Engine thread: Dispatch plus notify-fd upkeep (see Runtime::Drain); -EBUSY at once while
   // another thread's Drain of this consumer is in progress.
   int Drain(int max) noexcept;
-  int notify_fd() const { return notify_fd_; }
+  int notify_fd() const { return engine_.fd; }
 
   uint32_t index() const { return index_; }
   // kOwnedThread: the thread, for placement (placement.h); 0 when there is none.
-  pthread_t native_thread() { return thread_.joinable() ? thread_.native_handle() : 0; }
+  pthread_t native_thread() { return owned_.thread.joinable() ? owned_.thread.native_handle() : 0; }
   ConsumerKind kind() const { return options_.kind; }
   const std::string& name() const { return options_.name; }
   uint64_t delivered() const { return delivered_.load(std::memory_order_relaxed); }
@@ -198,7 +198,7 @@ class Consumer {
     uint32_t n;
     uint64_t end;
   };
-  int DrainHeld(int max) noexcept;  // Drain, by the thread that holds draining_
+  int DrainHeld(int max) noexcept;  // Drain, by the thread that holds engine_.draining
   // Runs the handlers of pieces_[0, n).
   void RunBatch(size_t n) noexcept;
   // Outside every batch of this thread: runs the CM events a batch deferred (DeferHeldEvents).
@@ -246,30 +246,47 @@ class Consumer {
   std::vector<Parker*> producer_parkers_;     // one per poller (SetProducerParker)
   ItemQueue queue_;  // Items only: lane entries are handed over by position
   moodycamel::ConsumerToken consumer_token_;
-  // Items dequeued and not yet run, oldest first: alone_[0, alone_count_); `alone_run_[k]` once
-  // a batch has taken alone_[k].
-  std::unique_ptr<Item[]> alone_;
-  std::unique_ptr<bool[]> alone_run_;
-  size_t alone_count_ = 0;
+  // Items dequeued and not yet run, oldest first: items[0, count); `run[k]` once a batch has
+  // taken items[k].
+  struct AloneItems {
+    std::unique_ptr<Item[]> items;
+    std::unique_ptr<bool[]> run;
+    size_t count = 0;
+  };
+  AloneItems alone_;
   std::unique_ptr<uint64_t[]> handed_;  // per lane: how far it was handed over, as a batch read it
   size_t next_lane_ = 0;                // the lane a batch looks at first (each gets its turn)
   std::unique_ptr<Piece[]> pieces_;     // the batch being dispatched
-  // The slots of the batch being dispatched (consecutive duplicates once), for Unregister.
-  std::unique_ptr<std::atomic<uint32_t>[]> batch_slots_;
-  std::atomic<uint32_t> batch_slot_count_{0};  // | kListsQpNums: a fused batch's
+  // What the batch being dispatched may call, for Unregister: its slots (consecutive duplicates
+  // once), or a fused batch's QP numbers (count | kListsQpNums) on its CQ.
+  struct BatchListing {
+    std::unique_ptr<std::atomic<uint32_t>[]> slots;
+    std::atomic<uint32_t> count{0};
+    std::atomic<uint32_t> fused_cq{0};  // a fused batch's CQ id, written before the count
+  };
+  BatchListing listing_;
   static constexpr uint32_t kListsQpNums = 1u << 31;
-  int notify_fd_ = -1;
-  // Engine thread only (see Drain): the parker is prepared, so a producer's Wake will write the
-  // notify fd; a producer's write is owed and not yet read; we wrote the fd ourselves.
-  bool notify_armed_ = false;
-  bool wake_owed_ = false;
-  bool self_signaled_ = false;
-  std::atomic<uintptr_t> last_drainer_{0};  // written by Drain (relaxed), read by Teardown::Wait
-  std::atomic<uintptr_t> draining_{0};      // the ThreadToken() of the Drain in progress, or 0
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  Mutex close_mu_;  // orders PushIfOpen against the owned thread's exit
-  bool closed_ CQD_GUARDED_BY(close_mu_) = false;
+  // An engine-driven consumer's (see Drain): the notify fd; the engine thread's marks: the parker
+  // is prepared, so a producer's Wake will write the fd; a producer's write is owed and not yet
+  // read; we wrote the fd ourselves. And who drains: the Drain in progress (its ThreadToken, or
+  // 0), the last one (relaxed, read by Teardown::Wait).
+  struct EngineDrain {
+    int fd = -1;
+    bool armed = false;
+    bool wake_owed = false;
+    bool self_signaled = false;
+    std::atomic<uintptr_t> last_drainer{0};
+    std::atomic<uintptr_t> draining{0};
+  };
+  EngineDrain engine_;
+  // A kOwnedThread consumer's thread; `close_mu` orders PushIfOpen against its exit.
+  struct OwnedThread {
+    std::thread thread;
+    std::atomic<bool> stop{false};
+    Mutex close_mu;
+    bool closed CQD_GUARDED_BY(close_mu) = false;
+  };
+  OwnedThread owned_;
   Parker parker_;
   Parker* waker_ = &parker_;  // whom Push wakes: this consumer, or its run-to-completion poller
   const std::unique_ptr<LatencyHistogram> latency_ =
@@ -282,9 +299,8 @@ class Consumer {
   alignas(64) std::atomic<uint64_t> batch_seq_{0};  // odd while a batch's handlers run
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> async_delivered_{0};
-  // The fused batch's (last, so that the fields above keep the lines they had before it): its CQ
-  // id, written before the count; its frame on this thread's list while it is open.
-  std::atomic<uint32_t> fused_cq_{0};
+  // The fused batch's frame on this thread's list while it is open (last, so that the fields
+  // above keep the lines they had before it).
   DispatchFrame fused_frame_{};
 };
 

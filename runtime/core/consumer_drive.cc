@@ -19,18 +19,18 @@ namespace cqd::internal {
 Status Consumer::Start() {
   if (options_.kind == ConsumerKind::kRunToCompletion) return Status::Ok();  // its poller runs it
   if (options_.kind == ConsumerKind::kEngineDriven) {
-    if (notify_fd_ < 0) return ErrnoStatus("consumer " + options_.name + ": eventfd", errno);
+    if (engine_.fd < 0) return ErrnoStatus("consumer " + options_.name + ": eventfd", errno);
     return Status::Ok();
   }
-  thread_ = std::thread([this] { Run(); });
+  owned_.thread = std::thread([this] { Run(); });
   return Status::Ok();
 }
 
 void Consumer::Stop() {
-  if (!thread_.joinable()) return;
-  stop_.store(true, std::memory_order_seq_cst);
+  if (!owned_.thread.joinable()) return;
+  owned_.stop.store(true, std::memory_order_seq_cst);
   parker_.Wake();
-  thread_.join();
+  owned_.thread.join();
 }
 
 void Consumer::Run() {
@@ -43,7 +43,7 @@ void Consumer::Run() {
       idle_loops = 0;
       continue;
     }
-    if (stop_.load(std::memory_order_acquire)) {
+    if (owned_.stop.load(std::memory_order_acquire)) {
       if (CloseIfEmpty()) return;
       continue;  // items reserved but not yet visible: they are about to be
     }
@@ -58,7 +58,7 @@ void Consumer::Run() {
     }
     if (now - idle_since < options_.idle_spin) continue;
     uint32_t ticket = parker_.Prepare();
-    if (depth_.load(std::memory_order_seq_cst) > 0 || stop_.load(std::memory_order_seq_cst)) {
+    if (depth_.load(std::memory_order_seq_cst) > 0 || owned_.stop.load(std::memory_order_seq_cst)) {
       parker_.Cancel();
     } else {
       parker_.Park(ticket);
@@ -68,9 +68,9 @@ void Consumer::Run() {
 }
 
 bool Consumer::CloseIfEmpty() {
-  MutexLock lock(close_mu_);
+  MutexLock lock(owned_.close_mu);
   if (depth_.load(std::memory_order_seq_cst) != 0) return false;
-  closed_ = true;  // PushIfOpen refuses from here: nobody would dispatch it
+  owned_.closed = true;  // PushIfOpen refuses from here: nobody would dispatch it
   return true;
 }
 
@@ -85,53 +85,53 @@ constexpr uint64_t kSelfToken = uint64_t{1} << 32;
 }  // namespace
 
 void Consumer::Signal() noexcept {
-  if (self_signaled_) return;
+  if (engine_.self_signaled) return;
   uint64_t token = kSelfToken;
-  while (write(notify_fd_, &token, sizeof(token)) < 0 && errno == EINTR) {
+  while (write(engine_.fd, &token, sizeof(token)) < 0 && errno == EINTR) {
   }
-  self_signaled_ = true;
+  engine_.self_signaled = true;
 }
 
 int Consumer::Drain(int max) noexcept {
   // One thread at a time (runtime.h): while another drains, this returns at once. Acquire and
   // release: a drainer sees everything the one before it wrote to this consumer's own state.
   uintptr_t idle = 0;
-  if (!draining_.compare_exchange_strong(idle, ThreadToken(), std::memory_order_acquire,
-                                         std::memory_order_relaxed)) {
+  if (!engine_.draining.compare_exchange_strong(idle, ThreadToken(), std::memory_order_acquire,
+                                                std::memory_order_relaxed)) {
     return -EBUSY;
   }
   const int n = DrainHeld(max);
-  draining_.store(0, std::memory_order_release);
+  engine_.draining.store(0, std::memory_order_release);
   return n;
 }
 
 int Consumer::DrainHeld(int max) noexcept {
   NoteDrainer();
   int n = Dispatch(max);
-  if (notify_armed_ && !parker_.sleeping()) {  // a producer took the arm: its write is owed
-    notify_armed_ = false;
-    wake_owed_ = true;
+  if (engine_.armed && !parker_.sleeping()) {  // a producer took the arm: its write is owed
+    engine_.armed = false;
+    engine_.wake_owed = true;
   }
-  if (wake_owed_ || self_signaled_) {
+  if (engine_.wake_owed || engine_.self_signaled) {
     uint64_t value = 0;
     ssize_t got;
-    while ((got = read(notify_fd_, &value, sizeof(value))) < 0 && errno == EINTR) {
+    while ((got = read(engine_.fd, &value, sizeof(value))) < 0 && errno == EINTR) {
     }
     if (got == sizeof(value)) {
-      if (value % kSelfToken != 0) wake_owed_ = false;
-      if (value / kSelfToken != 0) self_signaled_ = false;
+      if (value % kSelfToken != 0) engine_.wake_owed = false;
+      if (value / kSelfToken != 0) engine_.self_signaled = false;
     }
   }
   if (depth_.load(std::memory_order_seq_cst) > 0) {
     Signal();  // more is queued: keep the fd readable
     return n;
   }
-  if (!notify_armed_ && !wake_owed_) {
+  if (!engine_.armed && !engine_.wake_owed) {
     parker_.Prepare();  // from here a producer's Wake writes the fd
-    notify_armed_ = true;
+    engine_.armed = true;
     if (depth_.load(std::memory_order_seq_cst) > 0) {
-      notify_armed_ = false;
-      if (!parker_.TryCancel()) wake_owed_ = true;  // a producer's Wake beat the cancel
+      engine_.armed = false;
+      if (!parker_.TryCancel()) engine_.wake_owed = true;  // a producer's Wake beat the cancel
       Signal();
     }
   }
@@ -147,17 +147,17 @@ void Consumer::OrphanRemaining() noexcept {
   }
   for (;;) {
     TakeQueuedItems();
-    if (alone_count_ == 0) return;
-    for (size_t k = 0; k < alone_count_; ++k) {
-      const Item& item = alone_[k];
-      if (alone_run_[k]) continue;
+    if (alone_.count == 0) return;
+    for (size_t k = 0; k < alone_.count; ++k) {
+      const Item& item = alone_.items[k];
+      if (alone_.run[k]) continue;
       if (CarriesEvent(item.kind)) {
         Discard(item.kind, nullptr, item.join);
       } else {
         Discard(item.kind, &item.wc, nullptr);
       }
     }
-    alone_count_ = 0;
+    alone_.count = 0;
   }
 }
 
@@ -193,14 +193,14 @@ uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
   if (DispatchingHere()) return 0;  // a handler of this consumer unregistering
   const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
   if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
-  uint32_t count = batch_slot_count_.load(std::memory_order_acquire);
+  uint32_t count = listing_.count.load(std::memory_order_acquire);
   uint32_t key = slot;
   if (count & kListsQpNums) {  // a fused batch lists QP numbers of one CQ's poll
     count &= ~kListsQpNums;
     // The slot still holds its own facts (it is freed only after this wait). Read with the
     // count: if a later batch wrote them, batch `seq` is over, whatever this decides.
     const Slot& s = slots_.slot(slot);
-    const uint32_t cq = fused_cq_.load(std::memory_order_relaxed);
+    const uint32_t cq = listing_.fused_cq.load(std::memory_order_relaxed);
     if (s.send_cq.load(std::memory_order_relaxed) != cq &&
         s.recv_cq.load(std::memory_order_relaxed) != cq) {
       return 0;  // the batch routes only registrations of its CQ to handlers (route.h)
@@ -208,7 +208,7 @@ uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
     key = s.qp_num.load(std::memory_order_relaxed);
   }
   for (uint32_t k = 0; k < count; ++k) {
-    if (batch_slots_[k].load(std::memory_order_acquire) == key) return seq;
+    if (listing_.slots[k].load(std::memory_order_acquire) == key) return seq;
   }
   // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
   // over. A batch that does not list the slot calls none of its handlers.

@@ -25,9 +25,9 @@ void CqTable::Erase(uint32_t id) {
   auto it = live_.find(id);
   if (it == live_.end()) return;
   const CqRecord& cq = *it->second;
-  gone_events_ += cq.events.load(std::memory_order_relaxed);
-  gone_acked_ += cq.acked_events.load(std::memory_order_relaxed);
-  gone_ack_calls_ += cq.ack_calls.load(std::memory_order_relaxed);
+  gone_events_ += cq.counts.events.load(std::memory_order_relaxed);
+  gone_acked_ += cq.counts.acked_events.load(std::memory_order_relaxed);
+  gone_ack_calls_ += cq.counts.ack_calls.load(std::memory_order_relaxed);
   by_native_.erase(cq.native);
   live_.erase(it);
 }
@@ -46,22 +46,23 @@ void CqTable::FillStats(Stats& stats) const {
     c.id = id;
     c.shard = cq->shard;
     c.comp_vector = cq->comp_vector;
-    c.completions = cq->completions.load(std::memory_order_relaxed);
+    c.completions = cq->counts.completions.load(std::memory_order_relaxed);
     // Acked first (acquire, see CqRecord::Ack): an event is counted before it is acked, so the
     // snapshot never shows more acked than read.
-    c.acked_events = cq->acked_events.load(std::memory_order_acquire);
-    c.events = cq->events.load(std::memory_order_relaxed);
-    c.ack_calls = cq->ack_calls.load(std::memory_order_relaxed);
-    c.poll_errors = cq->poll_errors.load(std::memory_order_relaxed);
+    c.acked_events = cq->counts.acked_events.load(std::memory_order_acquire);
+    c.events = cq->counts.events.load(std::memory_order_relaxed);
+    c.ack_calls = cq->counts.ack_calls.load(std::memory_order_relaxed);
+    c.poll_errors = cq->counts.poll_errors.load(std::memory_order_relaxed);
     stats.cqs.push_back(c);
     stats.cq_events += c.events;
     stats.cq_acked_events += c.acked_events;
     stats.cq_ack_calls += c.ack_calls;
   }
   for (const auto& cq : released_) {  // adopted, released, still acked if an event comes
-    stats.cq_acked_events += cq->acked_events.load(std::memory_order_acquire);  // first, as above
-    stats.cq_events += cq->events.load(std::memory_order_relaxed);
-    stats.cq_ack_calls += cq->ack_calls.load(std::memory_order_relaxed);
+    stats.cq_acked_events +=
+        cq->counts.acked_events.load(std::memory_order_acquire);  // first, as above
+    stats.cq_events += cq->counts.events.load(std::memory_order_relaxed);
+    stats.cq_ack_calls += cq->counts.ack_calls.load(std::memory_order_relaxed);
   }
   stats.cq_events += gone_events_;
   stats.cq_acked_events += gone_acked_;

@@ -247,7 +247,7 @@ void EventLoop::ReadChannel(Source& source) {
       continue;
     }
     CqRecord* cq = it->second;
-    cq->events.fetch_add(1, std::memory_order_relaxed);
+    cq->counts.events.fetch_add(1, std::memory_order_relaxed);
     cq->Ack(cq->acks.Add(1, ack_threshold_));
     if (cq->retiring.load(std::memory_order_seq_cst)) {
       cq->Ack(cq->acks.TakeAll());  // its destroyer may already have flushed: ack our own

@@ -38,7 +38,7 @@ void FenceList::Add(const Fence& fence, bool catch_up) noexcept {
   CqRecord* cq = f.cq;
   f.catching_up = false;
   if (catch_up) StartCatchUp(f);
-  if (f.marker != 0) ++cq->awaited_markers;
+  if (f.marker != 0) ++cq->fenced.awaited_markers;
   cq->fences.fetch_add(1, std::memory_order_relaxed);
   cq->leftover_commit.fetch_add(f.commit, std::memory_order_relaxed);
 }
@@ -56,7 +56,7 @@ FenceList::Taken FenceList::Take(CqRecord* cq, const ibv_wc& wc) noexcept {
       return true;
     }
     f.marker = 0;
-    --cq->awaited_markers;
+    --cq->fenced.awaited_markers;
     if (!f.unfenced) End(i);
     taken = Taken::kMarker;
     return false;
@@ -66,31 +66,31 @@ FenceList::Taken FenceList::Take(CqRecord* cq, const ibv_wc& wc) noexcept {
 }
 
 void FenceList::Polled(CqRecord* cq, int n, bool empty) noexcept {
-  cq->catch_up_polled += static_cast<uint64_t>(n);
-  if (!empty && cq->catch_up_polled < cq->catch_up_due) return;  // none is over yet
+  cq->fenced.catch_up_polled += static_cast<uint64_t>(n);
+  if (!empty && cq->fenced.catch_up_polled < cq->fenced.catch_up_due) return;  // none is over yet
   uint64_t due = UINT64_MAX;
   for (size_t i = 0; i < entries_.size(); ++i) {
     Fence& f = entries_[i].fence;
     if (f.cq != cq || !f.catching_up) continue;
-    if (!empty && f.catch_up_end > cq->catch_up_polled) {
+    if (!empty && f.catch_up_end > cq->fenced.catch_up_polled) {
       due = std::min(due, f.catch_up_end);
     } else if (!f.marker_first || f.marker == 0) {
       End(i);
     } else {
       f.catching_up = false;  // over, but only the marker ends this one
-      --cq->catch_ups;
+      --cq->fenced.catch_ups;
     }
   }
-  cq->catch_up_due = due;
+  cq->fenced.catch_up_due = due;
   MaybeCompact();
 }
 
 void FenceList::StartCatchUp(Fence& f) noexcept {
   CqRecord* cq = f.cq;
   f.catching_up = true;
-  f.catch_up_end = cq->catch_up_polled + static_cast<uint64_t>(cq->cq->depth());
-  cq->catch_up_due = std::min(cq->catch_up_due, f.catch_up_end);
-  ++cq->catch_ups;
+  f.catch_up_end = cq->fenced.catch_up_polled + static_cast<uint64_t>(cq->cq->depth());
+  cq->fenced.catch_up_due = std::min(cq->fenced.catch_up_due, f.catch_up_end);
+  ++cq->fenced.catch_ups;
 }
 
 void FenceList::StartCatchUps(CqRecord* cq, uint32_t qp_num) noexcept {
@@ -142,8 +142,8 @@ void FenceList::Reserve(size_t n) {
 void FenceList::End(size_t i) noexcept {
   Fence& f = entries_[i].fence;
   CqRecord* cq = f.cq;
-  if (f.marker != 0) --cq->awaited_markers;
-  if (f.catching_up) --cq->catch_ups;
+  if (f.marker != 0) --cq->fenced.awaited_markers;
+  if (f.catching_up) --cq->fenced.catch_ups;
   cq->fences.fetch_sub(1, std::memory_order_relaxed);
   cq->leftover_commit.fetch_sub(f.commit, std::memory_order_release);
   f.cq = nullptr;

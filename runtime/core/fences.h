@@ -85,11 +85,11 @@ class FenceList {
     kMarker,        // an awaited marker: the runtime's own, dropped (its fence may end)
     kBehindMarker,  // a retired QP's, ahead of its awaited marker: for the orphan sink
   };
-  // Call only while cq->awaited_markers != 0.
+  // Call only while cq->fenced.awaited_markers != 0.
   Taken Take(CqRecord* cq, const ibv_wc& wc) noexcept;
 
   // A poll of `cq` took `n` completions; `empty`: it found the CQ empty. Advances and ends the
-  // catch-ups running there. Call only while cq->catch_ups != 0.
+  // catch-ups running there. Call only while cq->fenced.catch_ups != 0.
   void Polled(CqRecord* cq, int n, bool empty) noexcept;
 
   // Starts a catch-up for every fence of `qp_num` on `cq` that has none running.

@@ -74,15 +74,19 @@ struct CqRecord {
   // (retired_numbers.h): RegisterQp polls the CQ out before such a number comes back.
   RetiredNumbers retired;
 
-  // Poller-owned (changed by the control path only through Poller's calls).
+  // Shard-owned (changed by the control path only through Shard's calls).
   bool poll_failed = false;
-  uint32_t awaited_markers = 0;  // fences here waiting for a marker (FenceList)
-  uint32_t catch_ups = 0;        // fences here with a catch-up running (FenceList)
-  // FenceList's catch-up clock: completions polled here while catch-ups ran, and the count at
-  // which the earliest running one may end (a poll before it, that does not find the CQ empty,
-  // ends none and walks no fence).
-  uint64_t catch_up_polled = 0;
-  uint64_t catch_up_due = UINT64_MAX;
+  // The fences here (FenceList), as a poll of the CQ sees them.
+  struct FenceState {
+    uint32_t awaited_markers = 0;  // fences waiting for a marker
+    uint32_t catch_ups = 0;        // fences with a catch-up running
+    // The catch-up clock: completions polled here while catch-ups ran, and the count at which
+    // the earliest running one may end (a poll before it, that does not find the CQ empty, ends
+    // none and walks no fence).
+    uint64_t catch_up_polled = 0;
+    uint64_t catch_up_due = UINT64_MAX;
+  };
+  FenceState fenced;
   // Consumers of the QPs registered on this CQ, with how many QPs each: the spills whose room
   // bounds a poll of this CQ (see shard/spills.h).
   struct Use {
@@ -90,12 +94,15 @@ struct CqRecord {
     uint32_t count;
   };
   std::vector<Use> uses;
-  // Parking (RuntimeOptions::cq_park_after): parked CQs are armed and out of the poller's passes
-  // until their event; empty_run counts the empty polls in a row, empty_since is when that run
+  // Parking (RuntimeOptions::cq_park_after): a parked CQ is armed and out of its shard's passes
+  // until its event; empty_run counts the empty polls in a row, empty_since is when that run
   // reached CqSet::kParkProbe polls.
-  bool parked = false;
-  uint32_t empty_run = 0;
-  std::chrono::steady_clock::time_point empty_since{};
+  struct Parking {
+    bool parked = false;
+    uint32_t empty_run = 0;
+    std::chrono::steady_clock::time_point empty_since{};
+  };
+  Parking parking;
 
   // Set by the poller before it arms, cleared by the event thread when the CQ's event arrives:
   // the poller arms only while it is clear, so at most once per notification (S7).
@@ -106,12 +113,15 @@ struct CqRecord {
   // operations, every event it read is acked exactly once, by it or by the destroyer.
   std::atomic<bool> retiring{false};
 
-  // Stats: completions and poll_errors by the poller; the rest by whoever acks or reads events.
-  std::atomic<uint64_t> completions{0};
-  std::atomic<uint64_t> poll_errors{0};
-  std::atomic<uint64_t> events{0};
-  std::atomic<uint64_t> acked_events{0};
-  std::atomic<uint64_t> ack_calls{0};
+  // Stats: completions and poll_errors by the shard; the rest by whoever acks or reads events.
+  struct Counts {
+    std::atomic<uint64_t> completions{0};
+    std::atomic<uint64_t> poll_errors{0};
+    std::atomic<uint64_t> events{0};
+    std::atomic<uint64_t> acked_events{0};
+    std::atomic<uint64_t> ack_calls{0};
+  };
+  Counts counts;
 
   // Acks `n` events of this CQ (n may be 0) and counts the call.
   void Ack(uint32_t n) noexcept {
@@ -119,8 +129,8 @@ struct CqRecord {
     // Counted before the device has the ack (the events were counted before this call): once
     // the engine's destroy of a released CQ returns, which waits for the ack, the count is in.
     // Release: whoever reads acked_events (acquire) first, then events, sees every event acked.
-    acked_events.fetch_add(n, std::memory_order_release);
-    ack_calls.fetch_add(1, std::memory_order_relaxed);
+    counts.acked_events.fetch_add(n, std::memory_order_release);
+    counts.ack_calls.fetch_add(1, std::memory_order_relaxed);
     device->backend->AckCqEvents(cq, n);
   }
 };

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // runtime/observe/stats_fields.h: the field table: every plain number of a Stats row, once, for
-// both formats (stats_format.cc writes JSON and Prometheus text from it). A field added to
-// cqd/stats.h is added here, and both formats have it.
+// both formats (stats_format_json.cc and stats_format_prometheus.cc write JSON and Prometheus
+// text from it). A field added to cqd/stats.h is added here, and both formats have it.
 //
 // Threading: constant data; any thread.
 #ifndef CQD_RUNTIME_OBSERVE_STATS_FIELDS_H_

@@ -43,9 +43,9 @@ struct ShardCounters {
       if (first) Count(empty_polls, 1);
     } else if (n < 0) {  // CQ in error (overflow, device failure): only destroy works now
       cq->poll_failed = true;
-      Count(cq->poll_errors, 1);
+      Count(cq->counts.poll_errors, 1);
     } else {
-      Count(cq->completions, static_cast<uint64_t>(n));
+      Count(cq->counts.completions, static_cast<uint64_t>(n));
       Count(completions, static_cast<uint64_t>(n));
     }
     return n;

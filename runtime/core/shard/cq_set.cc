@@ -66,22 +66,22 @@ int CqSet::PollAll(int budget, bool may_fuse) noexcept {
     }
     if (n != 0) {
       if (n > 0) found += n;
-      cq->empty_run = 0;
+      cq->parking.empty_run = 0;
       continue;
     }
     if (!may_park_ || cq->solicited_only) continue;
-    if (++cq->empty_run <= kParkProbe) {
-      if (cq->empty_run == kParkProbe) {
+    if (++cq->parking.empty_run <= kParkProbe) {
+      if (cq->parking.empty_run == kParkProbe) {
         if (now == Clock::time_point{}) now = Clock::now();
-        cq->empty_since = now;
+        cq->parking.empty_since = now;
       }
       continue;
     }
     if (now == Clock::time_point{}) now = Clock::now();
-    if (now - cq->empty_since < options_.cq_park_after) continue;
+    if (now - cq->parking.empty_since < options_.cq_park_after) continue;
     if (TryPark(cq)) {
       --kept;
-      cq->parked = true;
+      cq->parking.parked = true;
       parked_.push_back(cq);
       Count(counters_.parks, 1);
       SetParkedCount();
@@ -132,7 +132,7 @@ int CqSet::PollOne(CqRecord* cq, int room, bool may_fuse) noexcept {
     if (n < want || taken == room) break;
   }
   // Fewer than `room` taken: the CQ was found empty (fences.h's catch-ups end there).
-  if (cq->catch_ups != 0 && !cq->poll_failed) fences_.Polled(cq, taken, taken < room);
+  if (cq->fenced.catch_ups != 0 && !cq->poll_failed) fences_.Polled(cq, taken, taken < room);
   if (taken < room) spills_.NoteShortPoll();  // drained: no reason to hold
   spills_.AfterPoll(taken);
   return taken;
@@ -156,7 +156,7 @@ void CqSet::ArmAll() noexcept {
 }
 
 bool CqSet::TryPark(CqRecord* cq) noexcept {
-  cq->empty_run = 0;  // whatever happens, measure afresh
+  cq->parking.empty_run = 0;  // whatever happens, measure afresh
   if (notifications_broken_.load(std::memory_order_relaxed) ||
       cq->device->failed.load(std::memory_order_relaxed)) {
     return false;
@@ -182,7 +182,7 @@ void CqSet::Unpark() noexcept {
   size_t kept = 0;
   for (CqRecord* cq : parked_) {
     if (all || !cq->armed.load(std::memory_order_seq_cst)) {
-      cq->parked = false;
+      cq->parking.parked = false;
       cqs_.push_back(cq);
     } else {
       parked_[kept++] = cq;
@@ -204,12 +204,12 @@ uint64_t CqSet::Remove(CqRecord* cq) {
   } else {
     std::erase(cqs_, cq);
   }
-  if (cq->parked) {
+  if (cq->parking.parked) {
     std::erase(parked_, cq);
     SetParkedCount();
   }
-  cq->parked = false;
-  cq->empty_run = 0;
+  cq->parking.parked = false;
+  cq->parking.empty_run = 0;
   if (cq->poll_failed) return 0;
   // No live registration uses it (the control path checked): everything left is an orphan.
   uint64_t taken = 0;
@@ -217,7 +217,7 @@ uint64_t CqSet::Remove(CqRecord* cq) {
   for (;;) {
     const int n = cq->cq->Poll(options_.poll_batch, wcs);
     if (n <= 0) break;
-    Count(cq->completions, static_cast<uint64_t>(n));
+    Count(cq->counts.completions, static_cast<uint64_t>(n));
     Count(counters_.completions, static_cast<uint64_t>(n));
     router_.RouteUnused(cq, wcs, n);
     taken += static_cast<uint64_t>(n);
@@ -229,13 +229,13 @@ Status CqSet::Resize(CqRecord* cq, int depth) {
   const Status status = cq->cq->Resize(depth);
   // Whether a resize keeps a pending arm is the device's business: poll it again, and arm it
   // afresh before it parks or the shard sleeps (arming an armed CQ is harmless).
-  if (cq->parked) {
+  if (cq->parking.parked) {
     std::erase(parked_, cq);
     SetParkedCount();
-    cq->parked = false;
+    cq->parking.parked = false;
     cqs_.push_back(cq);
   }
-  cq->empty_run = 0;
+  cq->parking.empty_run = 0;
   cq->armed.store(false, std::memory_order_seq_cst);
   return status;
 }
@@ -265,7 +265,7 @@ bool CqSet::CatchUp(uint32_t id, uint64_t& polled) noexcept {
 void CqSet::CatchUpFences(CqRecord* cq) noexcept {
   // PollOne advances the catch-ups and ends them once it finds the CQ empty or a depth has come
   // out.
-  while (cq->catch_ups != 0 && !cq->poll_failed) {
+  while (cq->fenced.catch_ups != 0 && !cq->poll_failed) {
     ChaosPoint();
     const int room = spills_.RoomFor(*cq);
     if (room == 0) return;  // a consumer the CQ shares is full: later passes go on
@@ -276,7 +276,7 @@ void CqSet::CatchUpFences(CqRecord* cq) noexcept {
 void CqSet::CatchUpAllFences() noexcept {
   for (const std::vector<CqRecord*>* list : {&cqs_, &parked_}) {
     for (CqRecord* cq : *list) {
-      if (cq != nullptr && cq->catch_ups != 0) CatchUpFences(cq);
+      if (cq != nullptr && cq->fenced.catch_ups != 0) CatchUpFences(cq);
     }
   }
 }

@@ -48,7 +48,7 @@ class FusedPoll {
     const Lane& lane = spills_.lane(consumer);
     const Consumer& target = spills_.consumer(consumer);
     return lane.direct && static_cast<size_t>(room) <= target.dispatch_batch() &&
-           lane.spill_empty() && cq.awaited_markers == 0 && cq.catch_ups == 0 &&
+           lane.spill_empty() && cq.fenced.awaited_markers == 0 && cq.fenced.catch_ups == 0 &&
            target.latency() == nullptr && !target.Pending();
   }
   // Polls `cq` for up to `room` completions and runs them (see above). Returns as CqSet's

@@ -34,7 +34,7 @@ void Router::LookUpBatch(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {
 inline uint32_t Router::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slot,
                                  RouteCache& cache, EntryMeta& meta) noexcept {
   RouteFacts facts;
-  if (cq->awaited_markers != 0) [[unlikely]] {
+  if (cq->fenced.awaited_markers != 0) [[unlikely]] {
     facts.fence = fences_.Take(cq, wc);  // a retired QP's marker or what it flushed before it
   } else if (wc.qp_num == cache.qp_num) {
     meta = cache.meta;  // the same facts as its QP's previous completion in this poll
@@ -90,7 +90,7 @@ void Router::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
   uint32_t kept = 0;  // entries [0, kept) stay: routed to `consumer`
   uint32_t i = 0;
   const uint32_t count = static_cast<uint32_t>(n);
-  while (i < count && cq->awaited_markers == 0) {
+  while (i < count && cq->fenced.awaited_markers == 0) {
     const uint32_t qp_num = wcs[i].qp_num;
     uint32_t j = i + 1;
     while (j < count && wcs[j].qp_num == qp_num) ++j;
@@ -157,7 +157,7 @@ void Router::RouteUnused(CqRecord* cq, const ibv_wc* wcs, int n) noexcept {
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs[i];
     RouteFacts facts;  // no live registration uses the CQ: nothing is known
-    if (cq->awaited_markers != 0) facts.fence = fences_.Take(cq, wc);
+    if (cq->fenced.awaited_markers != 0) facts.fence = fences_.Take(cq, wc);
     if (Route(RouteStage::kPoll, facts) == Disposal::kOrphan) orphans_.Take({&wc, 1});
   }
 }

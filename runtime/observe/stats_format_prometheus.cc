@@ -1,74 +1,30 @@
 // SPDX-License-Identifier: BSD-2-Clause
-#include "cqd/stats_format.h"
-
+// runtime/observe/stats_format_prometheus.cc: cqd/stats_format.h's StatsToPrometheus: label
+// escaping, the family and sample writer, and a Stats snapshot's text exposition from the field
+// table (stats_fields.h), with the latency histograms and the info families.
 #include <cinttypes>
 #include <cstdio>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "cqd/stats_format.h"
 #include "cqd/version.h"
 #include "runtime/base/utf8.h"
 #include "runtime/observe/stats_fields.h"
+#include "runtime/observe/stats_text.h"
 
 namespace cqd {
 namespace {
 
 using namespace stats_fields;  // NOLINT: the table and its types, in this file only
 
-// Calls emit(code_point) for each character of `s`, decoded as UTF-8; a byte that does not start
-// a valid, shortest-form sequence of a scalar value comes out as U+FFFD.
-template <typename Emit>
-void DecodeUtf8(std::string_view s, Emit&& emit) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b0 = static_cast<unsigned char>(s[i]);
-    if (b0 < 0x80) {
-      emit(static_cast<char32_t>(b0));
-      ++i;
-      continue;
-    }
-    int len = 0;
-    char32_t cp = 0;
-    char32_t min = 0;
-    if ((b0 & 0xe0) == 0xc0) {
-      len = 2, cp = b0 & 0x1f, min = 0x80;
-    } else if ((b0 & 0xf0) == 0xe0) {
-      len = 3, cp = b0 & 0x0f, min = 0x800;
-    } else if ((b0 & 0xf8) == 0xf0) {
-      len = 4, cp = b0 & 0x07, min = 0x10000;
-    }
-    bool ok = len != 0 && i + len <= s.size();
-    for (int k = 1; ok && k < len; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      ok = (b & 0xc0) == 0x80;
-      cp = (cp << 6) | (b & 0x3f);
-    }
-    ok = ok && cp >= min && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
-    if (!ok) {
-      emit(char32_t{0xfffd});
-      ++i;
-      continue;
-    }
-    emit(cp);
-    i += len;
-  }
-}
-
 using internal::AppendUtf8;
-
-void AppendU64(std::string& out, uint64_t v) {
-  char buf[24];
-  int n = snprintf(buf, sizeof(buf), "%" PRIu64, v);
-  out.append(buf, static_cast<size_t>(n));
-}
-
-void AppendI64(std::string& out, int64_t v) {
-  char buf[24];
-  int n = snprintf(buf, sizeof(buf), "%" PRId64, v);
-  out.append(buf, static_cast<size_t>(n));
-}
+using stats_text::AppendI64;
+using stats_text::AppendU64;
+using stats_text::DecodeUtf8;
 
 // Nanoseconds as exact decimal seconds, e.g. 1500000001 -> "1.500000001".
 void AppendSeconds(std::string& out, uint64_t ns) {
@@ -76,92 +32,6 @@ void AppendSeconds(std::string& out, uint64_t ns) {
   int n = snprintf(buf, sizeof(buf), "%" PRIu64 ".%09" PRIu64, ns / 1000000000, ns % 1000000000);
   out.append(buf, static_cast<size_t>(n));
 }
-
-// ---- JSON ----
-
-void AppendJsonString(std::string& out, std::string_view s) {
-  out += '"';
-  DecodeUtf8(s, [&](char32_t cp) {
-    switch (cp) {
-      case '"':
-        out += "\\\"";
-        return;
-      case '\\':
-        out += "\\\\";
-        return;
-      case '\b':
-        out += "\\b";
-        return;
-      case '\f':
-        out += "\\f";
-        return;
-      case '\n':
-        out += "\\n";
-        return;
-      case '\r':
-        out += "\\r";
-        return;
-      case '\t':
-        out += "\\t";
-        return;
-      default:
-        break;
-    }
-    if (cp < 0x20) {
-      char buf[8];
-      snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(cp));
-      out += buf;
-      return;
-    }
-    AppendUtf8(out, cp);
-  });
-  out += '"';
-}
-
-// Writes `"key":` after a comma unless it opens an object.
-class JsonObject {
- public:
-  explicit JsonObject(std::string& out) : out_(out) { out_ += '{'; }
-  ~JsonObject() { out_ += '}'; }
-  std::string& Key(std::string_view key) {
-    if (!first_) out_ += ',';
-    first_ = false;
-    AppendJsonString(out_, key);
-    out_ += ':';
-    return out_;
-  }
-  void U64(std::string_view key, uint64_t v) { AppendU64(Key(key), v); }
-  void I64(std::string_view key, int64_t v) { AppendI64(Key(key), v); }
-
- private:
-  std::string& out_;
-  bool first_ = true;
-};
-
-void AppendLatencyJson(std::string& out, const LatencyStats& l) {
-  JsonObject o(out);
-  o.Key("enabled") += l.enabled ? "true" : "false";
-  o.U64("count", l.count);
-  o.U64("sum_ns", l.sum_ns);
-  o.U64("p50_ns", l.p50_ns);
-  o.U64("p90_ns", l.p90_ns);
-  o.U64("p99_ns", l.p99_ns);
-  o.U64("p999_ns", l.p999_ns);
-  o.U64("max_ns", l.max_ns);
-  std::string& b = o.Key("buckets");
-  b += '[';
-  for (size_t i = 0; i < l.buckets.size(); ++i) {
-    if (i > 0) b += ',';
-    b += '[';
-    AppendU64(b, l.buckets[i].upper_ns);
-    b += ',';
-    AppendU64(b, l.buckets[i].count);
-    b += ']';
-  }
-  b += ']';
-}
-
-// ---- Prometheus ----
 
 void AppendLabelValue(std::string& out, std::string_view s) {
   out += '"';
@@ -255,17 +125,6 @@ std::string PowerOfTwoSeconds(int k) {
   return s;
 }
 
-template <typename Row, size_t N>
-void AppendJsonFields(JsonObject& o, const Row& row, const Field<Row> (&fields)[N]) {
-  for (const Field<Row>& f : fields) {
-    if (f.unit == Unit::kSigned) {
-      o.I64(f.json, row.*f.i32);
-    } else {
-      o.U64(f.json, row.*f.u64);
-    }
-  }
-}
-
 // Writes one family per field of `fields` that has a metric, one sample per row (labels(i)).
 template <typename Row, size_t N, typename Labels>
 void AppendPromFamilies(PromWriter& w, std::type_identity_t<std::span<const Row>> rows,
@@ -341,60 +200,7 @@ void AppendInfo(PromWriter& w, const char* metric, const char* help, const std::
   for (size_t i = 0; i < rows.size(); ++i) w.U64(metric, labels(i), 1);
 }
 
-void AppendStatsJson(std::string& out, const Stats& s) {
-  JsonObject root(out);
-  AppendJsonString(root.Key("version"), Version().string);  // the library's
-  AppendJsonFields(root, s, kTotalFields);
-  AppendJsonString(root.Key("placement_cpus"), s.placement_cpus);
-  root.Key("devices") += '[';
-  for (size_t i = 0; i < s.devices.size(); ++i) {
-    if (i > 0) out += ',';
-    const DeviceStats& d = s.devices[i];
-    JsonObject o(out);
-    o.U64("id", d.id);
-    AppendJsonString(o.Key("name"), d.name);
-    AppendJsonFields(o, d, kDeviceFields);
-  }
-  out += ']';
-  root.Key("pollers") += '[';
-  for (size_t i = 0; i < s.pollers.size(); ++i) {
-    if (i > 0) out += ',';
-    JsonObject o(out);
-    o.U64("index", i);
-    AppendJsonFields(o, s.pollers[i], kPollerFields);
-  }
-  out += ']';
-  root.Key("cqs") += '[';
-  for (size_t i = 0; i < s.cqs.size(); ++i) {
-    if (i > 0) out += ',';
-    JsonObject o(out);
-    o.U64("id", s.cqs[i].id);
-    AppendJsonFields(o, s.cqs[i], kCqFields);
-  }
-  out += ']';
-  root.Key("consumers") += '[';
-  for (size_t i = 0; i < s.consumers.size(); ++i) {
-    if (i > 0) out += ',';
-    const ConsumerStats& c = s.consumers[i];
-    JsonObject o(out);
-    o.U64("index", i);
-    AppendJsonString(o.Key("name"), c.name);
-    AppendJsonFields(o, c, kConsumerFields);
-    o.Key("latency");
-    AppendLatencyJson(out, c.latency);
-  }
-  out += ']';
-}
-
 }  // namespace
-
-std::string StatsToJson(const Stats& s) {
-  std::string out;
-  out.reserve(512 +
-              200 * (s.pollers.size() + s.cqs.size() + s.consumers.size() + s.devices.size()));
-  AppendStatsJson(out, s);  // its object is closed when it returns
-  return out;
-}
 
 std::string StatsToPrometheus(const Stats& s, const PrometheusOptions& options) {
   std::string out;
