@@ -72,10 +72,10 @@ class Cq {
   virtual Status Resize(int depth) = 0;
 };
 
-// What StartQpDrain posted.
-enum class DrainStart {
+// What StartQpFlush posted.
+enum class FlushStart {
   kAllMarkers,          // the send marker, and the receive marker unless the QP uses an SRQ
-  kSendMarkerOnly,      // the receive queue had no room for its marker: RedriveDrain posts it
+  kSendMarkerOnly,      // the receive queue had no room for its marker: RedriveFlush posts it
   kNothingOutstanding,  // the QP was in RESET: no work can be outstanding, nothing was posted
 };
 
@@ -166,14 +166,14 @@ class Device {
   // marker work request behind it on the send queue (wr_id `send_marker`) and, unless the QP
   // uses an SRQ, on the receive queue (`recv_marker`). Each marker needs a free slot in its
   // queue. Returns what was posted, or an error when nothing was.
-  virtual Result<DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
+  virtual Result<FlushStart> StartQpFlush(void* native_qp, uint64_t send_marker,
                                           uint64_t recv_marker) = 0;
-  // A drain whose markers have not come back: moves the QP (in the error state) to the error
+  // A flush whose markers have not come back: moves the QP (in the error state) to the error
   // state again, which flushes what was posted in it since (rxe flushes a receive posted in error
   // only then), after posting the receive marker first if `recv_marker` is not 0 (it found no
-  // room at StartQpDrain). OK once done; kResourceExhausted while the receive queue is still
+  // room at StartQpFlush). OK once done; kResourceExhausted while the receive queue is still
   // full (its flushes free it), with nothing posted.
-  virtual Status RedriveDrain(void* native_qp, uint64_t recv_marker) = 0;
+  virtual Status RedriveFlush(void* native_qp, uint64_t recv_marker) = 0;
 
   virtual int async_fd() const noexcept = 0;
   // S12: returns 0 and fills *out, or -1 with errno set (EAGAIN when O_NONBLOCK, EINTR).

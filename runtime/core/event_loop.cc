@@ -231,7 +231,7 @@ void EventLoop::ReadChannel(Source& source) {
     void* native = nullptr;
     if (source.channel->GetEvent(&native) != 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // drained (S4)
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;  // empty (S4)
       // The channel is broken (the device is gone): stop watching it, and have the poller stop
       // waiting for its events.
       Unwatch(source);

@@ -127,7 +127,7 @@ class RuntimeImpl final : private TeardownHost {
   bool BatchOver(const BatchTicket& ticket) const noexcept override;
   void FreeSlot(uint32_t slot) noexcept override;
   void PostLastWqeStandIn(const TeardownState& state) noexcept override;
-  bool RedriveDrain(const TeardownState& state) noexcept override;
+  bool RedriveFlush(const TeardownState& state) noexcept override;
 
   // Ends the registration (slot, generation) without waiting for its consumer: it is dead and
   // unroutable, its CQ uses dropped, what the pollers hold for it orphaned, and what it may still

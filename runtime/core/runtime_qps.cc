@@ -82,7 +82,7 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
                       recv->fences.load(std::memory_order_relaxed) != 0;
   const void* in_error_qp =
       caps->in_error && !device->failed.load(std::memory_order_acquire) ? native_qp : nullptr;
-  if (fenced && in_error_qp != nullptr) (void)device->backend->RedriveDrain(native_qp, 0);
+  if (fenced && in_error_qp != nullptr) (void)device->backend->RedriveFlush(native_qp, 0);
   for (CqRecord* cq : {send, recv}) {
     const bool retired_here = cq->retired.Contains(qp_num);
     if ((retired_here || cq->fences.load(std::memory_order_relaxed) != 0) &&
@@ -154,10 +154,10 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
     if (cqs[k] != nullptr) cqs[k]->retired.Add(slot.qp_num.load(std::memory_order_relaxed));
   }
   // A teardown's fences before the registration dies: a pass before this saw it live and
-  // draining and marked what it polled; a pass after finds the fence first. (The other way round,
-  // a pass in between would take a marker for nobody's and orphan it, and its fence would wait
-  // for it in vain.) A plain Unregister has no markers: its fences come after the death, so that
-  // the poller this wakes polls what the CQ still holds for nobody (the orphan sink, at once)
+  // tearing down and marked what it polled; a pass after finds the fence first. (The other way
+  // round, a pass in between would take a marker for nobody's and orphan it, and its fence would
+  // wait for it in vain.) A plain Unregister has no markers: its fences come after the death, so
+  // that the poller this wakes polls what the CQ still holds for nobody (the orphan sink, at once)
   // rather than for the QP's consumer.
   const uint32_t qp_num = slot.qp_num.load(std::memory_order_relaxed);
   const void* qp = slot.qp.load(std::memory_order_relaxed);
@@ -252,13 +252,13 @@ void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
   slots_.Free(index);
 }
 
-bool RuntimeImpl::RedriveDrain(const TeardownState& state) noexcept {
+bool RuntimeImpl::RedriveFlush(const TeardownState& state) noexcept {
   ControlLock lock(mu_);
   const Slot& slot = slots_.slot(state.slot);
   if (!StateLiveAs(slot.state.load(std::memory_order_relaxed), state.generation)) return false;
   DeviceRecord* device = devices_[state.device - 1].get();
   return device->backend
-      ->RedriveDrain(slot.qp.load(std::memory_order_relaxed),
+      ->RedriveFlush(slot.qp.load(std::memory_order_relaxed),
                      state.recv_marker_owed ? state.recv_marker() : 0)
       .ok();
 }
@@ -309,17 +309,17 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
     teardowns_->Add(teardown);
     return teardown;
   }
-  // Draining before the markers exist, so that the pollers recognize them.
+  // Tearing down before the markers exist, so that the pollers recognize them.
   const uint32_t consumer = StateConsumer(state);
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   const uint32_t epoch = slot.teardown_epoch.load(std::memory_order_relaxed) + 1;
   slot.teardown_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
   slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
                    std::memory_order_seq_cst);
-  Result<backend::DrainStart> posted = device->backend->StartQpDrain(
+  Result<backend::FlushStart> posted = device->backend->StartQpFlush(
       slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
   if (!posted.ok()) {
-    // No marker went out. Back to live; a batch that saw `draining` may still read the state
+    // No marker went out. Back to live; a batch that saw `tearing_down` may still read the state
     // through slot.teardown: wait for it (without mu_, as Unregister does) before it goes.
     slot.state.store(state, std::memory_order_seq_cst);
     lock.Unlock();
@@ -333,16 +333,16 @@ Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, u
   Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
   // An SRQ QP has no receive marker: its receive side is known to be flushed by LAST_WQE_REACHED
   // or the fence that stands in for it. A receive marker that found the queue full is posted again
-  // by the teardown thread once the flushes have made room (TeardownHost::RedriveDrain).
+  // by the teardown thread once the flushes have made room (TeardownHost::RedriveFlush).
   teardown->srq = caps.ok() && caps->srq;
-  if (*posted == backend::DrainStart::kNothingOutstanding) {
+  if (*posted == backend::FlushStart::kNothingOutstanding) {
     teardown->end_with = Status::Ok();
   } else {
     teardown->markers = TeardownState::kSendMarker;
-    if (!teardown->srq && *posted == backend::DrainStart::kAllMarkers) {
+    if (!teardown->srq && *posted == backend::FlushStart::kAllMarkers) {
       teardown->markers |= TeardownState::kRecvMarker;
     }
-    teardown->recv_marker_owed = !teardown->srq && *posted == backend::DrainStart::kSendMarkerOnly;
+    teardown->recv_marker_owed = !teardown->srq && *posted == backend::FlushStart::kSendMarkerOnly;
   }
   teardowns_->Add(teardown);
   return teardown;

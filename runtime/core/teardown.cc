@@ -157,7 +157,7 @@ void TeardownWorker::Run() {
                     " us more; moving the QP to Error again");
       }
       // Worker-owned fields: the retire that reads `markers` runs on this thread too.
-      if (host_.RedriveDrain(*state) && state->recv_marker_owed) {
+      if (host_.RedriveFlush(*state) && state->recv_marker_owed) {
         state->recv_marker_owed = false;
         state->markers |= TeardownState::kRecvMarker;
       }

@@ -2,15 +2,15 @@
 // runtime/core/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends
 // them.
 //
-// A teardown's life: the control path marks the registration "draining" (registry.h), moves the
+// A teardown's life: the control path marks the registration "tearing down" (registry.h), moves the
 // QP to the error state and posts marker work requests whose wr_ids are the TeardownState's
-// address (send) and address + 1 (recv). A poller that routes a completion of a draining QP
+// address (send) and address + 1 (recv). A poller that routes a completion of a QP being torn down
 // with a marker wr_id records it in `polled` and queues it as a kTeardownMarker item, in order
 // behind the QP's flushed completions; the consumer, on reaching it, calls Note().
-// LAST_WQE_REACHED events of a draining QP are noted the same way after the handler got them. On
-// a device that never sends it, once the send marker is back and last_wqe_grace has passed, the
-// worker sends a fence instead: an internal event through the pollers of the QP's CQs, which
-// follows every completion in them, noted as LAST_WQE_REACHED.
+// LAST_WQE_REACHED events of a QP being torn down are noted the same way after the handler got
+// them. On a device that never sends it, once the send marker is back and last_wqe_grace has
+// passed, the worker sends a fence instead: an internal event through the pollers of the QP's CQs,
+// which follows every completion in them, noted as LAST_WQE_REACHED.
 //
 // The TeardownWorker thread ends each teardown exactly once: drained (OK), device failure
 // (kUnavailable), deadline (kDeadlineExceeded) or shutdown (kCancelled). Ending takes two steps,
@@ -63,7 +63,7 @@ struct alignas(8) TeardownState {
   uint32_t device = 0;   // DeviceId: a DEVICE_FATAL of it ends the teardown
   uint32_t markers = 0;  // k*Marker bits of the markers posted (the worker's once shared)
   bool srq = false;      // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED
-  // The receive queue had no room for the marker: the worker posts it (TeardownHost::RedriveDrain)
+  // The receive queue had no room for the marker: the worker posts it (TeardownHost::RedriveFlush)
   // once the flushes have made room (then kRecvMarker joins `markers`).
   bool recv_marker_owed = false;
   Clock::time_point deadline;
@@ -92,7 +92,7 @@ struct alignas(8) TeardownState {
   Clock::time_point grace_ends;     // worker-owned: set when the send marker is seen (SRQ)
   bool fence_posted = false;        // worker-owned: the grace ran out and a fence stands in
   // Worker-owned: while a posted marker has not been polled (or one is owed), the worker redrives
-  // the drain at `retry_at`, then at twice the last interval (teardown.cc, kRedriveFirst..Max).
+  // the flush at `retry_at`, then at twice the last interval (teardown.cc, kRedriveFirst..Max).
   Clock::time_point retry_at;
   std::chrono::microseconds retry_every{0};
 
@@ -135,7 +135,7 @@ class TeardownHost {
   virtual void PostLastWqeStandIn(const TeardownState& state) noexcept = 0;
   // Moves the QP to the error state again (what was posted in it flushes), posting the receive
   // marker first if it is owed; returns false if it is owed and still found no room.
-  virtual bool RedriveDrain(const TeardownState& state) noexcept = 0;
+  virtual bool RedriveFlush(const TeardownState& state) noexcept = 0;
 };
 
 class TeardownWorker {

@@ -56,17 +56,17 @@ Result<backend::QpCaps> SimBackend::QueryQp(void* native_qp) {
                          qp->in_error()};
 }
 
-Result<backend::DrainStart> SimBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+Result<backend::FlushStart> SimBackend::StartQpFlush(void* native_qp, uint64_t send_marker,
                                                      uint64_t recv_marker) {
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
-  if (qp == nullptr) return NotFound("StartQpDrain: not a QP of sim device " + name());
-  return device_->StartQpDrain(qp, send_marker, recv_marker);
+  if (qp == nullptr) return NotFound("StartQpFlush: not a QP of sim device " + name());
+  return device_->StartQpFlush(qp, send_marker, recv_marker);
 }
 
-Status SimBackend::RedriveDrain(void* native_qp, uint64_t recv_marker) {
+Status SimBackend::RedriveFlush(void* native_qp, uint64_t recv_marker) {
   SimQpImpl* qp = native_qp ? device_->FindQp(native_qp) : nullptr;
-  if (qp == nullptr) return NotFound("RedriveDrain: not a QP of sim device " + name());
-  return device_->RedriveDrain(qp, recv_marker);
+  if (qp == nullptr) return NotFound("RedriveFlush: not a QP of sim device " + name());
+  return device_->RedriveFlush(qp, recv_marker);
 }
 
 void SimBackend::AckCqEvents(backend::Cq* cq, unsigned n) noexcept {

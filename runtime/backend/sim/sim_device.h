@@ -250,11 +250,11 @@ class SimDeviceImpl final : public SimDevice {
   SimCqImpl* FindCq(void* native);
   // Returns the QP if `native` is a live SimQp of this device, else nullptr.
   SimQpImpl* FindQp(void* native);
-  // The seam's StartQpDrain (see runtime/backend/device.h).
-  Result<backend::DrainStart> StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+  // The seam's StartQpFlush (see runtime/backend/device.h).
+  Result<backend::FlushStart> StartQpFlush(SimQpImpl* qp, uint64_t send_marker,
                                            uint64_t recv_marker);
-  // The seam's RedriveDrain.
-  Status RedriveDrain(SimQpImpl* qp, uint64_t recv_marker);
+  // The seam's RedriveFlush.
+  Status RedriveFlush(SimQpImpl* qp, uint64_t recv_marker);
   int async_fd() const { return async_pending_.fd(); }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept;
@@ -318,9 +318,9 @@ class SimBackend final : public backend::Device {
   Status DestroyCq(backend::Cq* cq) override;
   void AckCqEvents(backend::Cq* cq, unsigned n) noexcept override;
   Result<backend::QpCaps> QueryQp(void* native_qp) override;
-  Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
+  Result<backend::FlushStart> StartQpFlush(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
-  Status RedriveDrain(void* native_qp, uint64_t recv_marker) override;
+  Status RedriveFlush(void* native_qp, uint64_t recv_marker) override;
   void AckNativeCqEvent(void* native_cq) noexcept override {
     static_cast<SimCqImpl*>(static_cast<SimCq*>(native_cq))->Ack(1);
   }

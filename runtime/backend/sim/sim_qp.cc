@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // runtime/backend/sim/sim_qp.cc: the simulated device's QPs (sim_device.h): completing a work
 // request (SimQp::Complete), posting sends and receives, the move to the error state and its
-// flushes, and the device's QP drain (StartQpDrain, RedriveDrain) as the verbs backend does it.
+// flushes, and the device's QP flush for a teardown (StartQpFlush, RedriveFlush) as the verbs
+// backend does it.
 #include <deque>
 #include <string>
 
@@ -94,17 +95,17 @@ void SimQpImpl::FlushLocked(std::deque<uint64_t>& queue, SimCqImpl* cq, ibv_wc_o
   }
 }
 
-Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t send_marker,
+Result<backend::FlushStart> SimDeviceImpl::StartQpFlush(SimQpImpl* qp, uint64_t send_marker,
                                                         uint64_t recv_marker) {
   // As the verbs backend does: error state (what is outstanding flushes), the send marker, the
   // receive marker, and the error state once more (a receive posted in error flushes only then).
   qp->ModifyToError();  // already in error (an earlier teardown): ERR -> ERR, as on verbs
   if (Status s = qp->PostSend(send_marker); !s.ok()) {
-    return ResourceExhausted("StartQpDrain: no room for the send marker (" + s.message() + ")");
+    return ResourceExhausted("StartQpFlush: no room for the send marker (" + s.message() + ")");
   }
-  backend::DrainStart posted = backend::DrainStart::kAllMarkers;
+  backend::FlushStart posted = backend::FlushStart::kAllMarkers;
   if (!qp->options().srq && !qp->PostRecv(recv_marker).ok()) {
-    posted = backend::DrainStart::kSendMarkerOnly;
+    posted = backend::FlushStart::kSendMarkerOnly;
   }
   qp->ModifyToError();
   if (qp->options().srq && options_.last_wqe_reached) {
@@ -114,7 +115,7 @@ Result<backend::DrainStart> SimDeviceImpl::StartQpDrain(SimQpImpl* qp, uint64_t 
   return posted;
 }
 
-Status SimDeviceImpl::RedriveDrain(SimQpImpl* qp, uint64_t recv_marker) {
+Status SimDeviceImpl::RedriveFlush(SimQpImpl* qp, uint64_t recv_marker) {
   qp->ModifyToError();  // flushes that found no room in the CQ before go out now if they fit
   if (recv_marker == 0) return Status::Ok();
   if (Status s = qp->PostRecv(recv_marker); !s.ok()) return s;

@@ -110,7 +110,7 @@ Result<backend::QpCaps> VerbsBackend::QueryQp(void* native_qp) {
                          attr.qp_state == IBV_QPS_ERR};
 }
 
-Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t send_marker,
+Result<backend::FlushStart> VerbsBackend::StartQpFlush(void* native_qp, uint64_t send_marker,
                                                        uint64_t recv_marker) {
   auto* qp = static_cast<ibv_qp*>(native_qp);
   const std::string which = "qp_num " + std::to_string(qp->qp_num);
@@ -124,7 +124,7 @@ Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t
     return ErrnoStatus("ibv_query_qp(" + which + ")", rc);
   }
   // RESET cannot go to ERR, and nothing can have been posted in it.
-  if (current.qp_state == IBV_QPS_RESET) return backend::DrainStart::kNothingOutstanding;
+  if (current.qp_state == IBV_QPS_RESET) return backend::FlushStart::kNothingOutstanding;
   ibv_qp_attr error{};
   error.qp_state = IBV_QPS_ERR;
   if (int rc = ibv_modify_qp(qp, &error, IBV_QP_STATE); rc != 0) {
@@ -140,12 +140,12 @@ Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t
   if (int rc = ibv_post_send(qp, &send, &bad_send); rc != 0) {
     return ErrnoStatus("ibv_post_send(teardown marker of " + which + "; is a slot free?)", rc);
   }
-  backend::DrainStart posted = backend::DrainStart::kAllMarkers;
+  backend::FlushStart posted = backend::FlushStart::kAllMarkers;
   if (qp->srq == nullptr) {
     ibv_recv_wr recv{};
     recv.wr_id = recv_marker;
     ibv_recv_wr* bad_recv = nullptr;
-    if (ibv_post_recv(qp, &recv, &bad_recv) != 0) posted = backend::DrainStart::kSendMarkerOnly;
+    if (ibv_post_recv(qp, &recv, &bad_recv) != 0) posted = backend::FlushStart::kSendMarkerOnly;
   }
   // Move to ERR once more: a provider whose queues live in user memory (rxe) flushes work
   // posted after the first transition only when the kernel is told again (ERR -> ERR is valid).
@@ -153,7 +153,7 @@ Result<backend::DrainStart> VerbsBackend::StartQpDrain(void* native_qp, uint64_t
   return posted;
 }
 
-Status VerbsBackend::RedriveDrain(void* native_qp, uint64_t recv_marker) {
+Status VerbsBackend::RedriveFlush(void* native_qp, uint64_t recv_marker) {
   auto* qp = static_cast<ibv_qp*>(native_qp);
   ibv_qp_attr error{};
   error.qp_state = IBV_QPS_ERR;

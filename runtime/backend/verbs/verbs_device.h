@@ -72,9 +72,9 @@ class VerbsBackend final : public backend::Device {
     ibv_ack_cq_events(static_cast<ibv_cq*>(native_cq), 1);
   }
   Result<backend::QpCaps> QueryQp(void* native_qp) override;
-  Result<backend::DrainStart> StartQpDrain(void* native_qp, uint64_t send_marker,
+  Result<backend::FlushStart> StartQpFlush(void* native_qp, uint64_t send_marker,
                                            uint64_t recv_marker) override;
-  Status RedriveDrain(void* native_qp, uint64_t recv_marker) override;
+  Status RedriveFlush(void* native_qp, uint64_t recv_marker) override;
   int async_fd() const noexcept override { return context_->async_fd; }
   int GetAsyncEvent(backend::AsyncEventRecord* out) noexcept override;
   void AckAsyncEvent(backend::AsyncEventRecord* record) noexcept override {

@@ -133,7 +133,7 @@ int CqSet::PollOne(CqRecord* cq, int room, bool may_fuse) noexcept {
   }
   // Fewer than `room` taken: the CQ was found empty (fences.h's catch-ups end there).
   if (cq->fenced.catch_ups != 0 && !cq->poll_failed) fences_.Polled(cq, taken, taken < room);
-  if (taken < room) spills_.NoteShortPoll();  // drained: no reason to hold
+  if (taken < room) spills_.NoteShortPoll();  // empty: no reason to hold
   spills_.AfterPoll(taken);
   return taken;
 }

@@ -12,7 +12,7 @@
 // stays in the spills for up to kMaxHeldPasses passes, until a spill holds nearly kHeldBatches
 // consumer batches: a hand-over moves the same lines between the cores whatever it carries, and
 // the consumer's later batches of one hand-over find them still in its cache. A poll that comes
-// back short of full (the CQ is drained: no more to wait for), a spill that could not take
+// back short of full (the CQ is empty: no more to wait for), a spill that could not take
 // another poll, a sleep, Stop and an engine-driven step hand everything over at once.
 //
 // As a stage: Poll hands the spills over (unless the CQ stage holds them); TryEnterIdle asks each
