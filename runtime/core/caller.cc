@@ -7,8 +7,13 @@
 
 namespace cqd::internal {
 
-uint32_t CallerRoles() noexcept {
+uint32_t CallerRoles(const EngineThreads* engine_threads) noexcept {
   uint32_t roles = 0;
+  if (engine_threads != nullptr) {
+    for (const std::atomic<uintptr_t>* token : *engine_threads) {
+      if (token->load(std::memory_order_relaxed) == ThreadToken()) roles |= kRoleEngineThread;
+    }
+  }
   if (OnRuntimeThread()) roles |= kRoleRuntimeThread;
   if (InLogSink()) roles |= kRoleLogSink;
   if (Consumer::OnConsumerThread()) roles |= kRoleHandler;
@@ -36,6 +41,10 @@ const char* RefusalReason(uint32_t roles, uint32_t refused) noexcept {
     return "called from a run-to-completion handler (its poller would wait for it)";
   }
   if (held & kRoleCallback) return "called from a cqd callback";
+  if (held & kRoleEngineThread) {
+    return "called from a thread that drains an engine-driven consumer or polls an engine-driven "
+           "shard of the runtime (the QP's markers may wait behind what it delivers or polls)";
+  }
   return nullptr;
 }
 

@@ -11,7 +11,9 @@
 #ifndef CQD_RUNTIME_CORE_CALLER_H_
 #define CQD_RUNTIME_CORE_CALLER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <vector>
 
 namespace cqd::internal {
 
@@ -24,12 +26,20 @@ enum CallerRole : uint32_t {
   kRoleTeardownThread = 1u << 3,  // the thread that ends teardowns (TeardownOptions::on_done)
   kRoleWaitDuty = 1u << 4,        // a poller's thread running its run-to-completion handlers
   kRoleCallback = 1u << 5,        // another cqd callback on a control thread (CallbackScope)
+  // Not a callback: the engine thread that last drained an engine-driven consumer or polled an
+  // engine-driven shard of the runtime asked about (CallerRoles' `engine_threads`).
+  kRoleEngineThread = 1u << 6,
 };
-// Every role above (the last one is the highest bit): any cqd callback, as Runtime::InCallback().
+// Every callback role above: any cqd callback, as Runtime::InCallback().
 inline constexpr uint32_t kEveryRole = (kRoleCallback << 1) - 1;
 
-// Returns the roles of the calling thread (0: an engine thread outside every cqd callback).
-uint32_t CallerRoles() noexcept;
+// The ThreadToken()s (thread_role.h) of a runtime's engine threads: each engine-driven
+// consumer's last drainer and each engine-driven shard's last driver (relaxed loads).
+using EngineThreads = std::vector<const std::atomic<uintptr_t>*>;
+
+// Returns the roles of the calling thread (0: an engine thread outside every cqd callback), with
+// kRoleEngineThread if it is one of `engine_threads` (when given).
+uint32_t CallerRoles(const EngineThreads* engine_threads = nullptr) noexcept;
 
 // Returns why a caller in `roles` may not make a call that refuses `refused` ("called from ..."),
 // the first role of the enum's order that both hold; nullptr when none does.

@@ -229,20 +229,10 @@ Status Teardown::Wait() const {
   if (state_->done) return state_->result;
   // The threads a teardown may need, or that others need while it runs (runtime.h, "Waiting").
   const char* refused = internal::RefusalReason(
-      internal::CallerRoles(), internal::kRoleHandler | internal::kRoleRuntimeThread |
-                                   internal::kRoleTeardownThread | internal::kRoleLogSink |
-                                   internal::kRoleWaitDuty | internal::kRoleCallback);
-  if (refused == nullptr && state_->engine_threads != nullptr) {
-    for (const std::atomic<uintptr_t>* token : *state_->engine_threads) {
-      if (token->load(std::memory_order_relaxed) == internal::ThreadToken()) {
-        refused =
-            "called from a thread that drains an engine-driven consumer or polls an "
-            "engine-driven shard of the runtime (the QP's markers may wait behind what it "
-            "delivers or polls)";
-        break;
-      }
-    }
-  }
+      internal::CallerRoles(state_->engine_threads),
+      internal::kRoleHandler | internal::kRoleRuntimeThread | internal::kRoleTeardownThread |
+          internal::kRoleLogSink | internal::kRoleWaitDuty | internal::kRoleCallback |
+          internal::kRoleEngineThread);
   if (refused != nullptr) {
     return FailedPrecondition(std::string("Teardown::Wait: ") + refused +
                               "; use done() or TeardownOptions::on_done instead");
