@@ -51,10 +51,10 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
     for (int r = 0; r < runs; ++r) {
       const int j = run_starts_[r + 1];
       const Slot* slot = run_slots_[r];
-      EntryMeta meta;
+      uint64_t state;
       // seq_cst: Unregister's wait for the batch in progress pairs with it (consumer.h).
       const Router::RunRoute route =
-          router_.RouteRun(*cq, wcs[i].qp_num, slot, consumer, std::memory_order_seq_cst, meta);
+          router_.RouteRun(*cq, wcs[i].qp_num, slot, consumer, std::memory_order_seq_cst, state);
       if (route == Router::RunRoute::kOrphan) {
         const RuntimeThreadScope runtime(true);  // as on the unfused pass: no calls in
         orphans_.Take({wcs + i, static_cast<size_t>(j - i)});

@@ -94,9 +94,9 @@ void Router::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
     const uint32_t qp_num = wcs[i].qp_num;
     uint32_t j = i + 1;
     while (j < count && wcs[j].qp_num == qp_num) ++j;
-    EntryMeta meta;
-    const RunRoute route =
-        RouteRun(*cq, qp_num, batch_slots_[i], consumer, std::memory_order_acquire, meta);
+    const Slot* slot = batch_slots_[i];
+    uint64_t state;
+    const RunRoute route = RouteRun(*cq, qp_num, slot, consumer, std::memory_order_acquire, state);
     if (route == RunRoute::kOrphan) {
       orphans_.Take({wcs + i, j - i});
       i = j;
@@ -104,6 +104,7 @@ void Router::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
     }
     if (route == RunRoute::kEachAlone) [[unlikely]]
       break;
+    EntryMeta meta{slot->index, StateGeneration(state), EntryKind::kCompletion, 0, poll_stamp_};
     for (; i < j; ++i) {
       if (kept != i) wcs[kept] = wcs[i];  // close the gap an orphan left
       meta.run = static_cast<uint16_t>(j - i);

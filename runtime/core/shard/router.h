@@ -63,15 +63,14 @@ class Router {
 
   // The decision for a run of one QP's completions polled from `cq` for `consumer`, the fast
   // paths' (in place, fused). `slot` is the QP's lookup, its state read with `order` (seq_cst
-  // where a handler may be called on it inside a batch, consumer.h). kStays: routed to
-  // `consumer`, `meta` set (its run left to the caller); kOrphan: nobody may take them;
-  // kEachAlone: a torn-down QP's (any may be its marker) or another consumer's: the general path
-  // looks at each, from the first on.
+  // where a handler may be called on it inside a batch, consumer.h) into `state`. kStays: routed
+  // to `consumer`; kOrphan: nobody may take them; kEachAlone: a torn-down QP's (any may be its
+  // marker) or another consumer's: the general path looks at each, from the first on.
   enum class RunRoute : uint8_t { kStays, kOrphan, kEachAlone };
   RunRoute RouteRun(const CqRecord& cq, uint32_t qp_num, const Slot* slot, uint32_t consumer,
-                    std::memory_order order, EntryMeta& meta) const noexcept {
+                    std::memory_order order, uint64_t& state) const noexcept {
     RouteFacts facts;
-    uint64_t state = 0;
+    state = 0;
     if (slot != nullptr) {
       state = slot->state.load(order);
       ReadSlotFacts(cq, qp_num, *slot, state, facts);
@@ -82,7 +81,6 @@ class Router {
       case Disposal::kDeliver:
         if (facts.tearing_down || StateConsumer(state) != consumer) [[unlikely]]
           return RunRoute::kEachAlone;
-        meta = {slot->index, StateGeneration(state), EntryKind::kCompletion, 0, poll_stamp_};
         return RunRoute::kStays;
       case Disposal::kNoteMarker:  // never without facts.tearing_down
       case Disposal::kFenceTaken:  // no fence was asked (the caller's CQ awaits no marker)
