@@ -21,7 +21,7 @@
 #include "cqd/status.h"
 #include "gtest/gtest.h"
 #include "runtime/backend/device.h"
-#include "tests/test_util.h"
+#include "tests/fixtures/wait.h"
 
 namespace cqd::conformance {
 

@@ -15,7 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/conformance/bed.h"
-#include "tests/test_util.h"
+#include "tests/fixtures/wait.h"
 
 namespace cqd::conformance {
 namespace {

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/fixtures/fixtures.h"
 
 namespace cqd::rxe {
 

@@ -14,8 +14,8 @@
 
 #include "cqd/runtime.h"
 #include "gtest/gtest.h"
+#include "tests/fixtures/fixtures.h"
 #include "tests/rxe/cm_bed.h"
-#include "tests/test_util.h"
 #include "tools/rdma/verbs_util.h"
 
 namespace cqd {

@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "cqd/runtime.h"
-#include "tests/engine_loop.h"
+#include "tests/fixtures/engine_loop.h"
+#include "tests/fixtures/fixtures.h"
 #include "tests/rxe/rxe_fixture.h"
-#include "tests/test_util.h"
 #include "tools/rdma/verbs_util.h"
 
 namespace cqd {

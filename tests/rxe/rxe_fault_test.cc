@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "cqd/runtime.h"
+#include "tests/fixtures/fixtures.h"
 #include "tests/rxe/rxe_fixture.h"
-#include "tests/test_util.h"
 #include "tools/rdma/verbs_util.h"
 
 namespace cqd {
@@ -110,7 +110,7 @@ class RxeFaults : public Rxe {
   // after the test body's locals are gone, and its event thread and pollers may call them until
   // then (a late port event on the event thread, an orphan in DestroyCq).
   DeviceEvents events_;
-  testing::CountingOrphans orphans_;
+  testing::OrphanLedger orphans_;
 };
 
 // The link goes down and comes back while traffic flows: the device handler hears PORT_ERR and

@@ -14,7 +14,7 @@
 
 #include "cqd/runtime.h"
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/fixtures/fixtures.h"
 #include "tools/rdma/verbs_util.h"
 
 namespace cqd {

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "cqd/runtime.h"
+#include "tests/fixtures/fixtures.h"
 #include "tests/rxe/rxe_fixture.h"
-#include "tests/test_util.h"
 #include "tools/rdma/verbs_util.h"
 
 namespace cqd {

@@ -9,8 +9,8 @@
 
 #include "cqd/runtime.h"
 #include "cqd/tbb.h"
+#include "tests/fixtures/fixtures.h"
 #include "tests/rxe/rxe_fixture.h"
-#include "tests/test_util.h"
 #include "tools/rdma/verbs_util.h"
 
 namespace cqd {

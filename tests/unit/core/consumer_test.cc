@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/test_util.h"
+#include "tests/fixtures/fixtures.h"
 
 namespace cqd::internal {
 namespace {
 
-using ::cqd::testing::RecordingHandler;
+using ::cqd::testing::Recorder;
 
 class ConsumerTest : public ::testing::Test {
  protected:
@@ -55,7 +55,7 @@ class ConsumerTest : public ::testing::Test {
     item.slot = slot_;
     item.generation = 1;
     item.kind = EntryKind::kCompletion;
-    item.lane = static_cast<uint32_t>(l);
+    item.shard = static_cast<uint32_t>(l);
     item.after = consumer_->lane(l).published();
     consumer_->Reserve(1);
     consumer_->PushAlone(*token_, item);
@@ -67,7 +67,7 @@ class ConsumerTest : public ::testing::Test {
   std::unique_ptr<Consumer> consumer_;
   std::unique_ptr<moodycamel::ProducerToken> token_;
   uint32_t slot_ = 0;
-  RecordingHandler handler_;
+  Recorder handler_;
 };
 
 TEST_F(ConsumerTest, ItemsQueuedBetweenTwoDrainsArriveOnceAndInOrder) {

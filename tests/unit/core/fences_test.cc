@@ -65,9 +65,9 @@ TEST_F(FenceListTest, AFenceAwaitingAMarkerOutlastsACatchUpWhenItsOwnQpRegisters
   fences.Add(f, false);
   fences.AwaitMarkers(&cq, kQp, &retired_qp);
   fences.StartCatchUps(&cq, kQp);
-  EXPECT_EQ(cq.catch_ups, 1u);
+  EXPECT_EQ(cq.fenced.catch_ups, 1u);
   fences.Polled(&cq, 0, /*empty=*/true);
-  EXPECT_EQ(cq.catch_ups, 0u) << "the catch-up is over";
+  EXPECT_EQ(cq.fenced.catch_ups, 0u) << "the catch-up is over";
   EXPECT_TRUE(fences.Holds(&cq, kQp)) << "but the marker has not come back";
   EXPECT_EQ(cq.leftover_commit.load(), 7u);
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, kRecvMarker)), Taken::kMarker);
@@ -84,7 +84,7 @@ TEST_F(FenceListTest, AFenceAwaitingAMarkerOutlastsACatchUpWhenItsOwnQpRegisters
     fences.StartCatchUps(&cq, kQp);
     fences.Polled(&cq, 0, true);
     EXPECT_FALSE(fences.Holds(&cq, kQp));
-    EXPECT_EQ(cq.awaited_markers, 0u);
+    EXPECT_EQ(cq.fenced.awaited_markers, 0u);
     EXPECT_EQ(cq.fences.load(), 0u);
   }
 }
@@ -99,7 +99,7 @@ TEST_F(FenceListTest, AFenceWithNothingToWaitForIsNotAdded) {
 TEST_F(FenceListTest, MarkersEndTheirFencesSendFirst) {
   fences.Add(Side(cq, kSendMarker, 5), false);
   fences.Add(Side(cq, kRecvMarker, 7), false);
-  EXPECT_EQ(cq.awaited_markers, 2u);
+  EXPECT_EQ(cq.fenced.awaited_markers, 2u);
   EXPECT_EQ(cq.leftover_commit.load(), 12u);
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, 42)), Taken::kBehindMarker);
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, kSendMarker)), Taken::kMarker);
@@ -107,7 +107,7 @@ TEST_F(FenceListTest, MarkersEndTheirFencesSendFirst) {
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, 43)), Taken::kBehindMarker);  // the receive side's
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, kRecvMarker)), Taken::kMarker);
   EXPECT_EQ(cq.leftover_commit.load(), 0u);
-  EXPECT_EQ(cq.awaited_markers, 0u);
+  EXPECT_EQ(cq.fenced.awaited_markers, 0u);
   EXPECT_EQ(cq.fences.load(), 0u);
   EXPECT_FALSE(fences.Holds(&cq, kQp));
 }
@@ -126,7 +126,7 @@ TEST_F(FenceListTest, MarkersEndTheirFencesReceiveFirst) {
 TEST_F(FenceListTest, AfterItsMarkerAQpNumberRoutesAsUsual) {
   fences.Add(Side(cq, kSendMarker, 5), false);
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, kSendMarker)), Taken::kMarker);
-  EXPECT_EQ(cq.awaited_markers, 0u);  // the poller stops asking
+  EXPECT_EQ(cq.fenced.awaited_markers, 0u);  // the poller stops asking
   fences.Add(Side(cq, kRecvMarker, 1), false);
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, kSendMarker)), Taken::kBehindMarker);  // not awaited now
 }
@@ -147,11 +147,11 @@ TEST_F(FenceListTest, AnUnfencedSideOutlivesItsMarkerAndEndsOnlyByACatchUp) {
   EXPECT_TRUE(fences.Holds(&cq, kQp));  // still: nothing says the rest is out
   EXPECT_EQ(fences.Take(&cq, Wc(kQp, 5)), Taken::kNotFenced);
   fences.StartCatchUps(&cq, kQp);
-  EXPECT_EQ(cq.catch_ups, 1u);
+  EXPECT_EQ(cq.fenced.catch_ups, 1u);
   fences.Polled(&cq, 0, /*empty=*/true);
   EXPECT_FALSE(fences.Holds(&cq, kQp));
   EXPECT_EQ(cq.leftover_commit.load(), 0u);
-  EXPECT_EQ(cq.catch_ups, 0u);
+  EXPECT_EQ(cq.fenced.catch_ups, 0u);
 }
 
 TEST_F(FenceListTest, ACatchUpEndsAfterADepthsWorthOrAnEmptyPoll) {
@@ -162,11 +162,11 @@ TEST_F(FenceListTest, ACatchUpEndsAfterADepthsWorthOrAnEmptyPoll) {
   EXPECT_TRUE(fences.Holds(&cq, kQp));  // 63 of 64
   fences.Polled(&cq, 1, false);
   EXPECT_FALSE(fences.Holds(&cq, kQp));
-  EXPECT_EQ(cq.catch_ups, 0u);
+  EXPECT_EQ(cq.fenced.catch_ups, 0u);
   fences.Add(Side(cq, 0, 4, true), true);
   fences.Polled(&cq, 100, false);  // past the depth in one poll
   EXPECT_FALSE(fences.Holds(&cq, kQp));
-  EXPECT_EQ(cq.catch_ups, 0u);
+  EXPECT_EQ(cq.fenced.catch_ups, 0u);
   fences.Add(Side(cq, 0, 4, true), true);
   fences.Polled(&other, 0, true);  // another CQ's empty poll says nothing of this one
   EXPECT_TRUE(fences.Holds(&cq, kQp));
@@ -180,11 +180,11 @@ TEST_F(FenceListTest, ACatchUpEndsAMarkerFenceToo) {
   // its marker (mlx5), so a catch-up ends the wait for the marker.
   fences.Add(Side(cq, kSendMarker, 5), false);
   fences.StartCatchUps(&cq, kQp + 1);  // another number: nothing starts
-  EXPECT_EQ(cq.catch_ups, 0u);
+  EXPECT_EQ(cq.fenced.catch_ups, 0u);
   fences.StartCatchUps(&cq, kQp);
   fences.Polled(&cq, 10, true);
   EXPECT_EQ(fences.size(), 0u);
-  EXPECT_EQ(cq.awaited_markers, 0u);
+  EXPECT_EQ(cq.fenced.awaited_markers, 0u);
 }
 
 // RegisterQp's own catch-up of a retired number (retired_numbers.h) is told apart from the
@@ -204,7 +204,7 @@ TEST_F(FenceListTest, AReuseCatchUpIsKnownByNumberAndCq) {
   fences.Polled(&cq, 2, true);
   EXPECT_FALSE(fences.HoldsForReuse(&cq, kQp));
   EXPECT_FALSE(fences.Holds(&cq, kQp));
-  EXPECT_EQ(cq.catch_ups, 0u);
+  EXPECT_EQ(cq.fenced.catch_ups, 0u);
   EXPECT_EQ(cq.leftover_commit.load(), 0u);
 }
 
@@ -282,8 +282,8 @@ class ScanningFences {
       ++fences;
       commit += f.commit;
     }
-    ASSERT_EQ(cq.awaited_markers, markers);
-    ASSERT_EQ(cq.catch_ups, catch_ups);
+    ASSERT_EQ(cq.fenced.awaited_markers, markers);
+    ASSERT_EQ(cq.fenced.catch_ups, catch_ups);
     ASSERT_EQ(cq.fences.load(), fences);
     ASSERT_EQ(cq.leftover_commit.load(), commit);
   }
@@ -429,7 +429,7 @@ TEST(FenceListClock, CatchUpsEndAsAScanWouldWhateverTheDepthAndThePolls) {
         const int n = pick(3) == 0 ? 0 : static_cast<int>(pick(12));
         const bool empty = pick(6) == 0;
         // The poller calls Polled only with catch-ups running; now and then the test does anyway.
-        if (on->catch_ups != 0 || pick(4) == 0) both.Polled(on, n, empty);
+        if (on->fenced.catch_ups != 0 || pick(4) == 0) both.Polled(on, n, empty);
       } else if (op < 88) {
         both.StartCatchUps(on, qp_num);
       } else if (op < 92) {

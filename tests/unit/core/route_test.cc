@@ -221,7 +221,7 @@ class RouteThroughFencesTest : public ::testing::Test {
     ibv_wc wc{};
     wc.qp_num = qp_num;
     wc.wr_id = wr_id;
-    if (from.awaited_markers != 0) facts.fence = fences.Take(&from, wc);
+    if (from.fenced.awaited_markers != 0) facts.fence = fences.Take(&from, wc);
     return Route(Stage::kPoll, facts);
   }
 
