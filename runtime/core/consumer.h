@@ -2,8 +2,10 @@
 // runtime/core/consumer.h: a consumer's queue and lanes, and the dispatch of their entries to
 // handlers.
 //
-// Producers are the pollers only. Each writes completions and async-event parts into its own
-// lane of this consumer (lane.h) and hands them over by publishing the lane's position: the
+// Producers are the shards' drivers, and, once a shard has stopped, the event thread (an event
+// posted after Stop is pushed as an Item, EventInbox::Post). Each shard writes completions and
+// async-event parts into its own lane of this consumer (lane.h) and hands them over by
+// publishing the lane's position: the
 // consumer reads each lane's published position itself, so nothing but that store and the depth
 // reservation crosses cores per hand-over. One lane's FIFO order puts an event behind every
 // completion that poller took off the QP's CQ before it. The few entries that travel alone

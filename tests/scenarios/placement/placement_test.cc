@@ -310,7 +310,6 @@ TEST(PlacementRuntime, SimulatedDevice) {
   testing::Bed bed;
   CQD_ASSERT_OK(bed.StartWithoutLedger(options));
   auto& rt = bed.rt;
-  auto& sim = bed.sim;
   const DeviceId dev = bed.dev;
 
   Result<CqHandle> bad = rt->CreateCq(dev, 0, {.comp_vector = 1});
