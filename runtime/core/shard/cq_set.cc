@@ -141,6 +141,7 @@ int CqSet::PollOne(CqRecord* cq, int room, bool may_fuse) noexcept {
 void CqSet::ArmAll() noexcept {
   arm_failed_ = false;
   for (CqRecord* cq : cqs_) {
+    if (cq == nullptr) continue;  // removed in a pass (never met outside one: PollAll compacts)
     if (cq->poll_failed || cq->device->failed.load(std::memory_order_relaxed)) continue;
     if (cq->armed.load(std::memory_order_seq_cst)) continue;  // a notification is pending (S7)
     cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us

@@ -172,8 +172,10 @@ void Shard::Run() {
   }
   inbox_.Close();
   hosted_.Close();
-  mailbox_.Close();
+  // Before the mailbox closes: from then on a control call runs inline on its caller (the
+  // mailbox's lock orders this store before it), which OnDriver must let through.
   thread_token_.store(0, std::memory_order_relaxed);
+  mailbox_.Close();
 }
 
 int Shard::Pass(int budget) noexcept {
