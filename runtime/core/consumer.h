@@ -94,7 +94,7 @@ class Consumer {
   bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Run-to-completion, on its poller's thread only: a batch whose completions the poller routes
-  // as it runs them (the fused pass, FusedPoll::Poll), all polled from the CQ `cq_id`. The
+  // as it runs them (the fused poll, FusedPoll::Poll), all polled from the CQ `cq_id`. The
   // poller lists the poll's QP numbers in FusedListing()[0, n) (as it finds its runs: no slot
   // touched, no second look), then OpenFusedBatch(n, cq_id) publishes the list and makes
   // `batch_seq_` odd, as RunBatch does; between it and CloseFusedBatch, DeliverFused calls

@@ -18,7 +18,7 @@
 //                          item names them: the position is the hand-over.
 //   [published, tail)      the spill: polled, not yet handed over because the consumer had no
 //                          room (at most `spill_limit` entries). A run-to-completion consumer's
-//                          own poller dispatches straight from here (DispatchHosted).
+//                          own shard dispatches straight from here (HostedConsumers).
 //
 // size() = queue_capacity + spill_limit: the queue bound (depth, consumer.h) keeps the handed-over
 // part within queue_capacity, so the ring has room for the spill without the poller reading the

@@ -57,7 +57,7 @@ int CqSet::PollAll(int budget, bool may_fuse) noexcept {
     }
     room = std::min(room, budget - found);
     const int n = PollOne(cq, room, may_fuse);
-    if (n < room) spills_.NoteShortPoll();  // as PollOne's own: the fused pass returns early
+    if (n < room) spills_.NoteShortPoll();  // as PollOne's own: the fused poll returns early
     if (cqs_[kept - 1] != cq) [[unlikely]] {
       // A handler's control call removed `cq` during its poll: it may be gone.
       --kept;

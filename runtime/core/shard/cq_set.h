@@ -6,7 +6,7 @@
 // consumers it serves has room for (Spills::RoomFor: a CQ a stalled consumer shares waits in the
 // CQ) and at most poll_batch, so one busy CQ cannot starve the others; a budget cut short starts
 // the next pass at the first CQ it left out. Each poll is routed (Router) into the lanes, or run
-// by the fused pass (fused_poll.h) when its CQ's QPs all go to a run-to-completion consumer of
+// by the fused poll (fused_poll.h) when its CQ's QPs all go to a run-to-completion consumer of
 // this shard. A poll that takes fewer than it asked for found the CQ empty: the catch-ups of its
 // fences (fences.h) and of posted events (EventInbox) rely on that.
 //

@@ -56,7 +56,7 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
       const Router::RunRoute route =
           router_.RouteRun(*cq, wcs[i].qp_num, slot, consumer, std::memory_order_seq_cst, state);
       if (route == Router::RunRoute::kOrphan) {
-        const RuntimeThreadScope runtime(true);  // as on the unfused pass: no calls in
+        const RuntimeThreadScope runtime(true);  // as on the unfused path: no calls in
         orphans_.Take({wcs + i, static_cast<size_t>(j - i)});
         i = j;
         continue;

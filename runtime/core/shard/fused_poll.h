@@ -5,7 +5,7 @@
 // afterwards. What the router does not clear (a draining QP, a QP of another consumer) and what
 // follows it takes the lanes as usual.
 //
-// What the unfused pass guarantees, it keeps. Every completion of a poll is routed against the
+// What the unfused path guarantees, it keeps. Every completion of a poll is routed against the
 // state the poll saw before any control call changes it: a control call that reaches this shard
 // from a handler (Shard::RunSync inline) or while a handler waits (its mailbox, served as a wait
 // duty) first runs Settle, which routes the rest of the poll into the lanes, where purges and
@@ -57,7 +57,7 @@ class FusedPoll {
   int Poll(CqRecord* cq, uint32_t consumer, int room) noexcept;
   // Before a control call changes the shard's state from a callback it runs: inside a fused
   // poll, routes what the poll still holds into the lanes, against the state the poll saw, as the
-  // unfused pass would have before any handler ran. Nothing otherwise.
+  // unfused path would have before any handler ran. Nothing otherwise.
   void Settle() noexcept;
 
  private:

@@ -15,7 +15,7 @@
 //     once into its lane. The route of the last QP classified is kept (RouteCache) and reused for
 //     its next completions in the same poll; a torn-down QP's are each looked at (any may be its
 //     marker).
-//   - the fused pass (fused_poll.h) asks RouteRun for each run before it calls the handler.
+//   - the fused poll (fused_poll.h) asks RouteRun for each run before it calls the handler.
 //
 // Threading: the shard's driver only.
 #ifndef CQD_RUNTIME_CORE_SHARD_ROUTER_H_
