@@ -40,8 +40,7 @@ void CopyEvent(const rdma_cm_event& raw, CmEvent* out) {
 // ---- CmBinding ----
 
 bool CmBinding::LiveIn(const Slot& slot) const noexcept {
-  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  return StateLiveAs(state, route_.generation);
+  return RouteAtConsumer(EntryKind::kEventPart, slot, route_.generation) == Disposal::kDeliver;
 }
 
 void CmBinding::Unlink(EventJoin* join) noexcept {
@@ -147,18 +146,21 @@ bool CmRouter::Bind(rdma_cm_id* id, uint32_t slot, uint32_t generation) noexcept
     if (bindings_.size() >= sweep_at_) {
       std::erase_if(bindings_, [&](const auto& entry) {
         CmBinding& binding = *entry.second;
-        const uint64_t state =
-            slots_.slot(binding.route().slot).state.load(std::memory_order_acquire);
-        if (StateLiveAs(state, binding.route().generation)) return false;
+        const Slot& bound = slots_.slot(binding.route().slot);
+        if (RouteAtConsumer(EntryKind::kEventPart, bound, binding.route().generation) ==
+            Disposal::kDeliver) {
+          return false;
+        }
         return binding.End();  // kept while events wait for a delivery under way
       });
       sweep_at_ = std::max<size_t>(64, 2 * bindings_.size());
     }
     const Slot& s = slots_.slot(slot);
-    const uint64_t state = s.state.load(std::memory_order_acquire);
-    if (!StateLiveAs(state, generation)) return true;  // gone already
-    auto binding = std::make_shared<CmBinding>(RouteOf(s, slot, state),
-                                               s.qp_num.load(std::memory_order_relaxed));
+    const uint32_t qp_num = s.qp_num.load(std::memory_order_relaxed);
+    const QpEventTarget target =
+        RouteQpEvent(s, slot, s.device.load(std::memory_order_relaxed), qp_num, &generation);
+    if (target.disposal != Disposal::kDeliver) return true;  // gone already
+    auto binding = std::make_shared<CmBinding>(target.route, qp_num);
     {
       MutexLock lock(by_slot_mu_);
       by_slot_[slot] = binding;

@@ -220,9 +220,7 @@ class Consumer {
   void DeliverMarker(uint32_t slot, uint32_t generation, const ibv_wc& wc) noexcept;
   // What becomes of an entry of `kind` for `slot` as of now (route.h, stage kConsumer).
   static Disposal RouteHere(EntryKind kind, const Slot& slot, uint32_t generation) noexcept {
-    // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
-    const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-    return Route(RouteStage::kConsumer, {.kind = kind, .live = StateLiveAs(state, generation)});
+    return RouteAtConsumer(kind, slot, generation);
   }
   // Carries out the no-consumer disposal of one entry: its completion `wc` or its event `join`.
   void Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexcept;

@@ -185,6 +185,8 @@ void Consumer::Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexce
     case Disposal::kDeliver:  // never with no consumer left (route_test)
     case Disposal::kNoteMarker:
     case Disposal::kFenceTaken:
+    case Disposal::kToFallback:  // the event thread's (never for an entry)
+    case Disposal::kUnaffected:
       break;
   }
 }

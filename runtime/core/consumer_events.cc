@@ -15,10 +15,9 @@ void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t gener
     DeliverCm(join, slot);
     return;
   }
-  // seq_cst: Unregister's wait for the batch in progress (BatchInProgress) pairs with it.
-  const uint64_t state = slot.state.load(std::memory_order_seq_cst);
-  const RouteFacts facts{.kind = EntryKind::kEventPart, .live = StateLiveAs(state, generation)};
-  if (Route(RouteStage::kConsumer, facts) == Disposal::kDropEvent) {
+  bool tearing_down = false;
+  if (RouteAtConsumer(EntryKind::kEventPart, slot, generation, &tearing_down) ==
+      Disposal::kDropEvent) {
     delete join;  // unregistered after it was routed here (its last part)
     return;
   }
@@ -26,7 +25,7 @@ void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t gener
     slot.handler.load(std::memory_order_relaxed)->OnAsyncEvent(join->event);
     CountEvent();
   }
-  if (StateTearingDown(state) && join->teardown_epoch != 0 &&
+  if (tearing_down && join->teardown_epoch != 0 &&
       join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED &&
       join->teardown_epoch == slot.teardown_epoch.load(std::memory_order_relaxed)) {
     // Null once the teardown ends or its start failed; either waits for this batch before the

@@ -76,30 +76,32 @@ void HeldEvents::DropAll() noexcept {
 }
 
 bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint32_t index,
-                 const AsyncEvent& event, DeviceId device, bool stand_in) {
+                 const AsyncEvent& event, DeviceId device, bool stand_in,
+                 const uint32_t* generation) {
   const Slot& slot = slots.slot(index);
-  const uint64_t state = slot.state.load(std::memory_order_acquire);
-  if (!StateLive(state) || !slot.Holds(device, event.qp_num)) return false;
+  const QpEventTarget target = RouteQpEvent(slot, index, device, event.qp_num, generation);
+  switch (target.disposal) {
+    case Disposal::kDeliver:
+      break;
+    case Disposal::kToFallback:  // the caller hands it to the device's handler
+      return false;
+    case Disposal::kNoteMarker:  // never for an event (route_test)
+    case Disposal::kFenceTaken:
+    case Disposal::kOrphan:
+    case Disposal::kDropEvent:
+    case Disposal::kDropMarker:
+    case Disposal::kUnaffected:
+      return false;
+  }
   auto* join = new (std::nothrow) EventJoin;
   if (join == nullptr) return false;  // out of memory: the device handler gets it instead
   join->kind = stand_in ? EventJoin::Kind::kLastWqeStandIn : EventJoin::Kind::kAsync;
   join->event = event;
-  if (StateTearingDown(state))
+  if (target.tearing_down) {
     join->teardown_epoch = slot.teardown_epoch.load(std::memory_order_relaxed);
-  PostAlong(RouteOf(slot, index, state), join, pollers);
+  }
+  PostAlong(target.route, join, pollers);
   return true;
-}
-
-EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state) {
-  EventRoute route;
-  route.slot = index;
-  route.generation = StateGeneration(state);
-  route.consumer = StateConsumer(state);
-  route.send_shard = slot.send_shard.load(std::memory_order_relaxed);
-  route.recv_shard = slot.recv_shard.load(std::memory_order_relaxed);
-  route.send_cq = slot.send_cq.load(std::memory_order_relaxed);
-  route.recv_cq = slot.recv_cq.load(std::memory_order_relaxed);
-  return route;
 }
 
 void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Shard*>& pollers) {

@@ -25,6 +25,7 @@
 #include "cqd/types.h"
 #include "runtime/base/mutex.h"
 #include "runtime/core/registry.h"
+#include "runtime/core/route.h"
 
 namespace cqd::internal {
 
@@ -142,19 +143,6 @@ class HeldEvents {
   std::atomic<bool> any_{false};
 };
 
-// Where the parts of an event of one registration go: the registration as routed (its slot,
-// generation and consumer) and the shards and CQs of its send and receive queues.
-struct EventRoute {
-  uint32_t slot = 0;
-  uint32_t generation = 0;
-  uint32_t consumer = 0;
-  int send_shard = 0, recv_shard = 0;
-  uint32_t send_cq = 0, recv_cq = 0;
-};
-
-// Returns the route of `slot` as its `state` (loaded by the caller) names it.
-EventRoute RouteOf(const Slot& slot, uint32_t index, uint64_t state);
-
 // Posts `join` (parts unset) along `route`: one part per shard, each behind what that poller
 // takes off the route's CQs first (see shard/spills.h). The consumer delivers it if the
 // registration is still the routed one, and otherwise releases it (a CM event's gate hands it on to
@@ -164,10 +152,11 @@ void PostAlong(const EventRoute& route, EventJoin* join, const std::vector<Shard
 
 // Posts an async event (or, with `stand_in`, a teardown's stand-in for LAST_WQE_REACHED: the
 // consumer only notes it for the slot's teardown, see teardown.h) along the route of the live
-// registration of event.qp_num on `device` in `slot`; false if there is none, or memory ran out.
-// Any thread.
+// registration of event.qp_num on `device` in `slot` (of `generation`, if given), as RouteQpEvent
+// (route.h) decides; false if there is none, or memory ran out. Any thread.
 bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint32_t slot,
-                 const AsyncEvent& event, DeviceId device, bool stand_in);
+                 const AsyncEvent& event, DeviceId device, bool stand_in,
+                 const uint32_t* generation = nullptr);
 
 // Any thread: releases an event part without delivering it (its registration is gone). The last
 // part of a CM event goes to its gate, which hands it on to the channel's CmHandler with the rest

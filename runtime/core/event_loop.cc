@@ -348,12 +348,18 @@ void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event, b
   const uint32_t slots = slots_.allocated();
   for (uint32_t i = 0; i < slots; ++i) {
     const Slot& slot = slots_.slot(i);
-    if (!StateLive(slot.state.load(std::memory_order_acquire))) continue;
-    if (slot.device.load(std::memory_order_relaxed) != device->id) continue;
-    if (event.type == IBV_EVENT_CQ_ERR &&
-        slot.send_cq.load(std::memory_order_relaxed) != event.cq_id &&
-        slot.recv_cq.load(std::memory_order_relaxed) != event.cq_id) {
-      continue;
+    const bool fatal = event.type == IBV_EVENT_DEVICE_FATAL;
+    switch (RouteDeviceEvent(slot, device->id, fatal, event.cq_id)) {
+      case Disposal::kDeliver:
+        break;
+      case Disposal::kUnaffected:  // not on the device, not live, or not using the CQ
+      case Disposal::kNoteMarker:  // never for a device's event (route_test)
+      case Disposal::kFenceTaken:
+      case Disposal::kOrphan:
+      case Disposal::kDropEvent:
+      case Disposal::kDropMarker:
+      case Disposal::kToFallback:
+        continue;
     }
     AsyncEvent copy = event;
     copy.qp_num = slot.qp_num.load(std::memory_order_relaxed);

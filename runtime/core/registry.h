@@ -27,23 +27,13 @@ namespace cqd::internal {
 struct TeardownState;
 
 // state = generation << 32 | consumer << 2 | tearing_down << 1 | live. `tearing_down`: a TeardownQp
-// is under way; pollers then look for its marker completions (teardown.h).
+// is under way; pollers then look for its marker completions (teardown.h). Written by the control
+// path alone; read for routing only (route.h decodes it).
 inline constexpr uint64_t MakeState(uint32_t generation, uint32_t consumer, bool live,
                                     bool tearing_down = false) {
   return uint64_t{generation} << 32 | uint64_t{consumer & 0x3fffffff} << 2 |
          (tearing_down ? 2 : 0) | (live ? 1 : 0);
 }
-inline constexpr bool StateLive(uint64_t s) { return s & 1; }
-inline constexpr bool StateTearingDown(uint64_t s) { return s & 2; }
-inline constexpr uint32_t StateGeneration(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
-// Returns true if `s` is a live registration of `generation` (the one an item was routed to).
-inline constexpr bool StateLiveAs(uint64_t s, uint32_t generation) {
-  return StateLive(s) && StateGeneration(s) == generation;
-}
-inline constexpr uint32_t StateConsumer(uint64_t s) {
-  return static_cast<uint32_t>(s >> 2) & 0x3fffffff;
-}
-
 struct alignas(64) Slot {
   std::atomic<uint64_t> state{0};
   uint32_t index = 0;  // this slot's index in its SlotPool; set once, before it is published

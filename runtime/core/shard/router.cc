@@ -69,6 +69,8 @@ inline uint32_t Router::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
       break;
     case Disposal::kDropEvent:   // never at the poll (route_test): Route decides only for a
     case Disposal::kDropMarker:  // completion there
+    case Disposal::kToFallback:
+    case Disposal::kUnaffected:
       return kOrphan;
   }
   meta = {slot->index, StateGeneration(state), EntryKind::kCompletion, 1, poll_stamp_};

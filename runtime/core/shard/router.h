@@ -86,6 +86,8 @@ class Router {
       case Disposal::kFenceTaken:  // no fence was asked (the caller's CQ awaits no marker)
       case Disposal::kDropEvent:   // never at the poll (route_test)
       case Disposal::kDropMarker:
+      case Disposal::kToFallback:
+      case Disposal::kUnaffected:
         return RunRoute::kEachAlone;
     }
     return RunRoute::kEachAlone;

@@ -51,12 +51,7 @@ void Shard::DropUse(CqRecord* cq, uint32_t consumer) {
 void Shard::PurgeDead(uint32_t consumer) {
   RunSync([&] {
     auto route = [&](EntryKind kind, uint32_t slot, uint32_t generation) {
-      RouteFacts facts{.kind = kind};
-      if (kind != EntryKind::kListenerEvent) {  // a listener's event is nobody's registration's
-        const uint64_t state = slots_.slot(slot).state.load(std::memory_order_acquire);
-        facts.live = StateLiveAs(state, generation);
-      }
-      return Route(RouteStage::kConsumer, facts);
+      return RouteAtConsumer(kind, slots_.slot(slot), generation);
     };
     Lane& lane = spills_.lane(consumer);
     OrphanSink& orphans = router_.orphans();

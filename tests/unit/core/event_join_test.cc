@@ -4,7 +4,7 @@
 // its channel's count once, EventJoin::Finish), HeldEvents (CM events whose CmHandler's consumer
 // has closed: run in the order they came, one thread at a time, inside a callback scope, freed
 // after; a thread already delivering takes what is pushed meanwhile; dropped ones never run),
-// RouteOf, and PostQpEvent's refusal of a registration that is not the event's.
+// and PostQpEvent's refusal of a registration that is not the event's.
 #include "runtime/core/event_join.h"
 
 #include <algorithm>
@@ -194,26 +194,6 @@ TEST(HeldEvents, DroppedOnesNeverRunAndAreFreed) {
   EXPECT_EQ(handler.seen, std::vector<int>{4});
 }
 
-TEST(RouteOf, IsTheRegistrationAsItsStateNamesIt) {
-  SlotPool slots(8);
-  const int64_t index = slots.Allocate();
-  ASSERT_GE(index, 0);
-  Slot& slot = slots.slot(static_cast<uint32_t>(index));
-  slot.send_shard.store(1);
-  slot.recv_shard.store(3);
-  slot.send_cq.store(11);
-  slot.recv_cq.store(12);
-  const EventRoute route = RouteOf(slot, static_cast<uint32_t>(index),
-                                   MakeState(/*generation=*/9, /*consumer=*/5, true));
-  EXPECT_EQ(route.slot, static_cast<uint32_t>(index));
-  EXPECT_EQ(route.generation, 9u);
-  EXPECT_EQ(route.consumer, 5u);
-  EXPECT_EQ(route.send_shard, 1);
-  EXPECT_EQ(route.recv_shard, 3);
-  EXPECT_EQ(route.send_cq, 11u);
-  EXPECT_EQ(route.recv_cq, 12u);
-}
-
 // An event goes only to the live registration of its QP on its device: otherwise PostQpEvent
 // posts nothing (it posts to no poller here, which it would need to) and says so.
 TEST(PostQpEvent, RefusesARegistrationThatIsNotTheEvents) {
@@ -231,6 +211,10 @@ TEST(PostQpEvent, RefusesARegistrationThatIsNotTheEvents) {
   EXPECT_FALSE(PostQpEvent(slots, {}, index, event, /*device=*/3, false)) << "another device";
   event.qp_num = 0x124;
   EXPECT_FALSE(PostQpEvent(slots, {}, index, event, /*device=*/2, true)) << "another QP";
+  event.qp_num = 0x123;
+  const uint32_t other_generation = 2;
+  EXPECT_FALSE(PostQpEvent(slots, {}, index, event, 2, true, &other_generation))
+      << "another generation (a stand-in for an earlier registration)";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/core/route.h"  // the state word's decoding
 
 namespace cqd::internal {
 namespace {

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// Route (runtime/core/route.h): the one decision over what becomes of an entry. Three parts:
-//   - the table, case by case, each case named as the README and DESIGN name it;
+// Route (runtime/core/route.h): the one decision over what becomes of an entry or an event.
+// Four parts:
+//   - the table, case by case and stage by stage, each case named as the README and DESIGN name it;
 //   - the whole space of facts, walked, against the guarantees (no retired QP's completion
 //     reaches a handler, no marker reaches a handler or the OrphanHandler, nothing is run when
 //     no consumer is left);
 //   - polls through a real FenceList: a retired QP's leftovers before and after its markers,
-//     the markers in either order, another CQ, another qp_num.
+//     the markers in either order, another CQ, another qp_num;
+//   - the readers of a registration each stage gathers its facts with (RouteAtConsumer,
+//     RouteQpEvent, RouteDeviceEvent), over real slots.
 #include "runtime/core/route.h"
 
 #include <string>
@@ -115,6 +118,33 @@ const std::vector<Case>& Table() {
        Stage::kNoConsumer,
        {.kind = EntryKind::kListenerEvent},
        Disposal::kDropEvent},
+      // A QP's async event, on the event thread (a CM id's bind too).
+      {"QP event, live registration",
+       Stage::kQpEvent,
+       {.known = true, .live = true},
+       Disposal::kDeliver},
+      {"QP event, unregistered", Stage::kQpEvent, {.known = true}, Disposal::kToFallback},
+      {"QP event, number unknown on the device",
+       Stage::kQpEvent,
+       {.live = true},
+       Disposal::kToFallback},
+      // A device's event, fanned out registration by registration.
+      {"device event, live on the device, using the CQ",
+       Stage::kDeviceEvent,
+       {.known = true, .live = true, .uses_cq = true},
+       Disposal::kDeliver},
+      {"device event, another CQ",
+       Stage::kDeviceEvent,
+       {.known = true, .live = true},
+       Disposal::kUnaffected},
+      {"device event, another device",
+       Stage::kDeviceEvent,
+       {.live = true, .uses_cq = true},
+       Disposal::kUnaffected},
+      {"device event, a dead registration",
+       Stage::kDeviceEvent,
+       {.known = true, .uses_cq = true},
+       Disposal::kUnaffected},
   };
   return table;
 }
@@ -131,7 +161,8 @@ void ForEveryFact(F visit) {
   const EntryKind kinds[] = {EntryKind::kCompletion, EntryKind::kEventPart,
                              EntryKind::kTeardownMarker, EntryKind::kListenerEvent};
   const Taken fences[] = {Taken::kNotFenced, Taken::kMarker, Taken::kBehindMarker};
-  for (Stage stage : {Stage::kPoll, Stage::kConsumer, Stage::kNoConsumer}) {
+  for (Stage stage :
+       {Stage::kPoll, Stage::kConsumer, Stage::kNoConsumer, Stage::kQpEvent, Stage::kDeviceEvent}) {
     for (EntryKind kind : kinds) {
       for (Taken fence : fences) {
         for (int bits = 0; bits < 32; ++bits) {
@@ -167,8 +198,23 @@ TEST(RouteTest, TheGuaranteesHoldOverTheWholeSpaceOfFacts) {
       EXPECT_EQ(d == Disposal::kNoteMarker, Runs(d) && f.tearing_down && f.is_marker) << at;
       EXPECT_NE(d, Disposal::kDropEvent) << at;  // a poll takes completions only
       EXPECT_NE(d, Disposal::kDropMarker) << at;
+      EXPECT_NE(d, Disposal::kToFallback) << at;
+      EXPECT_NE(d, Disposal::kUnaffected) << at;
       return;
     }
+    if (stage == Stage::kQpEvent) {
+      // To the registration only if it is live and holds the number; else the device's handler.
+      EXPECT_EQ(d, f.known && f.live ? Disposal::kDeliver : Disposal::kToFallback) << at;
+      return;
+    }
+    if (stage == Stage::kDeviceEvent) {
+      // Only a live registration on the device that the event takes down gets its copy.
+      EXPECT_EQ(d, f.known && f.live && f.uses_cq ? Disposal::kDeliver : Disposal::kUnaffected)
+          << at;
+      return;
+    }
+    EXPECT_NE(d, Disposal::kToFallback) << at;  // an entry always has a consumer's disposal
+    EXPECT_NE(d, Disposal::kUnaffected) << at;
     // After the poll: only the kind and the registration's liveness count.
     RouteFacts bare{.kind = f.kind, .live = f.live};
     EXPECT_EQ(d, Route(stage, bare)) << at;
@@ -195,7 +241,7 @@ TEST(RouteTest, TheGuaranteesHoldOverTheWholeSpaceOfFacts) {
         break;
     }
   });
-  EXPECT_EQ(walked, 3 * 4 * 3 * 32);
+  EXPECT_EQ(walked, 5 * 4 * 3 * 32);
 }
 
 // Polls through a real FenceList, as Poller::Classify does: the CQ's fences first, then the
@@ -287,6 +333,75 @@ TEST_F(RouteThroughFencesTest, AnUnfencedSideKeepsTheNumberFromASuccessorUntilAC
   EXPECT_FALSE(fences.Holds(&cq, kQp));
   EXPECT_EQ(cq.leftover_commit.load(), 0u);
   EXPECT_EQ(Poll(cq, kQp, 2, successor), Disposal::kDeliver);
+}
+
+// The readers: each stage's one read of a registration, over real slots.
+class RouteReadersTest : public ::testing::Test {
+ protected:
+  RouteReadersTest() : index(static_cast<uint32_t>(slots.Allocate())), slot(slots.slot(index)) {
+    slot.qp_num.store(0x123);
+    slot.device.store(2);
+    slot.send_shard.store(1);
+    slot.recv_shard.store(3);
+    slot.send_cq.store(11);
+    slot.recv_cq.store(12);
+    slot.state.store(MakeState(/*generation=*/9, /*consumer=*/5, /*live=*/true));
+  }
+  SlotPool slots{8};
+  const uint32_t index;
+  Slot& slot;
+};
+
+TEST_F(RouteReadersTest, AQpEventGoesAlongTheRouteItsStateNames) {
+  const QpEventTarget target = RouteQpEvent(slot, index, 2, 0x123);
+  ASSERT_EQ(target.disposal, Disposal::kDeliver);
+  EXPECT_FALSE(target.tearing_down);
+  EXPECT_EQ(target.route.slot, index);
+  EXPECT_EQ(target.route.generation, 9u);
+  EXPECT_EQ(target.route.consumer, 5u);
+  EXPECT_EQ(target.route.send_shard, 1);
+  EXPECT_EQ(target.route.recv_shard, 3);
+  EXPECT_EQ(target.route.send_cq, 11u);
+  EXPECT_EQ(target.route.recv_cq, 12u);
+  slot.state.store(MakeState(9, 5, true, /*tearing_down=*/true));
+  EXPECT_TRUE(RouteQpEvent(slot, index, 2, 0x123).tearing_down);
+}
+
+TEST_F(RouteReadersTest, AQpEventNotOfTheLiveRegistrationGoesToTheFallback) {
+  EXPECT_EQ(RouteQpEvent(slot, index, 3, 0x123).disposal, Disposal::kToFallback) << "device";
+  EXPECT_EQ(RouteQpEvent(slot, index, 2, 0x124).disposal, Disposal::kToFallback) << "QP";
+  const uint32_t earlier = 8;
+  EXPECT_EQ(RouteQpEvent(slot, index, 2, 0x123, &earlier).disposal, Disposal::kToFallback);
+  const uint32_t bound = 9;
+  EXPECT_EQ(RouteQpEvent(slot, index, 2, 0x123, &bound).disposal, Disposal::kDeliver);
+  slot.state.store(MakeState(10, 5, /*live=*/false));
+  EXPECT_EQ(RouteQpEvent(slot, index, 2, 0x123).disposal, Disposal::kToFallback) << "dead";
+}
+
+TEST_F(RouteReadersTest, ADeviceEventTakesDownTheRegistrationsItNames) {
+  EXPECT_EQ(RouteDeviceEvent(slot, 2, /*fatal=*/true, 0), Disposal::kDeliver);
+  EXPECT_EQ(RouteDeviceEvent(slot, 2, false, 11), Disposal::kDeliver) << "its send CQ";
+  EXPECT_EQ(RouteDeviceEvent(slot, 2, false, 12), Disposal::kDeliver) << "its receive CQ";
+  EXPECT_EQ(RouteDeviceEvent(slot, 2, false, 13), Disposal::kUnaffected) << "another CQ";
+  EXPECT_EQ(RouteDeviceEvent(slot, 2, false, 0), Disposal::kUnaffected) << "an unknown CQ";
+  EXPECT_EQ(RouteDeviceEvent(slot, 3, true, 0), Disposal::kUnaffected) << "another device";
+  slot.state.store(MakeState(10, 5, /*live=*/false));
+  EXPECT_EQ(RouteDeviceEvent(slot, 2, true, 0), Disposal::kUnaffected) << "dead";
+}
+
+TEST_F(RouteReadersTest, AtTheConsumerTheEntrysGenerationMustStillBeLive) {
+  bool tearing_down = true;
+  EXPECT_EQ(RouteAtConsumer(EntryKind::kCompletion, slot, 9, &tearing_down), Disposal::kDeliver);
+  EXPECT_FALSE(tearing_down);
+  EXPECT_EQ(RouteAtConsumer(EntryKind::kCompletion, slot, 8), Disposal::kOrphan);
+  EXPECT_EQ(RouteAtConsumer(EntryKind::kEventPart, slot, 8), Disposal::kDropEvent);
+  EXPECT_EQ(RouteAtConsumer(EntryKind::kListenerEvent, slot, 8), Disposal::kDeliver);
+  slot.state.store(MakeState(9, 5, true, /*tearing_down=*/true));
+  EXPECT_EQ(RouteAtConsumer(EntryKind::kTeardownMarker, slot, 9, &tearing_down),
+            Disposal::kNoteMarker);
+  EXPECT_TRUE(tearing_down);
+  slot.state.store(MakeState(10, 5, /*live=*/false));
+  EXPECT_EQ(RouteAtConsumer(EntryKind::kTeardownMarker, slot, 9), Disposal::kDropMarker);
 }
 
 }  // namespace
