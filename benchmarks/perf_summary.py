@@ -19,6 +19,7 @@ side.
 import argparse
 import json
 import statistics
+import sys
 
 IMPLS = ["limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"]
 LATENCY_MODES = ["cqd_busy_poll", "cqd_event", "cqd_rtc_busy_poll", "cqd_rtc_event",
@@ -26,11 +27,17 @@ LATENCY_MODES = ["cqd_busy_poll", "cqd_event", "cqd_rtc_busy_poll", "cqd_rtc_eve
 
 
 def load(paths):
-    """[(path, run)] for the JSON files at `paths`."""
+    """[(path, run)] for the JSON files at `paths`; exits with a message (status 1) for a path
+    that cannot be read or is not a run's JSON."""
     runs = []
     for path in paths:
-        with open(path) as f:
-            runs.append((path, json.load(f)))
+        try:
+            with open(path) as f:
+                runs.append((path, json.load(f)))
+        except OSError as e:
+            sys.exit(f"{sys.argv[0]}: {path}: cannot be read ({e.strerror})")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            sys.exit(f"{sys.argv[0]}: {path}: not a run's JSON ({e})")
     return runs
 
 

@@ -377,11 +377,13 @@ void PrintFrame(const Flags& flags, const Snapshot& prev, const Snapshot& cur) {
   for (size_t i = 0; i < cur.pollers.size(); ++i) {
     const Snapshot::Poller& c = cur.pollers[i];
     const Snapshot::Poller p = i < prev.pollers.size() ? prev.pollers[i] : c;
-    rows.push_back({Num(i), std::to_string(c.cpu), Rate(c.completions, p.completions, dt),
-                    Rate(c.polls, p.polls, dt), Rate(c.empty_polls, p.empty_polls, dt),
-                    Rate(c.sleeps, p.sleeps, dt), Rate(c.arms, p.arms, dt),
-                    Rate(c.arm_failures, p.arm_failures, dt), Rate(c.stalls, p.stalls, dt),
-                    Rate(c.parks, p.parks, dt), Num(c.parked_cqs), Num(c.asleep)});
+    // "-": not pinned (Stats says -1).
+    rows.push_back({Num(i), c.cpu < 0 ? "-" : std::to_string(c.cpu),
+                    Rate(c.completions, p.completions, dt), Rate(c.polls, p.polls, dt),
+                    Rate(c.empty_polls, p.empty_polls, dt), Rate(c.sleeps, p.sleeps, dt),
+                    Rate(c.arms, p.arms, dt), Rate(c.arm_failures, p.arm_failures, dt),
+                    Rate(c.stalls, p.stalls, dt), Rate(c.parks, p.parks, dt), Num(c.parked_cqs),
+                    Num(c.asleep)});
   }
   PrintTable(rows);
   printf("\n");

@@ -255,8 +255,9 @@ int main(int argc, char** argv) {
          "arms", "sleeps");
   for (size_t i = 0; i < s.pollers.size(); ++i) {
     const auto& p = s.pollers[i];
-    printf("%-10zu %6d %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n", i,
-           p.cpu, p.polls, p.empty_polls, p.completions, p.arms, p.sleeps);
+    const std::string cpu = p.cpu < 0 ? "-" : std::to_string(p.cpu);  // "-": not pinned
+    printf("%-10zu %6s %12" PRIu64 " %12" PRIu64 " %12" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n", i,
+           cpu.c_str(), p.polls, p.empty_polls, p.completions, p.arms, p.sleeps);
   }
   printf("\n%-10s %6s %12s %12s %12s %10s\n", "cq", "shard", "completions", "events", "acked",
          "ack calls");

@@ -113,8 +113,8 @@ struct RuntimeOptions {
   /// Optional: where the runtime's log messages go. Unset, the environment decides: with
   /// CQD_LOG_LEVEL=debug, info, warning (or warn) or error, in any case, messages at that level or
   /// above go to stderr, or appended to the file CQD_LOG_FILE names, one line each
-  /// ("cqd: 2026-11-26T10:00:00.000001Z PID:TID info: ..."); unset or "off", the runtime prints
-  /// nothing. Called on
+  /// ("cqd: 2026-11-26T10:00:00.000001Z PID:TID info: ..."); CQD_LOG_FILE set and CQD_LOG_LEVEL
+  /// unset means warning; both unset, or the level "off", the runtime prints nothing. Called on
   /// control paths only, never from a poller's or consumer's data path: from the thread making a
   /// control call (a handler's included, so a consumer's or, run to completion, a poller's
   /// thread), the event thread, the teardown thread and the stats thread, possibly concurrently,

@@ -221,12 +221,13 @@ class Runtime {
   /// of an async event takes it from every other reader. OpenVerbsDevice opens a context of its
   /// own, so runtimes that each open a device by name never collide.
   Result<DeviceId> AddVerbsDevice(ibv_context* context, DeviceEventHandler* events = nullptr);
-  /// Opens the verbs device called `name` (e.g. "rxe0", "mlx5_0") and adds it; the runtime closes
-  /// it when destroyed. kNotFound lists the devices there are.
+  /// Opens the verbs device called `name` (such as "rxe0" or "mlx5_0") and adds it; the runtime
+  /// closes it when destroyed. kNotFound lists the devices there are.
   Result<DeviceId> OpenVerbsDevice(const std::string& name, DeviceEventHandler* events = nullptr);
   /// Returns the context of a verbs device, for the engine's PDs, MRs and QPs.
   Result<ibv_context*> VerbsContext(DeviceId device);
-  /// Returns the device added with `context` (e.g. an rdma_cm_id's `verbs`), or kNotFound.
+  /// Returns the device added with `context` (such as an rdma_cm_id's `verbs`), or kNotFound;
+  /// kInvalidArgument for a null `context`.
   Result<DeviceId> FindVerbsDevice(ibv_context* context);
   /// Adds a simulated device: one completion channel per shard is created on it and its async fd is
   /// watched. `events` (optional, must outlive the runtime) receives device-level async events.
@@ -292,7 +293,7 @@ class Runtime {
   /// before WatchCmChannel); events already read are still delivered. Afterwards the engine may
   /// read or destroy the channel. Shutdown gives every channel back; UnwatchCmChannel then still
   /// returns OK once. kNotFound if not watched (or given up after its fd failed:
-  /// Stats::failed_fds).
+  /// Stats::failed_fds); kInvalidArgument for a null `channel`.
   Status UnwatchCmChannel(rdma_event_channel* channel);
   /// RegisterQp(id->qp, ...) for a QP made with rdma_create_qp, and from now on the id's events
   /// on a watched channel go to `handler`. Register before rdma_connect or rdma_accept, so that
@@ -366,8 +367,11 @@ class Runtime {
   /// (at most poll_batch per CQ; a pass the budget cuts short resumes where it stopped) and
   /// routes them, then runs the shard's run-to-completion handlers inline, a few batches each.
   /// After Shutdown it runs those handlers on what they still hold, and then returns 0 for good.
-  /// Returns the work done (completions taken off CQs, plus events placed and entries handed over
-  /// or dispatched; 0: none), -EINVAL if `shard` is not an engine-driven shard of this runtime or
+  /// Returns > 0 if it did work, 0 if it found none (the value weighs the work, not a count of
+  /// completions: each completion taken off a CQ adds one, and placing events, handing a spill
+  /// over and each entry a hosted consumer dispatches from its queue add more, so a completion
+  /// polled and then dispatched by a separate step counts twice, one run by the fused poll
+  /// once), -EINVAL if `shard` is not an engine-driven shard of this runtime or
   /// `budget` < 1, -EBUSY from any cqd callback (a QpHandler, CmHandler, OrphanHandler,
   /// DeviceEventHandler, TeardownOptions::on_done or the log sink: InCallback()).
   int PollShard(int shard, int budget) noexcept;
@@ -407,9 +411,11 @@ class Runtime {
   Status Shutdown();
 
   /// Returns true when the calling thread is running a cqd callback of any runtime: a QpHandler
-  /// (any consumer kind), TeardownOptions::on_done, an OrphanHandler, a DeviceEventHandler, a
-  /// CmHandler or the RuntimeOptions::log sink. Layers that block (cqd/tbb.h) refuse their waits
-  /// there. Any thread; never blocks.
+  /// the runtime calls (any consumer kind), TeardownOptions::on_done, an OrphanHandler, a
+  /// DeviceEventHandler, a CmHandler or the RuntimeOptions::log sink. Layers that block
+  /// (cqd/tbb.h) refuse their waits there. A cqd/tbb.h StrandConsumer's user handler is not one:
+  /// a strand task calls it, outside the runtime's batch (false there; the strand's own waits are
+  /// refused in its tasks all the same). Any thread; never blocks.
   static bool InCallback() noexcept;
 
  private:

@@ -2,8 +2,8 @@
 /// \file
 /// cqd/stats_format.h: a Stats snapshot as JSON or as Prometheus text.
 ///
-/// Both are pure functions of their argument: any thread may call them, on any Stats (e.g. the
-/// result of Runtime::GetStats()). Strings (consumer names are the engine's) are escaped; bytes
+/// Both are pure functions of their argument: any thread may call them, on any Stats (for example
+/// the result of Runtime::GetStats()). Strings (consumer names are the engine's) are escaped; bytes
 /// that are not valid UTF-8 become U+FFFD, so the output is always valid UTF-8.
 ///
 /// JSON (one line, no trailing newline; every number an integer, -1 only for "cpu", "numa_node"

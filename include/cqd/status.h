@@ -4,7 +4,7 @@
 ///
 /// Every control-path call of cqd (creating a runtime, CQs, registrations) returns a `Status` or a
 /// `Result<T>` instead of throwing. A non-OK status always carries a message that names the bad
-/// input, e.g. "RegisterQp: qp_num 18 is already registered".
+/// input, for example "RegisterQp: qp_num 18 is already registered".
 ///
 /// Thread safety: these are plain values; copy them freely between threads.
 #ifndef CQD_STATUS_H_
@@ -24,13 +24,13 @@ enum class StatusCode {
   kOk = 0,              ///< success
   kInvalidArgument,     ///< the caller passed a value that can never work
   kNotFound,            ///< an id, CQ or QP the runtime does not know
-  kAlreadyExists,       ///< e.g. registering a qp_num twice
+  kAlreadyExists,       ///< for example registering a qp_num twice
   kFailedPrecondition,  ///< the wrong state or thread for the call (shut down, a wait refused)
   kResourceExhausted,   ///< a configured capacity is used up
   kUnavailable,         ///< the device failed (DEVICE_FATAL), or "not now, retry later"
                         ///< (RegisterQp on a number whose old completions are still held back)
   kInternal,            ///< a system or verbs call failed; the message carries errno
-  kDeadlineExceeded,    ///< a wait ran out of time (e.g. a QP teardown that did not drain)
+  kDeadlineExceeded,    ///< a wait ran out of time (for example a QP teardown that did not drain)
   kCancelled,           ///< the runtime shut down before the operation finished
 };
 

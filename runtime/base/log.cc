@@ -79,7 +79,10 @@ std::shared_ptr<FILE> LogStream() {
 
 std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
   const char* value = std::getenv("CQD_LOG_LEVEL");
-  const std::string wanted = Lower(value == nullptr ? "" : value);
+  std::string wanted = Lower(value == nullptr ? "" : value);
+  // A log file asked for without a level: warnings and errors go there (the file is the ask).
+  const char* file = std::getenv("CQD_LOG_FILE");
+  if (wanted.empty() && file != nullptr && *file != '\0') wanted = "warning";
   if (wanted.empty() || wanted == "off") return {};
   std::optional<LogLevel> least;
   for (LogLevel level : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
@@ -87,10 +90,11 @@ std::function<void(LogLevel, std::string_view)> EnvironmentLogSink() {
   }
   if (wanted == "warn") least = LogLevel::kWarning;  // UCX's and others' spelling
   if (!least) {
-    std::fprintf(stderr,
-                 "cqd: CQD_LOG_LEVEL=%s is not one of debug, info, warning, error, off: the log "
-                 "stays off\n",
-                 value);
+    std::fprintf(
+        stderr,
+        "cqd: CQD_LOG_LEVEL=%s is not one of debug, info, warning (warn), error, off: the log "
+        "stays off\n",
+        value);
     return {};
   }
   return [least = *least, out = LogStream()](LogLevel level, std::string_view message) {

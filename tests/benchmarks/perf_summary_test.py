@@ -121,6 +121,16 @@ def main():
     check(row and [c.strip() for c in row.groups()] == ["-", "111.0 (1)", "-"],
           f"fast cqd before/after: {row and row.groups()}")
 
+    # A run file that is not there, or not a run: a message and status 1, not a traceback.
+    bad = os.path.join(work, "bad.json")
+    with open(bad, "w") as f:
+        f.write("not json")
+    for path, words in ((os.path.join(work, "absent.json"), "cannot be read"),
+                        (bad, "not a run's JSON")):
+        done = subprocess.run([sys.executable, summary, path], capture_output=True, text=True)
+        check(done.returncode == 1, f"{path}: status {done.returncode}")
+        check(words in done.stderr and "Traceback" not in done.stderr, f"{path}: {done.stderr}")
+
     # The plots: one set per mode, their data the medians of the rows in that mode.
     if shutil.which("gnuplot"):
         out = os.path.join(work, "plots")

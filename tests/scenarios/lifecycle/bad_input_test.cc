@@ -244,6 +244,7 @@ TEST_F(BadCalls, ConnectionManagement) {
   EXPECT_EQ(rt_->FindVerbsDevice(nullptr).status().code(), StatusCode::kInvalidArgument);
   ibv_context not_added{};
   EXPECT_EQ(rt_->FindVerbsDevice(&not_added).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(rt_->UnwatchCmChannel(nullptr).code(), StatusCode::kInvalidArgument);
 
   CQD_ASSERT_OK(rt_->Shutdown());
   EXPECT_EQ(rt_->WatchCmChannel(&channel, handler, 0).code(), StatusCode::kFailedPrecondition);

@@ -129,7 +129,8 @@ TEST(LogSink, TheEnvironmentChoosesAStderrSink) {
   EXPECT_EQ(PrintedWithLogLevel("error"), "");
   // A value it does not know is said once, and the log stays off.
   EXPECT_EQ(PrintedWithLogLevel("loud"),
-            "cqd: CQD_LOG_LEVEL=loud is not one of debug, info, warning, error, off: the log "
+            "cqd: CQD_LOG_LEVEL=loud is not one of debug, info, warning (warn), error, off: the "
+            "log "
             "stays off\n");
   // The engine's sink wins over the environment.
   LogCollector engine;
@@ -228,6 +229,42 @@ TEST(LogSink, TheEnvironmentsSinkKeepsEachMessageOnOneLine) {
   }
   EXPECT_GT(lines, 0);
   EXPECT_TRUE(escaped) << "the device's name, escaped, in the line that says it was added";
+}
+
+// CQD_LOG_FILE without CQD_LOG_LEVEL: the file is made and takes warnings (it logged nothing,
+// and made no file, before); an info message stays out; CQD_LOG_LEVEL=off still silences it.
+TEST(LogSink, ALogFileAloneMeansWarnings) {
+  const std::string path = SocketPath("cqd_file_alone.log");
+  std::remove(path.c_str());
+  unsetenv("CQD_LOG_LEVEL");
+  setenv("CQD_LOG_FILE", path.c_str(), 1);
+  {
+    testing::OneQp bed;  // logs "device ... added" at info: not in the file
+    ASSERT_TRUE(bed.Build(RuntimeOptions{}).ok());
+    auto channel = bed.rt->SimChannelFor(bed.dev, 0);
+    ASSERT_TRUE(channel.ok());
+    ASSERT_TRUE(testing::WaitForPollersAsleep(*bed.rt));
+    bed.sim->FailGetEvent(*channel, EIO, 1 << 30);  // logged at warning: its fd leaves the loop
+    ASSERT_TRUE(InjectRecvs(bed.qp, 0, 1));
+    ASSERT_TRUE(WaitFor([&] { return bed.rt->GetStats().failed_fds == 1; }));
+  }
+  unsetenv("CQD_LOG_FILE");
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "the file CQD_LOG_FILE names is made";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find(" info: "), std::string::npos) << text;
+  EXPECT_NE(text.find(" warning: "), std::string::npos) << text;
+  // With the level "off" the file is not even made.
+  std::remove(path.c_str());
+  setenv("CQD_LOG_FILE", path.c_str(), 1);
+  setenv("CQD_LOG_LEVEL", "off", 1);
+  {
+    testing::OneQp bed;
+    ASSERT_TRUE(bed.Build(RuntimeOptions{}).ok());
+  }
+  unsetenv("CQD_LOG_LEVEL");
+  unsetenv("CQD_LOG_FILE");
+  EXPECT_FALSE(std::ifstream(path).good());
 }
 
 // Without a sink the library writes nothing to stdout or stderr, even when things go wrong.

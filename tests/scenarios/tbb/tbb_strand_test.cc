@@ -403,6 +403,7 @@ class RefusingHandler : public QpHandler {
  public:
   void OnCompletions(std::span<const ibv_wc>) noexcept override {
     if (called.exchange(true)) return;
+    in_callback = Runtime::InCallback();  // a strand task calls it, not the runtime's batch
     wait_status = teardown->Wait();
     stop_status = strands->Stop();
     default_wait = StrandTeardown().Wait();
@@ -412,6 +413,7 @@ class RefusingHandler : public QpHandler {
   StrandConsumer* strands = nullptr;
   std::atomic<bool> called{false};
   std::atomic<bool> done{false};
+  bool in_callback = true;
   Status wait_status, stop_status, default_wait;
 };
 
@@ -441,6 +443,7 @@ TEST(StrandConsumer, WaitsFromStrandTasksAreRefused) {
       << handler.wait_status.ToString();
   EXPECT_EQ(handler.stop_status.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(handler.default_wait.code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(handler.in_callback) << "runtime.h: a strand's user handler is not InCallback()";
   EXPECT_FALSE(pending.done());
   blocked_latch.Open();
   CQD_ASSERT_OK(pending.Wait());  // on this thread it waits, and then the result stays
