@@ -200,9 +200,11 @@ class Runtime {
  public:
   /// Returns a started runtime; kInvalidArgument naming the bad option, kAlreadyExists when
   /// RuntimeOptions::stats_tcp's address is taken, kResourceExhausted when memory or a thread
-  /// could not be had, kInternal (with errno) when a system call such as eventfd failed. Any
-  /// thread may call it, inside a cqd callback too: a runtime that failed to start ran no
-  /// callback, and is stopped there before the status returns.
+  /// could not be had (at once, before anything is reserved, when the consumers' queues, about
+  /// pollers x (queue_capacity + spill_capacity) x 64 bytes of address space each, could never
+  /// fit the process's address space), kInternal (with errno) when a system call such as eventfd
+  /// failed. Any thread may call it, inside a cqd callback too: a runtime that failed to start ran
+  /// no callback, and is stopped there before the status returns.
   static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
   /// Shuts down (see Shutdown) and destroys the CQs and channels the runtime created. Not from
   /// inside a cqd callback of any runtime (InCallback(): a handler, Drain's or PollShard's, an

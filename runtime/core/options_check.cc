@@ -2,11 +2,13 @@
 #include "runtime/core/options_check.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
+#include "runtime/core/lane.h"
 #include "runtime/observe/stats_server.h"
 
 namespace cqd::internal {
@@ -44,6 +46,38 @@ Status CheckWait(const char* what, std::chrono::microseconds wait) {
                            Str(kMax.count()) + " (one day)");
   }
   return Status::Ok();
+}
+
+// The address space a process may map: RLIMIT_AS if set, else the 47 bits of x86-64's (and
+// arm64's usual) user space.
+uint64_t AddressSpace() {
+  constexpr uint64_t kUserSpace = uint64_t{1} << 47;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    return std::min<uint64_t>(limit.rlim_cur, kUserSpace);
+  }
+  return kUserSpace;
+}
+
+// The consumers' lanes are reserved at once (lane.h: address space; pages come as they are
+// used): a runtime whose lanes cannot fit is refused before anything is reserved, rather than
+// after reserving until memory runs out.
+Status CheckLaneSpace(const RuntimeOptions& o) {
+  constexpr uint64_t kEntry = sizeof(ibv_wc) + sizeof(EntryMeta);
+  long double bytes = 0;  // up to 256 * 1024 * 2^26 entries: wider than is safe in 64 bits
+  for (const ConsumerOptions& c : o.consumers) {
+    bytes += static_cast<long double>(o.pollers) *
+             (static_cast<long double>(c.queue_capacity) + c.spill_capacity) * kEntry;
+  }
+  const uint64_t space = AddressSpace();
+  if (bytes <= static_cast<long double>(space)) return Status::Ok();
+  char need[32];
+  snprintf(need, sizeof(need), "%.3Lg", bytes);
+  return ResourceExhausted("the consumers' lanes would take " + std::string(need) +
+                           " bytes of address space (pollers x the sum over consumers of "
+                           "(queue_capacity + spill_capacity) x " +
+                           Str(kEntry) + " bytes), more than the process has (" + Str(space) +
+                           " bytes); lower pollers, consumers or their capacities");
 }
 
 }  // namespace
@@ -139,7 +173,7 @@ Status CheckOptions(const RuntimeOptions& o) {
   if (!o.stats_socket.empty()) {
     if (Status s = StatsServer::CheckPath(o.stats_socket); !s.ok()) return s;
   }
-  return Status::Ok();
+  return CheckLaneSpace(o);
 }
 
 }  // namespace cqd::internal

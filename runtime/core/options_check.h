@@ -10,7 +10,8 @@
 
 namespace cqd::internal {
 
-// Returns OK, or kInvalidArgument naming the first bad option.
+// Returns OK, kInvalidArgument naming the first bad option, or (every option within its bounds)
+// kResourceExhausted if the consumers' lanes could not fit in the process's address space.
 Status CheckOptions(const RuntimeOptions& options);
 
 }  // namespace cqd::internal

@@ -2,7 +2,8 @@
 // runtime/core/options_check.h: CheckOptions takes every RuntimeOptions within its documented
 // bounds, the bounds themselves included, and refuses each option past them with
 // kInvalidArgument naming that option (and the entry, in a list) and the value it was given;
-// of several bad options it names the first it checks. CPUs are checked against the process's
+// of several bad options it names the first it checks. Lanes that could not fit the address
+// space are refused with kResourceExhausted. CPUs are checked against the process's
 // affinity, except where options.h says an entry is ignored.
 #include "runtime/core/options_check.h"
 
@@ -64,6 +65,24 @@ TEST(CheckOptions, TheDefaultsAndEveryBoundPass) {
   const Status s = CheckOptions(o);
   EXPECT_TRUE(s.ok()) << s.ToString();
   o.stats_socket_mode = 0200;  // the owner may connect: enough
+  EXPECT_TRUE(CheckOptions(o).ok());
+}
+
+// Every capacity at its bound on every consumer: each option is within its bounds, but the lanes
+// (256 x 1024 of them, 2^26 + 2^20 entries each) could never be reserved. Refused before
+// anything is reserved (it used to reserve until memory ran out: minutes on a small machine).
+TEST(CheckOptions, LanesThatCannotFitTheAddressSpaceAreRefusedAtOnce) {
+  RuntimeOptions o;
+  o.pollers = 256;
+  o.consumers.assign(1024, ConsumerOptions{});
+  for (ConsumerOptions& c : o.consumers) {
+    c.queue_capacity = 1u << 26;
+    c.spill_capacity = 1u << 20;
+  }
+  const Status s = CheckOptions(o);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("address space"), std::string::npos) << s.message();
+  o.consumers.resize(8);  // about 9 TiB of address space: fits
   EXPECT_TRUE(CheckOptions(o).ok());
 }
 
