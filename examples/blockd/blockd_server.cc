@@ -75,7 +75,10 @@ class Conn : public QpHandler {
   // Main thread: an established connection idle for `keepalive` gets a probe, and ends if the
   // probe stays unanswered (keepalive.h): a peer whose host died without a word is let go
   // within a few periods, whatever its QP's retry count.
-  void Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive);
+  // `stats`: the runtime's, read once for this round of ticks (a keepalive judges only once the
+  // connection's consumer has caught up: keepalive.h).
+  void Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive,
+            const Stats& stats);
 
  private:
   void OnRequest(int slot) noexcept;  // blockd
@@ -101,7 +104,8 @@ class Conn : public QpHandler {
   // Set by the consumer thread, read by the main thread's Tick.
   std::atomic<bool> established_{false};
   Keepalive keepalive_;
-  std::mutex mu_;  // guards the fields below (main thread vs. consumer)
+  ConsumerId consumer_ = 0;  // the consumer its handlers run on (Setup)
+  std::mutex mu_;            // guards the fields below (main thread vs. consumer)
   bool ending_ = false;
   bool unregistered_ = false;
   Teardown teardown_;
@@ -140,7 +144,8 @@ bool Conn::Setup(uint64_t n) {
   for (int i = 0; i < kSlots; ++i) {
     if (!PostRecv(i)) return false;
   }
-  auto registration = e.runtime->RegisterQp(id_, *this, n % server_.consumers);
+  consumer_ = static_cast<ConsumerId>(n % server_.consumers);
+  auto registration = e.runtime->RegisterQp(id_, *this, consumer_);
   if (!registration.ok()) {
     fprintf(stderr, "blockd_server: %s\n", registration.status().ToString().c_str());
     return false;
@@ -339,9 +344,10 @@ void Conn::OnCmEvent(const CmEvent& event) noexcept {
   }
 }
 
-void Conn::Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive) {
+void Conn::Tick(std::chrono::steady_clock::time_point now, std::chrono::milliseconds keepalive,
+                const Stats& stats) {
   if (!established_.load(std::memory_order_acquire)) return;
-  const Keepalive::Due due = keepalive_.Check(now, keepalive);
+  const Keepalive::Due due = keepalive_.Check(now, keepalive, CaughtUp(stats, consumer_));
   if (due == Keepalive::Due::kGiveUp) {
     char reason[64];
     snprintf(reason, sizeof(reason), "keepalive unanswered for %lld ms",
@@ -464,8 +470,9 @@ int Server::Run() {
       fflush(stdout);
       for (auto& conn : conns_) conn->End(nullptr);
     }
+    const Stats stats = conns_.empty() ? Stats{} : engine.runtime->GetStats();
     for (auto it = conns_.begin(); it != conns_.end();) {
-      (*it)->Tick(now, keepalive);
+      (*it)->Tick(now, keepalive, stats);
       if ((*it)->Reapable()) {
         (*it)->Destroy();
         it = conns_.erase(it);

@@ -302,6 +302,12 @@ bool PostRecv(ibv_qp* qp, const Region& region, const char* addr, uint32_t bytes
   return ibv_post_recv(qp, &wr, &bad) == 0;
 }
 
+bool CaughtUp(const Stats& stats, ConsumerId consumer) {
+  if (consumer >= stats.consumers.size()) return true;
+  const ConsumerStats& c = stats.consumers[consumer];
+  return c.queue_depth == 0 && c.spill_depth == 0;
+}
+
 bool PostKeepalive(ibv_qp* qp, uint64_t wr_id) {
   ibv_send_wr wr{};
   wr.wr_id = wr_id;

@@ -155,6 +155,10 @@ class SetupRouter : public CmHandler {
 // IBV_WC_RETRY_EXC_ERR when the peer is gone, so an idle connection to a dead host is noticed.
 bool PostKeepalive(ibv_qp* qp, uint64_t wr_id);
 
+// Returns true if `consumer` held nothing undelivered in `stats` (ConsumerStats::queue_depth and
+// spill_depth 0): whatever answer its handlers await had been heard, if it came (keepalive.h).
+bool CaughtUp(const Stats& stats, ConsumerId consumer);
+
 }  // namespace cqd::examples
 
 #endif  // CQD_EXAMPLES_COMMON_CM_UTIL_H_

@@ -8,8 +8,10 @@
 // inherits it, and rxe never counts it down. So the server does not wait for the transport to
 // give up: a probe left unanswered for kMissedPeriods periods, with no other completion of the
 // connection in that time, ends the connection. The answer is the probe's completion reaching
-// the connection's handler, so a consumer backlogged for that long counts against the peer too:
-// --keepalive-ms sizes the patience (four periods) for both.
+// the connection's handler, which a backlogged consumer delays: so the verdict waits until the
+// connection's consumer has caught up (nothing queued or spilled for it: the caller reads
+// ConsumerStats), and judges the peer, not the engine's own queue. A consumer that never
+// catches up delays the verdict on a dead peer for as long.
 //
 // Threading: Heard runs on the connection's handler thread, Check and Probed on the thread that
 // ticks the connections; the fields are relaxed atomics (each a moment, read on its own).
@@ -33,11 +35,13 @@ class Keepalive {
     kProbe,    // idle for a period: post a probe, then call Probed
     kGiveUp,   // a probe went unanswered for kMissedPeriods periods: end the connection
   };
-  // Returns what the connection needs now.
-  Due Check(Clock::time_point now, std::chrono::milliseconds period) const noexcept {
+  // Returns what the connection needs now. `caught_up`: the connection's consumer holds nothing
+  // undelivered (ConsumerStats::queue_depth and spill_depth 0), so an answer that came is heard.
+  Due Check(Clock::time_point now, std::chrono::milliseconds period,
+            bool caught_up = true) const noexcept {
     const int64_t out = probe_since_.load(std::memory_order_relaxed);
     if (out != 0) {
-      return Since(now, out) >= kMissedPeriods * period ? Due::kGiveUp : Due::kNothing;
+      return Since(now, out) >= kMissedPeriods * period && caught_up ? Due::kGiveUp : Due::kNothing;
     }
     return Since(now, heard_.load(std::memory_order_relaxed)) >= period ? Due::kProbe
                                                                         : Due::kNothing;
@@ -61,8 +65,9 @@ class Keepalive {
   // a probe with `post()` (true if the post succeeded) when one is due. Returns the reason the
   // connection must end ("keepalive unanswered for N ms"), or an empty string.
   template <typename Post>
-  std::string Tick(Clock::time_point now, std::chrono::milliseconds period, Post&& post) {
-    const Due due = Check(now, period);
+  std::string Tick(Clock::time_point now, std::chrono::milliseconds period, Post&& post,
+                   bool caught_up = true) {
+    const Due due = Check(now, period, caught_up);
     if (due == Due::kProbe) Probed(now, post());
     if (due != Due::kGiveUp) return {};
     return "keepalive unanswered for " + std::to_string(WaitedMs(now)) + " ms";

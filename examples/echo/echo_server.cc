@@ -72,7 +72,8 @@ class Conn : public QpHandler {
   // released around the control calls); nullptr on the consumer's thread or without --owned.
   void End(const char* failure, std::unique_lock<std::mutex>* held = nullptr) noexcept;
   // Called by the main loop every few milliseconds (holding `held` as End).
-  void Tick(Clock::time_point now, std::unique_lock<std::mutex>* held) noexcept;
+  // `caught_up`: the consumer holds nothing undelivered (CaughtUp), so a keepalive may judge.
+  void Tick(Clock::time_point now, bool caught_up, std::unique_lock<std::mutex>* held) noexcept;
   bool reapable() const { return ending_ && (unregistered_ || teardown_.done()); }
   void Reap(Totals& totals);
 
@@ -186,14 +187,15 @@ void Conn::End(const char* failure, std::unique_lock<std::mutex>* held) noexcept
   }
 }
 
-void Conn::Tick(Clock::time_point now, std::unique_lock<std::mutex>* held) noexcept {
+void Conn::Tick(Clock::time_point now, bool caught_up,
+                std::unique_lock<std::mutex>* held) noexcept {
   if (ending_) return;
   if (!established_) {
     if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s", held);
     return;
   }
-  const std::string reason =
-      keepalive_.Tick(now, server_.keepalive, [&] { return EchoSlots::PostKeepalive(id_->qp); });
+  const std::string reason = keepalive_.Tick(
+      now, server_.keepalive, [&] { return EchoSlots::PostKeepalive(id_->qp); }, caught_up);
   if (!reason.empty()) End(reason.c_str(), held);
 }
 
@@ -284,8 +286,9 @@ int Server::Run() {
     auto lock = LockIfOwned();  // End may let go of it: conns_ is this thread's alone
     std::unique_lock<std::mutex>* held = owned_ ? &lock : nullptr;
     conns_.splice(conns_.end(), accepted_);
+    const bool caught_up = CaughtUp(rt.GetStats(), 0);
     for (auto it = conns_.begin(); it != conns_.end();) {
-      (*it)->Tick(now, held);
+      (*it)->Tick(now, caught_up, held);
       if ((*it)->reapable()) {
         (*it)->Reap(totals);
         it = conns_.erase(it);

@@ -165,7 +165,9 @@ class Conn : public QpHandler {
   // Starts the drained teardown once; a `failure` (nullptr for a clean end) is counted and shown.
   void End(const char* failure) noexcept;
   // The reactor's tick (its thread, outside PollShard).
-  void Tick(Clock::time_point now) noexcept;
+  // `caught_up`: the reactor's consumer holds nothing undelivered (CaughtUp): a keepalive may
+  // judge.
+  void Tick(Clock::time_point now, bool caught_up) noexcept;
   bool ending() const { return ending_; }
   bool reapable() const { return ending_ && (unregistered_ || teardown_.done()); }
   // Destroys the QP and the id of an ended connection.
@@ -331,14 +333,15 @@ void Conn::End(const char* failure) noexcept {
   }
 }
 
-void Conn::Tick(Clock::time_point now) noexcept {
+void Conn::Tick(Clock::time_point now, bool caught_up) noexcept {
   if (ending_) return;
   if (!established_) {
     if (now - born_ > std::chrono::seconds(15)) End("not established within 15 s");
     return;
   }
-  const std::string reason = keepalive_.Tick(now, reactor_.server().keepalive,
-                                             [&] { return EchoSlots::PostKeepalive(id_->qp); });
+  const std::string reason = keepalive_.Tick(
+      now, reactor_.server().keepalive, [&] { return EchoSlots::PostKeepalive(id_->qp); },
+      caught_up);
   if (!reason.empty()) End(reason.c_str());
 }
 
@@ -590,7 +593,11 @@ void Reactor::Tick(Clock::time_point now) {
   if (read(timer_fd_, &expirations, sizeof(expirations)) < 0 && errno != EAGAIN) {
     perror("timerfd read");
   }
-  for (auto& conn : conns_) conn->Tick(now);
+  if (!conns_.empty()) {
+    const bool caught_up =
+        CaughtUp(server_.engine.runtime->GetStats(), static_cast<ConsumerId>(index_));
+    for (auto& conn : conns_) conn->Tick(now, caught_up);
+  }
   Reap();
   if (index_ == 0) server_.Coordinate(now);
 }

@@ -34,9 +34,11 @@
 //
 // Gathering the facts: a registration's state word (Slot::state, registry.h) is read for routing
 // here and in the shard's Router (shard/router.h) only, once per decision, with the memory order
-// named at that one site: acquire at the poll and on the event thread (the slot's other fields
-// are published by it), seq_cst at the consumer (see RouteAtConsumer). The control path keeps
-// its own copy of what it published (Slot::control).
+// named at that one site: acquire where no handler of a batch may be running on the caller's
+// thread (the poll's general and in-lane paths, async events: the slot's other fields are
+// published by the word), seq_cst where one may be or a wait for one pairs with it (the consumer,
+// RouteAtConsumer, which CM bindings use too; the fused poll). The control path keeps its own
+// copy of what it published (Slot::control).
 //
 // Threading: Route is a pure function of its arguments; any thread may call it, and the readers
 // below too (a slot is never freed, registry.h). The fences' verdict is the poller's (fences.h).
