@@ -2,8 +2,9 @@
 /// \file
 /// cqd/stats.h: a snapshot of the runtime's counters, from Runtime::GetStats().
 ///
-/// Each counter is written by the one thread that owns it and read with relaxed loads, so a
-/// snapshot is consistent per counter, not across counters.
+/// Each counter is written by the thread that owns it or by atomic read-modify-writes from any
+/// thread (orphans, a consumer's high water), so each is consistent on its own; no snapshot is
+/// atomic across counters.
 #ifndef CQD_STATS_H_
 #define CQD_STATS_H_
 

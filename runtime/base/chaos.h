@@ -10,10 +10,11 @@
 // fails can be replayed with the same schedule of pauses (not the same interleaving: the kernel
 // still schedules). In every other build ChaosPoint() is an empty inline function.
 //
-// Call sites: the hand-over of a lane's range to a consumer and its release, Retire between the
-// fences and the registration's death, the fences' marker and catch-up, parking and the sleep
-// protocol, the engine-driven shard's driver word, and the teardown thread between deciding and
-// retiring. Any thread may call it; it takes no lock.
+// Call sites: the hand-over of a lane's range to a consumer and its release, Retire around the
+// registration's death and Unregister before its batch wait, the fences' catch-up
+// (CqSet::CatchUpFences), parking, the sleep protocol (the parker, the shard's sleep and the
+// stages' asks for room), the engine-driven shard's driver word, TeardownWorker::Note, and the
+// teardown thread between deciding and retiring. Any thread may call it; it takes no lock.
 #ifndef CQD_RUNTIME_BASE_CHAOS_H_
 #define CQD_RUNTIME_BASE_CHAOS_H_
 

@@ -2,9 +2,10 @@
 // runtime/base/log.h: the runtime's side of RuntimeOptions::log.
 //
 // Only control paths log: the thread making a control call, the event thread, the teardown
-// thread and the stats thread; never a poller or a consumer. Messages are built only when a
-// sink is set (check enabled() before formatting anything costly). The sink is the engine's: a
-// throw from it is swallowed so that it cannot take a runtime thread down.
+// thread and the stats thread; never from a shard's or consumer's data path (a handler's control
+// call logs on its thread: a consumer's, or the hosting shard's for run to completion). Messages
+// are built only when a sink is set (check enabled() before formatting anything costly). The sink
+// is the engine's: a throw from it is swallowed so that it cannot take a runtime thread down.
 #ifndef CQD_RUNTIME_BASE_LOG_H_
 #define CQD_RUNTIME_BASE_LOG_H_
 

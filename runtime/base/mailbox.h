@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // runtime/base/mailbox.h: lets control-path threads run a function on a runtime thread and wait.
 //
-// The owner (a poller or the event thread) checks pending() once per loop, one seq_cst load (it
+// The owner (a shard or the event thread) checks pending() once per loop, one seq_cst load (it
 // pairs with the poster's seq_cst store and the owner's own sleep protocol), and calls
 // RunPosted(). Once the owner has stopped (Close), RunSync runs the function inline on the
 // caller, which is then the only thread touching the owner's state, marked as a runtime thread

@@ -5,11 +5,11 @@
 // refused, because they hold the runtime mutex while they wait for those threads.
 //
 // A poller running run-to-completion handlers is the exception: there, control calls are made
-// on the poller's own thread, between two of its passes. Its "wait duty" is then set: any wait
-// on this thread (for the runtime mutex, another runtime thread, or a batch in progress) keeps
-// running what other threads posted to this poller's mailbox, so that a control call on another
-// thread, which may hold the mutex and wait for this poller, still finishes. A call that would
-// post to this very poller runs inline instead.
+// on the poller's own thread, inside a pass (the hosted stage, or a fused poll). Its "wait duty"
+// is then set: any wait on this thread (for the runtime mutex, another runtime thread, or a batch
+// in progress) keeps running what other threads posted to this shard's mailbox, so that a control
+// call on another thread, which may hold the mutex and wait for this poller, still finishes. A
+// call that would post to this very shard runs inline instead.
 #ifndef CQD_RUNTIME_BASE_THREAD_ROLE_H_
 #define CQD_RUNTIME_BASE_THREAD_ROLE_H_
 

@@ -6,9 +6,9 @@
 // Read copies each event into an EventJoin (CmEvent), acks it at once (so the engine's
 // rdma_destroy_id never waits for the runtime), and routes it:
 //   - the id is bound (RegisterQp(rdma_cm_id*)) and its registration is live: to that QP's
-//     consumer through the pollers of its CQs, like an async event (so it arrives after every
+//     consumer through the shards of its CQs, like an async event (so it arrives after every
 //     completion that was in those CQs when it was read, and after the id's earlier events);
-//   - otherwise: to the channel's CmHandler on its consumer, through poller 0 (no catch-up).
+//   - otherwise: to the channel's CmHandler on its consumer, through shard 0 (no catch-up).
 //
 // One rule for handing on (CmBinding): an id's events leave in the order they were read,
 // whatever ends their registration. The binding lists the events routed to it that have not
@@ -17,7 +17,7 @@
 // at the first of: Unregister or a teardown's end (Retire calls Ended), a consumer or a purge
 // finding the registration gone, the event thread finding it gone. Ending hands on every event
 // still listed, in read order, at once: wherever their parts wait (a stalled consumer's queue, a
-// poller's spill), those parts no longer carry them, so a consumer that never drains again holds
+// shard's spill), those parts no longer carry them, so a consumer that never drains again holds
 // no connection event of a QP it no longer serves. Only a delivery to the QP's handler under way
 // holds the hand-on back until that handler returns. An ended binding routes nothing: its id's
 // later events go to the CmHandler behind those handed on, and a new id at the same address is
@@ -42,7 +42,7 @@
 // EventLoop::RunSync), except Ended and held(), which any thread may call. CmWatch records live
 // as long as the runtime, because joins in flight point at them; their fields are fixed once
 // made except `unfinished`. A CmBinding's list and flags are guarded by its lock, which is held
-// only to post (never to run a handler): lock order is binding, then a poller's inbox, then a
+// only to post (never to run a handler): lock order is binding, then a shard's inbox, then a
 // consumer's close lock, then HeldEvents.
 #ifndef CQD_RUNTIME_CORE_CM_ROUTER_H_
 #define CQD_RUNTIME_CORE_CM_ROUTER_H_

@@ -2,24 +2,24 @@
 // runtime/core/consumer.h: a consumer's queue and lanes, and the dispatch of their entries to
 // handlers.
 //
-// Producers are the shards' drivers, and, once a shard has stopped, the event thread (an event
-// posted after Stop is pushed as an Item, EventInbox::Post). Each shard writes completions and
-// async-event parts into its own lane of this consumer (lane.h) and hands them over by
-// publishing the lane's position: the
-// consumer reads each lane's published position itself, so nothing but that store and the depth
-// reservation crosses cores per hand-over. One lane's FIFO order puts an event behind every
-// completion that poller took off the QP's CQ before it. The few entries that travel alone
-// (Items: Shutdown's hand-over, events posted after a poller stopped, the routing guard) go
+// Producers are the shards' drivers, and, once a shard has stopped, any thread that posts an event
+// to it (the event thread, the teardown worker, a CM hand-on: the event is pushed as an Item under
+// the inbox's mutex, EventInbox::Post). Each shard writes completions and async-event parts into
+// its own lane of this consumer (lane.h) and hands them over by publishing the lane's position:
+// the consumer reads each lane's published position itself, so nothing but that store and the
+// depth reservation crosses cores per hand-over. One lane's FIFO order puts an event behind every
+// completion that shard took off the QP's CQ before it. The few entries that travel alone
+// (Items: Shutdown's hand-over, events posted after a shard stopped, the routing guard) go
 // through a moodycamel queue, each naming the lane position it must follow. Depth counts the
 // entries handed over and not yet dispatched: it is reserved before the hand-over (ReserveUpTo)
 // and released after the entries' handlers have returned, so `depth` never undercounts and never
-// exceeds `queue_capacity` (Shutdown's final hand-over excepted): a full consumer makes pollers
-// keep entries in their lanes' spills, never drop them. A run-to-completion consumer's own poller
+// exceeds `queue_capacity` (Shutdown's final hand-over excepted): a full consumer makes shards
+// keep entries in their lanes' spills, never drop them. A run-to-completion consumer's own shard
 // skips the hand-over while nothing is handed over: it dispatches straight from the spill of its
 // lane (DispatchLane), and hands over only what the spill cannot hold. What it handed over is
 // older than what its spill holds, so that goes first and each QP's order stays. With nothing
 // handed over or spilled, the poller may run a poll's handlers as it routes them (the fused
-// pass, shard/fused_poll.cc), in a batch of its own (OpenFusedBatch).
+// poll, shard/fused_poll.cc), in a batch of its own (OpenFusedBatch).
 //
 // Dispatch(), DispatchLane() and the fused batch run on the consumer's thread only (the owned
 // thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread). Before
@@ -71,7 +71,7 @@ using ItemQueue = moodycamel::ConcurrentQueue<Item, ItemQueueTraits>;
 
 class Consumer {
  public:
-  // `pollers`: how many pollers produce (one lane and one producer token each).
+  // `pollers`: how many shards produce (one lane and one producer token each).
   Consumer(uint32_t index, const ConsumerOptions& options, const SlotPool& slots,
            OrphanSink& orphans, int pollers);
   ~Consumer();
@@ -84,10 +84,10 @@ class Consumer {
   // kRunToCompletion, before any Push: producers wake `poller` (the parker of the poller whose
   // thread dispatches this consumer) instead of this consumer's own.
   void RunOnPoller(Parker* poller) { waker_ = poller; }
-  // Before any Push: the parker of poller `index`, which waits for room in its lane (back-pressure:
-  // a batch that frees room wakes the pollers whose lanes ask for it, Lane::wants_room).
+  // Before any Push: the parker of shard `index`, which waits for room in its lane (back-pressure:
+  // a batch that frees room wakes the shards whose lanes ask for it, Lane::wants_room).
   void SetProducerParker(int index, Parker* parker) { producer_parkers_[index] = parker; }
-  // After a batch freed room: wakes the pollers whose lanes asked for room.
+  // After a batch freed room: wakes the shards whose lanes asked for room.
   void WakeWaitingProducers() noexcept;
   // The dispatching thread, when it stops for good: closes the consumer (PushIfOpen refuses from
   // then on) and returns true if nothing is queued; else returns false (dispatch, then retry).
@@ -144,7 +144,7 @@ class Consumer {
   // to run once it is over, and returns true; elsewhere returns false.
   static bool DeferHeldEvents(HeldEvents* held) noexcept;
 
-  // Poller `poller`'s lane into this consumer.
+  // Shard `poller`'s lane into this consumer.
   Lane& lane(int poller) noexcept { return *lanes_[poller]; }
 
   // Producers. ReserveUpTo reserves room for at most `n` entries and returns how many (0 when
@@ -181,8 +181,9 @@ class Consumer {
   // Async and CM events handed to QP handlers and CmHandlers.
   uint64_t async_delivered() const { return async_delivered_.load(std::memory_order_relaxed); }
   uint64_t depth() const { return depth_.load(std::memory_order_relaxed); }
-  // Returns true if entries are queued, reserved or being dispatched (seq_cst: a sleeper's
-  // re-check, parker.h).
+  // Returns true if entries are queued, reserved or being dispatched by Dispatch (seq_cst: a
+  // sleeper's re-check, parker.h). The hosted direct path (DispatchLane, from the spill, and a
+  // fused batch) never counts its entries in depth_: Pending() is false while they run.
   bool Pending() const noexcept { return depth_.load(std::memory_order_seq_cst) > 0; }
   uint64_t high_water() const { return high_water_.load(std::memory_order_relaxed); }
   // Null unless ConsumerOptions::record_latency.
@@ -242,8 +243,8 @@ class Consumer {
   const ConsumerOptions options_;
   const SlotPool& slots_;
   OrphanSink& orphans_;
-  std::vector<std::unique_ptr<Lane>> lanes_;  // one per poller
-  std::vector<Parker*> producer_parkers_;     // one per poller (SetProducerParker)
+  std::vector<std::unique_ptr<Lane>> lanes_;  // one per shard
+  std::vector<Parker*> producer_parkers_;     // one per shard (SetProducerParker)
   ItemQueue queue_;  // Items only: lane entries are handed over by position
   moodycamel::ConsumerToken consumer_token_;
   // Items dequeued and not yet run, oldest first: items[0, count); `run[k]` once a batch has

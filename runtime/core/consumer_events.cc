@@ -9,7 +9,7 @@
 namespace cqd::internal {
 
 void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t generation) noexcept {
-  if (!join->DropPart()) return;  // the other poller's part is still on its way
+  if (!join->DropPart()) return;  // the other shard's part is still on its way
   Slot& slot = slots_.slot(slot_index);
   if (join->kind == EventJoin::Kind::kCm) {
     DeliverCm(join, slot);

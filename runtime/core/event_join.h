@@ -2,7 +2,7 @@
 // runtime/core/event_join.h: an event on its way to one handler, and every way it can get there.
 //
 // The one home of EventJoin: where it is made (PostQpEvent; the CM router makes CM ones), how it
-// travels (PostAlong: one part per poller of the registration's CQs, each behind what that poller
+// travels (PostAlong: one part per shard of the registration's CQs, each behind what that shard
 // took off those CQs first, so the consumer, which delivers the event when it has every part,
 // gets it after them), how a part is released without delivery (DropEventPart), and how a CM
 // event is handed on to its channel's CmHandler (PostToListener, HeldEvents). Whether a CM event
@@ -66,13 +66,13 @@ class CmEventGate {
   ~CmEventGate() = default;
 };
 
-// One event for one registration, travelling as one part per poller of the QP's CQs (one, or two
-// when its send and recv CQs are on different shards). Each part follows what its poller took
+// One event for one registration, travelling as one part per shard of the QP's CQs (one, or two
+// when its send and recv CQs are on different shards). Each part follows what its shard took
 // off the CQs before it; the consumer delivers the event when it dequeues the last part, so
-// after everything either poller had taken. Made by the event thread (or a teardown, for a
+// after everything either shard had taken. Made by the event thread (or a teardown, for a
 // LAST_WQE_REACHED stand-in).
 //
-// An async event or stand-in is freed by whoever releases its last part (the consumer, or a poller
+// An async event or stand-in is freed by whoever releases its last part (the consumer, or a shard
 // purging a dead registration's items). A CM event (kCm, kListener) has up to three holders at
 // once: its binding's list (until it leaves, cm_router.h), its route's parts (until the last is
 // released) and, once handed on to its channel's CmHandler, a listener item; `holds` counts them
@@ -143,7 +143,7 @@ class HeldEvents {
   std::atomic<bool> any_{false};
 };
 
-// Posts `join` (parts unset) along `route`: one part per shard, each behind what that poller
+// Posts `join` (parts unset) along `route`: one part per shard, each behind what that shard
 // takes off the route's CQs first (see shard/spills.h). The consumer delivers it if the
 // registration is still the routed one, and otherwise releases it (a CM event's gate hands it on to
 // the CmHandler). A part a closed consumer refuses (after Shutdown) is released at once. Any
@@ -166,7 +166,7 @@ bool PostQpEvent(const SlotPool& slots, const std::vector<Shard*>& pollers, uint
 void DropEventPart(EventJoin* join, bool hand_on = true) noexcept;
 
 // Any thread: hands `join` (kCm or kListener) on to its channel's CmHandler, through the channel's
-// poller, or into HeldEvents if the CmHandler's consumer has closed. Adds the hold it takes.
+// shard, or into HeldEvents if the CmHandler's consumer has closed. Adds the hold it takes.
 void PostToListener(EventJoin* join) noexcept;
 
 }  // namespace cqd::internal

@@ -4,18 +4,18 @@
 // It epolls every completion channel (one per device and shard), every device's async fd and a
 // wake eventfd, all non-blocking and level-triggered, and drains each ready fd until EAGAIN
 // (retrying EINTR). For a completion event it counts the event against its CQ, acks in batches
-// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard's poller.
+// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard.
 // Async events are copied, acked (S13) and routed: QP events to the QP's handler; CQ_ERR and
 // DEVICE_FATAL to the device handler and to every QP they affect; port and SRQ events (and QP
 // events of unregistered QPs) to the device handler. An event for a QP travels through the
-// pollers of the QP's CQs (Shard::PostEvent, EventJoin), so it reaches the handler after every
-// completion those pollers took off the QP's CQs before the event was read.
+// shards of the QP's CQs (Shard::PostEvent, EventJoin), so it reaches the handler after every
+// completion those shards took off the QP's CQs before the event was read.
 //
 // Each fd is watched through a dup of its own (F_DUPFD_CLOEXEC), registered in the epoll set in
 // its place: an fd that fails with anything but EAGAIN or EINTR (a device gone, a channel closed
 // behind the runtime's back) leaves the epoll set for certain, by that dup, even when the
 // engine closed or reused the original number, so that the level-triggered loop cannot spin on
-// it; for a completion channel the shard's poller is told to stop relying on events (it then
+// it; for a completion channel the shard is told to stop relying on events (its poller then
 // sleeps in bounded steps). The dups are closed when a source leaves and, on the event thread,
 // when the loop stops.
 // A CM channel is read non-blocking while watched and gets its O_NONBLOCK flag back as it came
@@ -111,7 +111,7 @@ class EventLoop {
   // An acked event: to the device handler (a QP event only if `posted` is false), and CQ_ERR and
   // DEVICE_FATAL to every QP they take down.
   void RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event, bool posted);
-  // Sends `event` to the handler of `slot` through the pollers of its CQs; false unless the slot
+  // Sends `event` to the handler of `slot` through the shards of its CQs; false unless the slot
   // holds a live registration of event.qp_num on `device`.
   bool DeliverToSlot(uint32_t slot, const AsyncEvent& event, DeviceId device);
   // Takes `source` out of the epoll set and closes its dup (a CM channel gets its flags back).

@@ -37,16 +37,16 @@
 // of chains (Take, the per-completion check, walks only its number's chain); an ended fence is
 // only marked, and the list is compacted in place once the ended ones outnumber the live, so a
 // drop of n fences costs O(n), not O(n^2). A catch-up holds the count of the CQ's polled
-// completions at which it is over (CqRecord::catch_up_polled), so Polled walks the list only when
-// the earliest one is due or the CQ was found empty, and DropCq walks it once. Only Add and
-// Reserve allocate (control calls); nothing the poll path calls does.
+// completions at which it is over (CqRecord::fenced.catch_up_polled), so Polled walks the list
+// only when the earliest one is due or the CQ was found empty, and DropCq walks it once. Only Add
+// and Reserve allocate (control calls); nothing the poll path calls does.
 //
-// Threading: a FenceList belongs to one poller's thread (the driver, on an engine-driven shard);
-// the control path changes it only through the poller's control calls. It writes the CQ's
-// counters: `awaited_markers` and `catch_ups` (poller-owned, for the hot path's one-branch
-// check), and `fences` (atomic, relaxed: the control path reads it to skip the reuse check; a
-// fence added in a control call is counted before that call returns). A fence's commitment is
-// given back with a release subtraction, which Commit's acquire load pairs with.
+// Threading: a FenceList belongs to one shard and is used on its driver; the control path
+// changes it only through the shard's control calls. It writes the CQ's counters:
+// `awaited_markers` and `catch_ups` (shard-owned, for the hot path's one-branch check), and
+// `fences` (atomic, relaxed: the control path reads it to skip the reuse check; a fence added in
+// a control call is counted before that call returns). A fence's commitment is given back with a
+// release subtraction, which Commit's acquire load pairs with.
 #ifndef CQD_RUNTIME_CORE_FENCES_H_
 #define CQD_RUNTIME_CORE_FENCES_H_
 

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/core/lane.h: the memory a poller hands completions to one consumer in (its lane), and
+// runtime/core/lane.h: the memory a shard hands completions to one consumer in (its lane), and
 // the entries that travel outside any lane (Item).
 //
 // A lane is a single-producer, single-consumer ring of entries, each a 48-byte ibv_wc and a
-// 16-byte EntryMeta kept apart (two arrays), owned by the consumer, written by one poller. The
-// poller polls a CQ whose registered QPs all go to one consumer straight into that consumer's
+// 16-byte EntryMeta kept apart (two arrays), owned by the consumer, written by one shard. The
+// shard polls a CQ whose registered QPs all go to one consumer straight into that consumer's
 // lane, and writes only the metadata (slot, generation, kind) beside each completion; completions
-// of a CQ shared by consumers are polled into the poller's scratch array and copied once into
+// of a CQ shared by consumers are polled into the shard's scratch array and copied once into
 // their lanes. Nothing copies a completion after that: the consumer's handlers read their spans
 // in the lane.
 //
@@ -34,10 +34,11 @@
 // batch could read them again.)
 //
 // Threading: tail, the spill and its stats belong to the poller thread (PurgeDead's Filter too,
-// between two passes); it stores `published` (release) after writing the entries it hands over.
-// `recycled` is written by the one thread dispatching the consumer (release), after its handlers
-// returned, and by the poller's TryRewind while nothing is handed over; the dispatching thread
-// reads entries between its acquire load of `published` and its store.
+// between polls: a call made mid-pass settles the fused poll first); it stores `published`
+// (release) after writing the entries it hands over. `recycled` is written by the one thread
+// dispatching the consumer (release), after its handlers returned, and by the poller's TryRewind
+// while nothing is handed over; the dispatching thread reads entries between its acquire load of
+// `published` and its store.
 #ifndef CQD_RUNTIME_CORE_LANE_H_
 #define CQD_RUNTIME_CORE_LANE_H_
 
@@ -83,7 +84,7 @@ struct EntryMeta {
 static_assert(sizeof(EntryMeta) == 16);
 
 // One entry that travels by itself, through the consumer's queue of items (consumer.h): an event
-// posted after the poller stopped, or what Shutdown's hand-over and the routing guard push. It
+// posted after the shard stopped, or what Shutdown's hand-over and the routing guard push. It
 // goes behind every entry of lane `lane` before position `after`, and ahead of the lane's later
 // ones: the consumer stops reading the lane at `after` until the item has run.
 struct Item {
@@ -157,7 +158,7 @@ class Lane {
   void SetJoin(uint32_t at, EventJoin* join) noexcept {
     std::memcpy(&wcs_[at], &join, sizeof(join));
   }
-  // Poller thread; any thread once the poller has stopped (acquire).
+  // Poller thread; any thread once the shard has stopped (acquire).
   uint64_t published() const noexcept { return published_.load(std::memory_order_acquire); }
   uint64_t tail() const noexcept { return tail_; }
   // Hands the first `n` spill entries over (or takes them for dispatch): a release store that
@@ -176,7 +177,7 @@ class Lane {
   }
 
   // Keeps the spill entries for which keep(meta, at) is true, in order; returns how many were
-  // removed. Poller thread, between passes.
+  // removed. Poller thread, between polls: a call made mid-pass settles the fused poll first.
   template <typename Keep>
   uint32_t Filter(Keep&& keep) {
     const uint64_t published = published_.load(std::memory_order_relaxed);
@@ -264,8 +265,8 @@ class Lane {
   mutable std::atomic<uint64_t> stalled_ns_reported{0};
   std::chrono::steady_clock::time_point full_since{};  // poller-owned: start of the current stall
   bool stalled = false;                                // poller-owned
-  bool listed = false;  // poller-owned: in the poller's list of lanes with a spill
-  // Poller-owned, set once: the lane of a run-to-completion consumer of this poller, which
+  bool listed = false;  // poller-owned: in the shard's list of lanes with a spill
+  // Poller-owned, set once: the lane of a run-to-completion consumer of this shard, which
   // dispatches straight from the spill while the consumer's queue is empty.
   bool direct = false;
 
@@ -306,7 +307,8 @@ class Lane {
  public:
   // Back-pressure's wake-up (consumer.h): the poller sets it (seq_cst) before it sleeps with
   // entries in this lane's spill or an event held back for it, then re-checks for room; the
-  // dispatching thread, after it freed room (seq_cst), takes it (exchange) and wakes the poller.
+  // dispatching thread frees room (Recycle: release), then, after a seq_cst operation (Dispatch's
+  // depth_.fetch_sub, DispatchLane's fence), takes it (exchange) and wakes the poller.
   // On recycled_'s line, which the dispatching thread writes per batch anyway.
   std::atomic<bool> wants_room{false};
 

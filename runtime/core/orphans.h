@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // runtime/core/orphans.h: where completions that no handler may take end up.
 //
-// Called from pollers (unknown qp_num), consumers (QP unregistered while its completions were
-// queued) and the destructor (items left in engine-driven queues), possibly concurrently. Orphans
-// are rare, so one shared relaxed counter costs nothing that matters.
+// Called, possibly concurrently, from every thread that does a shard's or a consumer's work
+// (OrphanHandler in cqd/handler.h lists them): pollers (unknown qp_num), consumers (QP
+// unregistered while its completions were queued), a control thread doing a shard's work inline
+// (Mailbox::RunSync inline: PurgeDead or RemoveCq while nobody drives the shard), the teardown
+// worker likewise (through Retire), and the destructor (items left in engine-driven queues).
+// Orphans are rare, so one shared relaxed counter costs nothing that matters.
 #ifndef CQD_RUNTIME_CORE_ORPHANS_H_
 #define CQD_RUNTIME_CORE_ORPHANS_H_
 

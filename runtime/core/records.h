@@ -67,7 +67,7 @@ struct CqRecord {
   // (fences.h). Raised on the poller thread inside a control call; lowered by the poller when a
   // fence ends (release).
   std::atomic<uint64_t> leftover_commit{0};
-  // The fences on this CQ (fences.h): written by its poller, read (relaxed) by the control path,
+  // The fences on this CQ (fences.h): written by its shard, read (relaxed) by the control path,
   // which skips the reuse check while it is 0 and the number is not in `retired`.
   std::atomic<uint32_t> fences{0};
   // Control path: numbers whose registration ended here and that have not registered here since

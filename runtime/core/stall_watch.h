@@ -9,8 +9,9 @@
 // whose stalls come and go is warned about at most once per kQuietFor: the stalls begun in
 // between are counted in the next warning.
 //
-// Threading: Tick runs on the event thread only; it reads the pollers' spill counters as
-// GetStats does (relaxed loads).
+// Threading: Tick runs on the event thread only; it reads the shards' spill counters as GetStats
+// does (AddSpillStats: relaxed loads, stalled_ns with acquire, a fetch-max CAS on
+// stalled_ns_reported).
 #ifndef CQD_RUNTIME_CORE_STALL_WATCH_H_
 #define CQD_RUNTIME_CORE_STALL_WATCH_H_
 

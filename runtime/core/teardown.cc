@@ -144,8 +144,8 @@ void TeardownWorker::Run() {
     }
     active_.resize(kept);
     const bool stopping = stop_;
-    // Without the lock: retiring takes the runtime mutex and waits for pollers, whose
-    // consumers' Note takes mu_; on_done may call the runtime.
+    // Without the lock: retiring takes the runtime mutex, whose holders call Add (which takes
+    // mu_); on_done may call the runtime.
     lock.Unlock();
     for (auto& state : fencing) host_.PostLastWqeStandIn(*state);
     for (auto& state : redriving) {

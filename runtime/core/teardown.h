@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/core/teardown.h: drained QP teardowns (Runtime::TeardownQp) and the thread that ends
-// them.
+// runtime/core/teardown.h: QP teardowns (Runtime::TeardownQp) and the thread that ends them.
 //
 // A teardown's life: the control path marks the registration "tearing down" (registry.h), moves the
 // QP to the error state and posts marker work requests whose wr_ids are the TeardownState's
 // address (send) and address + 1 (recv). A poller that routes a completion of a QP being torn down
-// with a marker wr_id records it in `polled` and queues it as a kTeardownMarker item, in order
-// behind the QP's flushed completions; the consumer, on reaching it, calls Note().
+// with a marker wr_id records it in `polled` and writes it into the consumer's lane as a
+// kTeardownMarker entry, in order behind the QP's flushed completions; the consumer, on reaching
+// it, calls Note().
 // LAST_WQE_REACHED events of a QP being torn down are noted the same way after the handler got
 // them. On a device that never sends it, once the send marker is back and last_wqe_grace has
-// passed, the worker sends a fence instead: an internal event through the pollers of the QP's CQs,
+// passed, the worker sends a fence instead: an internal event through the shards of the QP's CQs,
 // which follows every completion in them, noted as LAST_WQE_REACHED.
 //
 // The TeardownWorker thread ends each teardown exactly once: drained (OK), device failure
@@ -18,16 +18,16 @@
 // one's deadline:
 //   1. Retire (TeardownHost): the registration dies (nothing is routed to it any more), and
 //      what the QP may still have in its CQs is fenced (fences.h): a fence awaits each marker no
-//      poller has taken off the CQs yet, or, for a side with no marker, a catch-up of its CQ;
-//      until it ends, the CQ keeps the QP's commitment, whatever that CQ yields for the qp_num
-//      goes to the orphan sink, and no later QP of that number is registered there.
+//      shard has polled yet, or, for a side with no marker, a catch-up of its CQ; until it ends,
+//      the CQ keeps the QP's commitment, whatever that CQ yields for the qp_num goes to the
+//      orphan sink, and no later QP of that number is registered there.
 //   2. Once the consumer's batch that may still call the QP's handler is over (polled by the
 //      worker, never waited for), the slot is freed, the result published, on_done called.
 //
 // Threading: TeardownState's `seen` is set by consumers and `polled` by pollers (atomics);
 // everything else in it is written before it is shared (control path, under the runtime mutex),
 // owned by the worker thread, or guarded by its `mu`. The worker's lists are guarded by its own
-// mutex; consumers take that mutex only in Note(), the event thread only in DeviceFailed().
+// mutex, taken by Add (control path), DeviceFailed (event thread) and Stop; Note never takes it.
 #ifndef CQD_RUNTIME_CORE_TEARDOWN_H_
 #define CQD_RUNTIME_CORE_TEARDOWN_H_
 
@@ -130,7 +130,7 @@ class TeardownHost {
   virtual bool BatchOver(const BatchTicket& ticket) const noexcept = 0;
   // Step 2's bookkeeping: the slot may be reused.
   virtual void FreeSlot(uint32_t slot) noexcept = 0;
-  // Sends the registration's consumer a fence through the pollers of its CQs, which the consumer
+  // Sends the registration's consumer a fence through the shards of its CQs, which the consumer
   // notes as kLastWqe.
   virtual void PostLastWqeStandIn(const TeardownState& state) noexcept = 0;
   // Moves the QP to the error state again (what was posted in it flushes), posting the receive
@@ -181,11 +181,11 @@ class TeardownWorker {
   std::vector<std::shared_ptr<TeardownState>> active_ CQD_GUARDED_BY(mu_);
   std::vector<uint32_t> failed_devices_ CQD_GUARDED_BY(mu_);
   // Something changed that the worker must look at again. Add and DeviceFailed set it under mu_;
-  // Note sets it without mu_ and takes mu_ only when it was clear, so that consumers do not queue
-  // on mu_ behind the worker's scan; the worker clears it under mu_ before it scans. Every write
-  // is an exchange, so that they form one release sequence: the scan after a clear sees the
-  // `seen` bits of every Note that set it or found it set before that clear. A Note that found it
-  // set wakes nobody: a scan is due, and the worker reads it (seq_cst, as each write) after it
+  // Note never takes mu_: it sets it and wakes the worker only if it was clear, so that consumers
+  // do not queue on mu_ behind the worker's scan; the worker clears it under mu_ before it scans.
+  // Every write is an exchange, so that they form one release sequence: the scan after a clear sees
+  // the `seen` bits of every Note that set it or found it set before that clear. A Note that found
+  // it set wakes nobody: a scan is due, and the worker reads it (seq_cst, as each write) after it
   // announced its sleep (parker.h), so it does not sleep past it.
   std::atomic<bool> noted_{false};
   bool stop_ CQD_GUARDED_BY(mu_) = false;

@@ -3,9 +3,11 @@
 // (ConsumerOptions::record_latency).
 //
 // The poller reads the clock once per CQ poll that returned completions and writes the low 32
-// bits of the steady-clock time in nanoseconds into every Item of that poll (EntryMeta::stamp). The
-// consumer reads the clock once per dispatch batch, after taking the batch off its queue and
-// before calling its handlers, and records `now - stamp` (mod 2^32) for each completion in it.
+// bits of the steady-clock time in nanoseconds into every entry of that poll (EntryMeta::stamp in
+// the lane, Item::stamp for one that travels alone). The consumer reads the clock once per
+// dispatch batch, after gathering the batch (from the lanes' published positions and its queued
+// items) and before calling its handlers, and records `now - stamp` (mod 2^32) for each
+// completion in it.
 // Completions of one poll share a stamp and usually sit next to each other in a batch, so a run
 // of equal stamps is one Record call. A latency of 2^32 ns (4.29 s) or more wraps and is recorded
 // modulo 2^32 ns; such waits show up in the stall counters.

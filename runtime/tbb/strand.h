@@ -74,7 +74,8 @@ struct StrandCore {
   Mutex stop_mu;  // serializes StrandConsumer::Stop
   Mutex mu;       // guards live, handed_over and the stopped transition
   std::unordered_set<Strand*> live CQD_GUARDED_BY(mu);  // strands registered or tearing down
-  std::atomic<bool> stopped{false};  // written under mu and each live strand's lock
+  // Stored under mu; then each live strand's lock is taken and released (orders it with pushes).
+  std::atomic<bool> stopped{false};
   std::atomic<int64_t> inflight{0};  // strand tasks queued or running
   std::atomic<uint64_t> strand_tasks{0};
   std::atomic<uint64_t> delivered{0};

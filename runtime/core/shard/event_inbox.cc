@@ -37,8 +37,9 @@ bool EventInbox::TryEnterIdle() {
   ChaosPoint();  // asked, not yet looked again
   // Room freed before the stores above was not woken for: look for it now. An event waits for
   // lane room or for its CQs' catch-up; either way the spills stage, after this one, completes
-  // the Dekker pair with the consumer (its seq_cst release of room, then its load of wants_room)
-  // for every lane that holds entries, including the ones a catch-up here fills.
+  // the Dekker pair with the consumer (its release of room and seq_cst depth_.fetch_sub or fence,
+  // then its load of wants_room) for every lane that holds entries, including the ones a catch-up
+  // here fills.
   std::atomic_thread_fence(std::memory_order_seq_cst);
   // A catch-up that took completions did work even when no event moved: its flush may have handed
   // a whole spill over (the lane leaves the spills' list, so the spills stage would not ask for

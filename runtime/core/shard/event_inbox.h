@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/core/shard/event_inbox.h: async-event parts the event thread posts to a shard, placed
-// into the lanes behind the completions before them.
+// runtime/core/shard/event_inbox.h: async-event parts posted to a shard, placed into the lanes
+// behind the completions before them.
 //
 // Before it places an event, the shard catches up on the QP's CQs of this shard (CqSet::CatchUp):
 // it polls them until they are empty or it has taken a CQ depth's worth since the event arrived,
@@ -14,9 +14,10 @@
 // it, completes the pair with the consumer for every lane that holds entries. ExitIdle takes the
 // asking back.
 //
-// Threading: Post from the event thread (and, after the shard stopped, from whoever posts: it
-// then hands the event straight to its consumer); the rest on the shard's driver. The inbox is
-// guarded by `mu_`; `pending_` (seq_cst, set before the post wakes the shard) says it is not
+// Threading: Post from any thread (the event thread, the teardown worker, a CM hand-on),
+// serialized by `mu_`; after the shard stopped it hands the event straight to its consumer, with
+// the shard's producer token, under `mu_`. The rest on the shard's driver. The inbox is guarded
+// by `mu_`; `pending_` (seq_cst, set before the post wakes the shard) says it is not
 // empty, so a pass takes the lock only when there is something to take.
 #ifndef CQD_RUNTIME_CORE_SHARD_EVENT_INBOX_H_
 #define CQD_RUNTIME_CORE_SHARD_EVENT_INBOX_H_
@@ -43,10 +44,10 @@ class EventInbox {
   EventInbox(const EventInbox&) = delete;
   EventInbox& operator=(const EventInbox&) = delete;
 
-  // Event thread: queues `item` (kind kEventPart) for `consumer` behind every completion now in
-  // the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none) and wakes the shard. Returns
-  // false only after the shard stopped, when `consumer` has closed too (an owned consumer past
-  // Shutdown): the caller still owns the part.
+  // Any thread (serialized by mu_): queues `item` (kind kEventPart) for `consumer` behind every
+  // completion now in the QP's CQs of this shard (`cq_a`, `cq_b`: CQ ids, 0 for none) and wakes
+  // the shard. Returns false only after the shard stopped, when `consumer` has closed too (an
+  // owned consumer past Shutdown): the caller still owns the part.
   bool Post(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) CQD_EXCLUDES(mu_);
 
   // Stage: places what it can; returns 1 if anything moved.

@@ -61,8 +61,8 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
         i = j;
         continue;
       }
-      // A draining QP's entries may hold its marker, and another consumer's go elsewhere: they
-      // and the rest of the poll take the lanes.
+      // The entries of a QP being torn down may hold its marker, and another consumer's go
+      // elsewhere: they and the rest of the poll take the lanes.
       if (route == Router::RunRoute::kEachAlone) [[unlikely]]
         break;
       next_ = j;  // what Settle would route, should this handler call in

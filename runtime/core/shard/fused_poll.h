@@ -2,8 +2,8 @@
 // runtime/core/shard/fused_poll.h: a poll of a CQ whose QPs all go to a run-to-completion
 // consumer of this shard calls each run's handler as soon as the router has cleared it, the way
 // an engine's own loop would, instead of routing the whole poll into the lane and dispatching it
-// afterwards. What the router does not clear (a draining QP, a QP of another consumer) and what
-// follows it takes the lanes as usual.
+// afterwards. What the router does not clear (a QP being torn down, a QP of another consumer)
+// and what follows it takes the lanes as usual.
 //
 // What the unfused path guarantees, it keeps. Every completion of a poll is routed against the
 // state the poll saw before any control call changes it: a control call that reaches this shard

@@ -48,8 +48,9 @@ inline uint32_t Router::Classify(CqRecord* cq, const ibv_wc& wc, const Slot* slo
   TeardownState* teardown = nullptr;
   if (facts.tearing_down && facts.live) [[unlikely]] {
     // Non-null while the state says tearing down: a teardown nulls it only after the state died,
-    // and makes its fences (FenceRetired, on the driver between two passes) before that, so a
-    // marker is either marked `polled` here or taken by its fence above.
+    // and makes its fences (FenceRetired, on the driver between polls: a call made mid-pass
+    // settles the fused poll first) before that, so a marker is either marked `polled` here or
+    // taken by its fence above.
     teardown = slot->teardown.load(std::memory_order_acquire);
     const uint64_t marker = reinterpret_cast<uint64_t>(teardown);
     facts.is_marker = marker != 0 && (wc.wr_id == marker || wc.wr_id == marker + 1);

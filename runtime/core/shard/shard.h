@@ -26,7 +26,8 @@
 // (FusedPoll::Settle), and a CQ removed meanwhile leaves the pass through CqSet's deferral.
 //
 // Threading: Start, Stop and the control calls from control threads (one at a time: the
-// runtime's mutex); Step and PrepareSleep from the engine; PostEvent, CqEvents, UnparkAll and
+// runtime's mutex); Step and PrepareSleep from the engine; PostEvent from any thread (the event
+// thread, the teardown worker, a CM hand-on: EventInbox::Post); CqEvents, UnparkAll and
 // NotificationsBroken from the event thread; stats and AddSpillStats from any thread. Debug and
 // chaos builds assert that a pass and each control part run on the driver (OnDriver).
 #ifndef CQD_RUNTIME_CORE_SHARD_SHARD_H_
@@ -110,7 +111,7 @@ class Shard {
   void DropFences(CqRecord* cq);    // the CQ is gone for good: its fences end
   void SettleFences(CqRecord* cq);  // polls a catch-up as far as room allows (capacity guard)
 
-  // Event thread (EventInbox::Post).
+  // Any thread (EventInbox::Post).
   bool PostEvent(uint32_t consumer, const Item& item, uint32_t cq_a, uint32_t cq_b) {
     return inbox_.Post(consumer, item, cq_a, cq_b);
   }
@@ -190,7 +191,7 @@ class Shard {
   std::atomic<uintptr_t> thread_token_{0};  // ThreadToken() of thread_ while Run runs (OnDriver)
   std::atomic<bool> started_{false};        // Start ran (OnDriver)
   std::atomic<bool> stop_{false};           // Stop asked the thread to stop
-  std::atomic<bool> stopped_{false};        // Stop ran (the lanes are handed over for good)
+  std::atomic<bool> stopped_{false};        // engine-driven: Stop ran (lanes handed over for good)
   EngineDrive engine_;
 };
 

@@ -74,7 +74,8 @@ void Shard::PurgeDead(uint32_t consumer) {
 void Shard::FenceRetired(const TeardownState* ending, uint32_t qp_num, const RetiredSide* sides,
                          int n) {
   RunSync([&] {
-    // On the driver, between passes: `polled` holds every marker a pass has taken so far.
+    // On the driver, between polls (a call made mid-pass settles the fused poll first): `polled`
+    // holds every marker a poll has taken so far.
     const uint32_t posted = ending != nullptr ? ending->markers : 0;
     const uint32_t polled = ending != nullptr ? ending->polled.load(std::memory_order_relaxed) : 0;
     for (int k = 0; k < n; ++k) {

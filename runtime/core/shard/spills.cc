@@ -37,7 +37,8 @@ bool Spills::TryEnterIdle() noexcept {
   }
   ChaosPoint();  // asked, not yet looked again
   // Room freed before the stores above was not woken for: look for it now (the consumer's
-  // seq_cst release of room, then its load of wants_room, make the other half of the pair).
+  // release of room and seq_cst depth_.fetch_sub or fence, then its load of wants_room, make the
+  // other half of the pair).
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return !Flush(false);
 }
