@@ -3,7 +3,8 @@
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
 # formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh), the layering
 # (tools/check_layers.sh), the runtime's file sizes (tools/check_sizes.sh) and Clang's
-# thread-safety analysis (tools/check_tsa.sh: the tree built with -Wthread-safety -Werror), runs
+# thread-safety analysis (tools/check_tsa.sh: the tree built with -Wthread-safety -Werror) and that
+# a Bazel engine builds on cqd (tools/check_bazel_consumer.sh: examples/bazel_engine), runs
 # every test, then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer
 # (with UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
 # fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that,
@@ -104,6 +105,15 @@ fi
 echo "== thread safety: tools/check_tsa.sh"
 if ! tools/check_tsa.sh; then
   echo "== thread safety: FAILED"
+  status=1
+  failed=$((failed + 1))
+fi
+
+# A Bazel engine in a workspace of its own (examples/bazel_engine): @cqd//:cqd and @cqd//:cqd_tbb
+# through cqd_dependencies(), built, run and tested with its own output base.
+echo "== Bazel consumer: tools/check_bazel_consumer.sh"
+if ! tools/check_bazel_consumer.sh; then
+  echo "== Bazel consumer: FAILED"
   status=1
   failed=$((failed + 1))
 fi
