@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 #include "runtime/core/caller.h"
 
+#include <string>
+
 #include "runtime/base/thread_role.h"
 #include "runtime/core/consumer.h"
 #include "runtime/core/teardown.h"
@@ -46,6 +48,13 @@ const char* RefusalReason(uint32_t roles, uint32_t refused) noexcept {
            "shard of the runtime (the QP's markers may wait behind what it delivers or polls)";
   }
   return nullptr;
+}
+
+Status CheckCaller(const char* op, uint32_t refused) {
+  const char* reason = RefusalReason(CallerRoles(), refused);
+  if (reason == nullptr) return Status::Ok();
+  return FailedPrecondition(std::string(op) + ": " + reason +
+                            ", which must not make this call (runtime.h, \"Waiting\")");
 }
 
 }  // namespace cqd::internal

@@ -5,7 +5,8 @@
 // (runtime.h, "Which threads may block"). Whether it could depends on what the calling thread is
 // doing, which thread_role.h and the consumer and teardown marks record. CallerRoles() reads them
 // all; each refusal names the roles it refuses and takes its reason from RefusalReason, so that
-// "may this thread call or wait here?" has one answer, written once.
+// "may this thread call or wait here?" has one answer, written once. CheckCaller is the control
+// path's refusal (the facade's and the control services', runtime/core/control/).
 //
 // Threading: any thread, about itself; reads only thread-local marks. Never blocks.
 #ifndef CQD_RUNTIME_CORE_CALLER_H_
@@ -14,6 +15,8 @@
 #include <atomic>
 #include <cstdint>
 #include <vector>
+
+#include "cqd/status.h"
 
 namespace cqd::internal {
 
@@ -44,6 +47,15 @@ uint32_t CallerRoles(const EngineThreads* engine_threads = nullptr) noexcept;
 // Returns why a caller in `roles` may not make a call that refuses `refused` ("called from ..."),
 // the first role of the enum's order that both hold; nullptr when none does.
 const char* RefusalReason(uint32_t roles, uint32_t refused) noexcept;
+
+// The callers every control call refuses: they may run where the call would wait for them
+// (pollers, the event thread) or under the runtime mutex (the log sink).
+inline constexpr uint32_t kRefusedControlCallers = kRoleRuntimeThread | kRoleLogSink;
+
+// Returns kFailedPrecondition naming `op` and the reason when the caller holds a role of
+// `refused`; else OK. With the default: refuses the threads no control call may come from (a
+// poller or the event thread: an OrphanHandler or DeviceEventHandler; the log sink).
+Status CheckCaller(const char* op, uint32_t refused = kRefusedControlCallers);
 
 }  // namespace cqd::internal
 

@@ -109,7 +109,7 @@ Result<ibv_context*> Runtime::VerbsContext(DeviceId device) {
   });
 }
 Result<DeviceId> Runtime::FindVerbsDevice(ibv_context* context) {
-  if (Status s = internal::RuntimeImpl::CheckCaller("FindVerbsDevice"); !s.ok()) return s;
+  if (Status s = internal::CheckCaller("FindVerbsDevice"); !s.ok()) return s;
   if (context == nullptr) return InvalidArgument("FindVerbsDevice: context is null");
   return Guarded("FindVerbsDevice", [&] {
     return impl_->FindDevice("FindVerbsDevice", backend::Kind::kVerbs, context);
@@ -117,7 +117,7 @@ Result<DeviceId> Runtime::FindVerbsDevice(ibv_context* context) {
 }
 Result<DeviceId> Runtime::AddSimDevice(std::shared_ptr<SimDevice> device,
                                        DeviceEventHandler* events) {
-  if (Status s = internal::RuntimeImpl::CheckCaller("AddSimDevice"); !s.ok()) return s;
+  if (Status s = internal::CheckCaller("AddSimDevice"); !s.ok()) return s;
   return Guarded("AddSimDevice", [&]() -> Result<DeviceId> {
     auto backend = sim_internal::SimBackend::Over(std::move(device));
     if (!backend.ok()) {

@@ -1,31 +1,28 @@
 // SPDX-License-Identifier: BSD-2-Clause
-// runtime/core/runtime_qps.cc: RuntimeImpl's registrations and teardowns
-// (runtime_impl.h): RegisterQp, retiring a registration (Unregister, a teardown's end) and its
-// fences, and TeardownQp with the teardown thread's callbacks (TeardownHost).
+#include "runtime/core/control/registrations.h"
+
 #include <algorithm>
 #include <string>
 
 #include "runtime/base/chaos.h"
-#include "runtime/base/mutex.h"
 #include "runtime/base/thread_role.h"
 #include "runtime/core/caller.h"
-#include "runtime/core/runtime_impl.h"
 
 namespace cqd::internal {
 
-Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, void* send_native,
-                                             void* recv_native, QpHandler& handler,
-                                             ConsumerId consumer, const QpOptions& options) {
+Result<RegisteredQp> Registrations::RegisterQp(uint32_t qp_num, void* native_qp, void* send_native,
+                                               void* recv_native, QpHandler& handler,
+                                               ConsumerId consumer, const QpOptions& options) {
   if (Status refused = CheckCaller("RegisterQp"); !refused.ok()) return refused;
-  ControlLock lock(mu_);
-  if (shut_down_) return FailedPrecondition("RegisterQp: the runtime is shut down");
-  if (consumer >= consumers_.size()) {
+  ControlLock lock(core_.mu);
+  if (core_.shut_down) return FailedPrecondition("RegisterQp: the runtime is shut down");
+  if (consumer >= core_.consumers.size()) {
     return InvalidArgument("RegisterQp: consumer " + std::to_string(consumer) + " is not in 0.." +
-                           std::to_string(consumers_.size() - 1));
+                           std::to_string(core_.consumers.size() - 1));
   }
   if (qp_num > 0xffffff) return InvalidArgument("RegisterQp: qp_num exceeds 24 bits");
-  CqRecord* send = cqs_.FindNative(send_native);
-  CqRecord* recv = cqs_.FindNative(recv_native);
+  CqRecord* send = cqs_->FindNative(send_native);
+  CqRecord* recv = cqs_->FindNative(recv_native);
   if (send == nullptr || recv == nullptr) {
     return NotFound("RegisterQp: qp_num " + std::to_string(qp_num) + ": its " +
                     (send == nullptr ? "send" : "recv") + " CQ is not polled by this runtime");
@@ -33,7 +30,7 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   if (send->device != recv->device) {
     return InvalidArgument("RegisterQp: send and recv CQs belong to different devices");
   }
-  if (const ConsumerOptions& c = options_.consumers[consumer];
+  if (const ConsumerOptions& c = core_.options.consumers[consumer];
       c.kind == ConsumerKind::kRunToCompletion &&
       (send->shard != c.poller || recv->shard != c.poller)) {
     return InvalidArgument(
@@ -86,14 +83,14 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   for (CqRecord* cq : {send, recv}) {
     const bool retired_here = cq->retired.Contains(qp_num);
     if ((retired_here || cq->fences.load(std::memory_order_relaxed) != 0) &&
-        !pollers_[cq->shard]->FenceForReuse(cq, qp_num, in_error_qp, retired_here)) {
+        !core_.pollers[cq->shard]->FenceForReuse(cq, qp_num, in_error_qp, retired_here)) {
       Status refused = Unavailable(
           "RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " + std::to_string(cq->id) +
           " still holds completions of a retired QP that had this number, and a consumer it "
           "serves is too full for the runtime to poll them out now "
           "(ConsumerStats::spill_depth), or (a QP in the error state) that QP's teardown "
           "markers have not come back yet; register again later");
-      if (log_.enabled()) log_.Debug(refused.message());
+      if (core_.log.enabled()) core_.log.Debug(refused.message());
       return refused;
     }
   }
@@ -103,13 +100,13 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
     if (Status s = Commit(send, send_wrs, qp_num); !s.ok()) return s;
     if (Status s = Commit(recv, recv_wrs, qp_num); !s.ok()) return s;
   }
-  int64_t index = slots_.Allocate();
+  int64_t index = core_.slots.Allocate();
   if (index == -1) {
-    return ResourceExhausted("RegisterQp: all " + std::to_string(slots_.capacity()) +
+    return ResourceExhausted("RegisterQp: all " + std::to_string(core_.slots.capacity()) +
                              " registrations (max_registrations) are in use");
   }
   if (index < 0) return ResourceExhausted("RegisterQp: out of memory for registration slots");
-  Slot& slot = slots_.slot(static_cast<uint32_t>(index));
+  Slot& slot = core_.slots.slot(static_cast<uint32_t>(index));
   uint32_t generation = StateGeneration(slot.state.load(std::memory_order_relaxed));
   slot.handler.store(&handler, std::memory_order_relaxed);
   slot.qp_num.store(qp_num, std::memory_order_relaxed);
@@ -125,20 +122,45 @@ Result<RegisteredQp> RuntimeImpl::RegisterQp(uint32_t qp_num, void* native_qp, v
   send->committed += send_wrs;
   recv->committed += recv_wrs;
   // The pollers learn which consumer the CQs serve before the first completion can be routed.
-  pollers_[send->shard]->AddUse(send, consumer);
-  if (recv != send) pollers_[recv->shard]->AddUse(recv, consumer);
+  core_.pollers[send->shard]->AddUse(send, consumer);
+  if (recv != send) core_.pollers[recv->shard]->AddUse(recv, consumer);
   slot.state.store(MakeState(generation, consumer, true), std::memory_order_release);
   device->qps.Set(qp_num, &slot);
   send->retired.Remove(qp_num);  // polled out above: what the old QP left is gone
   recv->retired.Remove(qp_num);
   ++send->registered_qps;
   ++recv->registered_qps;
-  live_registrations_.fetch_add(1, std::memory_order_relaxed);
+  live_.fetch_add(1, std::memory_order_relaxed);
   return RegisteredQp{static_cast<uint32_t>(index), generation, qp_num};
 }
 
-BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
-  Slot& slot = slots_.slot(index);
+Status Registrations::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
+  // Retired QPs' fences (fences.h) still count: what they stand for may be in the CQ.
+  uint64_t need = cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
+  const int depth = cq->cq->depth();
+  if (need > static_cast<uint64_t>(depth) && cq->fences.load(std::memory_order_relaxed) != 0) {
+    // Before growing or refusing: fences whose catch-up can end now give their share back.
+    core_.pollers[cq->shard]->SettleFences(cq);
+    need = cq->committed + cq->leftover_commit.load(std::memory_order_acquire) + wrs;
+  }
+  if (need <= static_cast<uint64_t>(depth)) return Status::Ok();
+  const std::string what = "RegisterQp: qp_num " + std::to_string(qp_num) + ": CQ " +
+                           std::to_string(cq->id) + " (depth " + std::to_string(depth) +
+                           ") cannot hold the " + std::to_string(need) +
+                           " work requests its QPs may have outstanding (S11)";
+  if (!cq->grow) return ResourceExhausted(what + "; it was created with grow = false");
+  if (need > kCqGrowthCeiling) return ResourceExhausted(what);
+  // Grow with headroom, so that a run of registrations does not resize every time.
+  const uint64_t target =
+      std::max<uint64_t>(need, std::min<uint64_t>(2 * uint64_t(depth), need + need / 2));
+  Status s = core_.pollers[cq->shard]->ResizeCq(cq, static_cast<int>(target));
+  if (!s.ok() && target > need) s = core_.pollers[cq->shard]->ResizeCq(cq, static_cast<int>(need));
+  if (!s.ok()) return ResourceExhausted(what + "; growing it failed: " + s.message());
+  return Status::Ok();
+}
+
+BatchTicket Registrations::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
+  Slot& slot = core_.slots.slot(index);
   uint64_t state = slot.state.load(std::memory_order_relaxed);
   if (!StateLiveAs(state, generation)) return {};  // not retired
   uint32_t consumer = StateConsumer(state);
@@ -148,7 +170,7 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   const uint32_t commits[2] = {slot.send_commit, slot.recv_commit};
   CqRecord* cqs[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
-    cqs[k] = cqs_.Find(ids[k]);
+    cqs[k] = cqs_->Find(ids[k]);
     // Whatever the QP completes from now on waits in the CQ for nobody; the number is polled out
     // of it before it registers here again (retired_numbers.h).
     if (cqs[k] != nullptr) cqs[k]->retired.Add(slot.qp_num.load(std::memory_order_relaxed));
@@ -167,8 +189,8 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
   slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
   ChaosPoint();
   if (ending == nullptr) FenceRetired(nullptr, qp_num, qp, cqs, commits);
-  live_registrations_.fetch_sub(1, std::memory_order_relaxed);
-  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
+  live_.fetch_sub(1, std::memory_order_relaxed);
+  DeviceRecord* device = devices_.record(slot.device.load(std::memory_order_relaxed));
   if (device->qps.Lookup(qp_num) == &slot) device->qps.Clear(qp_num);
   for (int k = 0; k < 2; ++k) {
     CqRecord* cq = cqs[k];
@@ -176,23 +198,23 @@ BatchTicket RuntimeImpl::Retire(uint32_t index, uint32_t generation, TeardownSta
     --cq->registered_qps;
     cq->committed -= commits[k];
     if (k == 1 && recv_id == send_id) continue;  // one CQ for both: one use
-    pollers_[cq->shard]->DropUse(cq, consumer);
+    core_.pollers[cq->shard]->DropUse(cq, consumer);
   }
   slot.teardown.store(nullptr, std::memory_order_release);
   // What the pollers still hold for this registration becomes orphans now, so that a consumer
   // that stopped draining does not keep CQs of others held back for QPs that are gone.
   for (uint16_t shard : {slot.send_shard.load(std::memory_order_relaxed),
                          slot.recv_shard.load(std::memory_order_relaxed)}) {
-    pollers_[shard]->PurgeDead(consumer);
+    core_.pollers[shard]->PurgeDead(consumer);
   }
   // Its connection events still on their way go to the CmHandler now, in read order, wherever
   // their parts wait (cm_router.h); they run there, or in HeldEvents after Shutdown.
-  events_->cm().Ended(index, generation);
-  return {true, consumer, consumers_[consumer]->BatchInProgress(index)};
+  core_.events->cm().Ended(index, generation);
+  return {true, consumer, core_.consumers[consumer]->BatchInProgress(index)};
 }
 
-void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
-                               CqRecord* const cqs[2], const uint32_t commits[2]) {
+void Registrations::FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
+                                 CqRecord* const cqs[2], const uint32_t commits[2]) {
   // What the QP may still have in each CQ is fenced until it has been polled (fences.h). A drained
   // teardown left nothing: its markers were polled, and an SRQ QP's LAST_WQE_REACHED (or the
   // fence standing in for it) came behind its receives. A teardown that started nothing (a QP in
@@ -212,140 +234,47 @@ void RuntimeImpl::FenceRetired(const TeardownState* ending, uint32_t qp_num, con
   }
   if (send.cq != nullptr && send.cq == recv.cq) {
     const Shard::RetiredSide both[2] = {send, recv};
-    pollers_[send.cq->shard]->FenceRetired(ending, qp_num, both, 2);
+    core_.pollers[send.cq->shard]->FenceRetired(ending, qp_num, both, 2);
     return;
   }
-  if (send.cq != nullptr) pollers_[send.cq->shard]->FenceRetired(ending, qp_num, &send, 1);
-  if (recv.cq != nullptr) pollers_[recv.cq->shard]->FenceRetired(ending, qp_num, &recv, 1);
+  if (send.cq != nullptr) core_.pollers[send.cq->shard]->FenceRetired(ending, qp_num, &send, 1);
+  if (recv.cq != nullptr) core_.pollers[recv.cq->shard]->FenceRetired(ending, qp_num, &recv, 1);
 }
 
-bool RuntimeImpl::Unregister(uint32_t index, uint32_t generation) noexcept {
+bool Registrations::Unregister(uint32_t index, uint32_t generation) noexcept {
   if (CallerRoles() & kRefusedControlCallers) return false;  // as CheckCaller refuses
-  ControlLock lock(mu_);
+  ControlLock lock(core_.mu);
   const BatchTicket batch = Retire(index, generation, nullptr);
   if (!batch.retired) return true;  // already gone
   ChaosPoint();
   if (batch.seq != 0) {
-    lock.Unlock();  // a handler in that batch may want mu_
-    while (!consumers_[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h
+    lock.Unlock();  // a handler in that batch may want core.mu
+    while (!core_.consumers[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h
     lock.Lock();
   }
-  slots_.Free(index);
+  core_.slots.Free(index);
   lock.Unlock();
   // After Shutdown: CM events it handed on (cm_router.h), now, or after the batch of the handler
   // calling this.
-  events_->cm().held().DeliverAllOrAfterBatch();
+  core_.events->cm().held().DeliverAllOrAfterBatch();
   return true;
 }
 
-BatchTicket RuntimeImpl::RetireTeardown(TeardownState& state) noexcept {
-  ControlLock lock(mu_);
+BatchTicket Registrations::RetireTeardown(TeardownState& state) noexcept {
+  ControlLock lock(core_.mu);
   return Retire(state.slot, state.generation, &state);
 }
 
-bool RuntimeImpl::BatchOver(const BatchTicket& ticket) const noexcept {
-  return consumers_[ticket.consumer]->BatchOver(ticket.seq);
-}
-
-void RuntimeImpl::FreeSlot(uint32_t index) noexcept {
-  ControlLock lock(mu_);
-  slots_.Free(index);
-}
-
-bool RuntimeImpl::RedriveFlush(const TeardownState& state) noexcept {
-  ControlLock lock(mu_);
-  const Slot& slot = slots_.slot(state.slot);
-  if (!StateLiveAs(slot.state.load(std::memory_order_relaxed), state.generation)) return false;
-  DeviceRecord* device = devices_[state.device - 1].get();
-  return device->backend
-      ->RedriveFlush(slot.qp.load(std::memory_order_relaxed),
-                     state.recv_marker_owed ? state.recv_marker() : 0)
-      .ok();
-}
-
-void RuntimeImpl::PostLastWqeStandIn(const TeardownState& state) noexcept {
-  const Slot& slot = slots_.slot(state.slot);
-  if (StateGeneration(slot.state.load(std::memory_order_acquire)) != state.generation) return;
-  AsyncEvent fence;
-  fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
-  fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  fence.device = slot.device.load(std::memory_order_relaxed);
-  std::vector<Shard*> pollers;
-  for (auto& p : pollers_) pollers.push_back(p.get());
-  PostQpEvent(slots_, pollers, state.slot, fence, fence.device, /*stand_in=*/true);
-}
-
-Result<std::shared_ptr<TeardownState>> RuntimeImpl::TeardownQp(uint32_t index, uint32_t generation,
-                                                               const TeardownOptions& options) {
-  if (Status refused = CheckCaller("TeardownQp"); !refused.ok()) return refused;
-  if (options.timeout.count() <= 0) return InvalidArgument("TeardownQp: timeout must be > 0");
-  if (options.last_wqe_grace.count() < 0) {
-    return InvalidArgument("TeardownQp: last_wqe_grace must not be negative");
-  }
-  ControlLock lock(mu_);
-  if (shut_down_) return FailedPrecondition("TeardownQp: the runtime is shut down");
-  Slot& slot = slots_.slot(index);
-  const uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLiveAs(state, generation)) {
-    return InvalidArgument("TeardownQp: the registration is no longer live");
-  }
-  if (StateTearingDown(state)) return FailedPrecondition("TeardownQp: already tearing down");
-  DeviceRecord* device = devices_[slot.device.load(std::memory_order_relaxed) - 1].get();
-  auto teardown = std::make_shared<TeardownState>();
-  teardown->worker = teardowns_.get();
-  teardown->slot = index;
-  teardown->generation = generation;
-  teardown->qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  teardown->device = device->id;
-  teardown->deadline = TeardownState::After(TeardownState::Clock::now(), options.timeout);
-  teardown->last_wqe_grace = options.last_wqe_grace;
-  teardown->on_done = options.on_done;
-  // Teardown::Wait refuses the runtime's engine threads, whatever the teardown needs (runtime.h).
-  teardown->engine_threads = &engine_threads_;
-  if (device->failed.load(std::memory_order_acquire)) {
-    // Nothing flushes on a dead device: unregister at once (on the teardown thread).
-    teardown->end_with = Unavailable("TeardownQp: device " + device->backend->name() +
-                                     " has failed; unregistered without draining");
-    teardowns_->Add(teardown);
-    return teardown;
-  }
-  // Tearing down before the markers exist, so that the pollers recognize them.
-  const uint32_t consumer = StateConsumer(state);
-  slot.teardown.store(teardown.get(), std::memory_order_relaxed);
-  const uint32_t epoch = slot.teardown_epoch.load(std::memory_order_relaxed) + 1;
-  slot.teardown_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
-  slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
-                   std::memory_order_seq_cst);
-  Result<backend::FlushStart> posted = device->backend->StartQpFlush(
-      slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
-  if (!posted.ok()) {
-    // No marker went out. Back to live; a batch that saw `tearing_down` may still read the state
-    // through slot.teardown: wait for it (without mu_, as Unregister does) before it goes.
-    slot.state.store(state, std::memory_order_seq_cst);
-    lock.Unlock();
-    consumers_[consumer]->WaitForBatchInProgress(index);
-    lock.Lock();
-    if (slot.teardown.load(std::memory_order_relaxed) == teardown.get()) {
-      slot.teardown.store(nullptr, std::memory_order_release);
-    }
-    return Status(posted.status().code(), "TeardownQp: " + posted.status().message());
-  }
-  Result<backend::QpCaps> caps = device->backend->QueryQp(slot.qp.load(std::memory_order_relaxed));
-  // An SRQ QP has no receive marker: its receive side is known to be flushed by LAST_WQE_REACHED
-  // or the fence that stands in for it. A receive marker that found the queue full is posted again
-  // by the teardown thread once the flushes have made room (TeardownHost::RedriveFlush).
-  teardown->srq = caps.ok() && caps->srq;
-  if (*posted == backend::FlushStart::kNothingOutstanding) {
-    teardown->end_with = Status::Ok();
-  } else {
-    teardown->markers = TeardownState::kSendMarker;
-    if (!teardown->srq && *posted == backend::FlushStart::kAllMarkers) {
-      teardown->markers |= TeardownState::kRecvMarker;
-    }
-    teardown->recv_marker_owed = !teardown->srq && *posted == backend::FlushStart::kSendMarkerOnly;
-  }
-  teardowns_->Add(teardown);
-  return teardown;
+bool Registrations::BindCm(rdma_cm_id* id, const RegisteredQp& registration) {
+  ControlLock lock(core_.mu);
+  bool bound = false;
+  core_.events->RunSync(
+      [&] { bound = core_.events->cm().Bind(id, registration.slot, registration.generation); });
+  lock.Unlock();
+  // A Shutdown since RegisterQp: what Bind's sweep handed on to a closed consumer runs here (or
+  // after the batch of the handler calling this).
+  core_.events->cm().held().DeliverAllOrAfterBatch();
+  return bound;
 }
 
 }  // namespace cqd::internal
