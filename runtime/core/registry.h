@@ -49,9 +49,31 @@ struct alignas(64) Slot {
   // Bumped (never to 0) by each TeardownQp attempt before it sets `tearing_down`; published by
   // `state`. Tells a LAST_WQE_REACHED posted during this attempt from one of an earlier attempt.
   std::atomic<uint32_t> teardown_epoch{0};
-  // Control path only (under the runtime mutex): work requests committed on each CQ.
-  uint32_t send_commit = 0;
-  uint32_t recv_commit = 0;
+  // The control path's own: read and written under the runtime mutex only, never by routing.
+  // What it last published in `state` (it alone writes that word, through Publish), so that it
+  // never decodes the word routing reads; and the work requests committed on each CQ.
+  struct Control {
+    uint32_t generation = 0;
+    uint32_t consumer = 0;
+    bool live = false;
+    bool tearing_down = false;
+    uint32_t send_commit = 0;
+    uint32_t recv_commit = 0;
+    // Returns true if the registration is live with `g` (the one a handle names).
+    bool LiveAs(uint32_t g) const noexcept { return live && generation == g; }
+  };
+  Control control;
+
+  // Control path (under the runtime mutex): makes `control` say (generation, consumer, live,
+  // tearing_down) and publishes that in `state` with `order`.
+  void Publish(uint32_t generation, uint32_t consumer, bool live, bool tearing_down,
+               std::memory_order order) noexcept {
+    control.generation = generation;
+    control.consumer = consumer;
+    control.live = live;
+    control.tearing_down = tearing_down;
+    state.store(MakeState(generation, consumer, live, tearing_down), order);
+  }
 
   // After an acquire load of `state`: true if the slot still holds (device, qp_num). A reader
   // that looked the slot up may have been overtaken by an unregister and a new registration

@@ -59,7 +59,7 @@ struct alignas(8) TeardownState {
   TeardownWorker* worker = nullptr;
   uint32_t slot = 0;
   uint32_t generation = 0;
-  uint32_t qp_num = 0;   // for log messages
+  uint32_t qp_num = 0;   // for log messages and the LAST_WQE stand-in
   uint32_t device = 0;   // DeviceId: a DEVICE_FATAL of it ends the teardown
   uint32_t markers = 0;  // k*Marker bits of the markers posted (the worker's once shared)
   bool srq = false;      // receives come from an SRQ: no recv marker; wait for LAST_WQE_REACHED

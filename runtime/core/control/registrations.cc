@@ -107,7 +107,7 @@ Result<RegisteredQp> Registrations::RegisterQp(uint32_t qp_num, void* native_qp,
   }
   if (index < 0) return ResourceExhausted("RegisterQp: out of memory for registration slots");
   Slot& slot = core_.slots.slot(static_cast<uint32_t>(index));
-  uint32_t generation = StateGeneration(slot.state.load(std::memory_order_relaxed));
+  const uint32_t generation = slot.control.generation;  // the one its last Retire published
   slot.handler.store(&handler, std::memory_order_relaxed);
   slot.qp_num.store(qp_num, std::memory_order_relaxed);
   slot.device.store(device->id, std::memory_order_relaxed);
@@ -117,14 +117,15 @@ Result<RegisteredQp> Registrations::RegisterQp(uint32_t qp_num, void* native_qp,
   slot.recv_shard.store(static_cast<uint16_t>(recv->shard), std::memory_order_relaxed);
   slot.qp.store(native_qp, std::memory_order_relaxed);
   slot.teardown.store(nullptr, std::memory_order_relaxed);
-  slot.send_commit = static_cast<uint32_t>(send_wrs);
-  slot.recv_commit = static_cast<uint32_t>(recv_wrs);
+  slot.control.send_commit = static_cast<uint32_t>(send_wrs);
+  slot.control.recv_commit = static_cast<uint32_t>(recv_wrs);
   send->committed += send_wrs;
   recv->committed += recv_wrs;
   // The pollers learn which consumer the CQs serve before the first completion can be routed.
   core_.pollers[send->shard]->AddUse(send, consumer);
   if (recv != send) core_.pollers[recv->shard]->AddUse(recv, consumer);
-  slot.state.store(MakeState(generation, consumer, true), std::memory_order_release);
+  slot.Publish(generation, consumer, /*live=*/true, /*tearing_down=*/false,
+               std::memory_order_release);
   device->qps.Set(qp_num, &slot);
   send->retired.Remove(qp_num);  // polled out above: what the old QP left is gone
   recv->retired.Remove(qp_num);
@@ -161,13 +162,12 @@ Status Registrations::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
 
 BatchTicket Registrations::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
   Slot& slot = core_.slots.slot(index);
-  uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLiveAs(state, generation)) return {};  // not retired
-  uint32_t consumer = StateConsumer(state);
+  if (!slot.control.LiveAs(generation)) return {};  // not retired
+  const uint32_t consumer = slot.control.consumer;
   const uint32_t send_id = slot.send_cq.load(std::memory_order_relaxed);
   const uint32_t recv_id = slot.recv_cq.load(std::memory_order_relaxed);
   const uint32_t ids[2] = {send_id, recv_id};
-  const uint32_t commits[2] = {slot.send_commit, slot.recv_commit};
+  const uint32_t commits[2] = {slot.control.send_commit, slot.control.recv_commit};
   CqRecord* cqs[2] = {nullptr, nullptr};
   for (int k = 0; k < 2; ++k) {
     cqs[k] = cqs_->Find(ids[k]);
@@ -186,7 +186,8 @@ BatchTicket Registrations::Retire(uint32_t index, uint32_t generation, TeardownS
   if (ending != nullptr) FenceRetired(ending, qp_num, qp, cqs, commits);
   ChaosPoint();  // fenced, still live: passes route to it meanwhile
   // Dead, with the next generation: items already routed with this one become orphans.
-  slot.state.store(MakeState(generation + 1, consumer, false), std::memory_order_seq_cst);
+  slot.Publish(generation + 1, consumer, /*live=*/false, /*tearing_down=*/false,
+               std::memory_order_seq_cst);
   ChaosPoint();
   if (ending == nullptr) FenceRetired(nullptr, qp_num, qp, cqs, commits);
   live_.fetch_sub(1, std::memory_order_relaxed);

@@ -36,7 +36,7 @@ void Teardowns::FreeSlot(uint32_t index) noexcept {
 bool Teardowns::RedriveFlush(const TeardownState& state) noexcept {
   ControlLock lock(core_.mu);
   const Slot& slot = core_.slots.slot(state.slot);
-  if (!StateLiveAs(slot.state.load(std::memory_order_relaxed), state.generation)) return false;
+  if (!slot.control.LiveAs(state.generation)) return false;
   DeviceRecord* device = devices_.record(state.device);
   return device->backend
       ->RedriveFlush(slot.qp.load(std::memory_order_relaxed),
@@ -45,15 +45,16 @@ bool Teardowns::RedriveFlush(const TeardownState& state) noexcept {
 }
 
 void Teardowns::PostLastWqeStandIn(const TeardownState& state) noexcept {
-  const Slot& slot = core_.slots.slot(state.slot);
-  if (StateGeneration(slot.state.load(std::memory_order_acquire)) != state.generation) return;
+  // Off the runtime mutex (the teardown thread): routed as a QP's event of the teardown's own
+  // registration, so nothing is posted once its generation has gone (route.h, RouteQpEvent).
   AsyncEvent fence;
   fence.type = IBV_EVENT_QP_LAST_WQE_REACHED;
-  fence.qp_num = slot.qp_num.load(std::memory_order_relaxed);
-  fence.device = slot.device.load(std::memory_order_relaxed);
+  fence.qp_num = state.qp_num;
+  fence.device = state.device;
   std::vector<Shard*> pollers;
   for (auto& p : core_.pollers) pollers.push_back(p.get());
-  PostQpEvent(core_.slots, pollers, state.slot, fence, fence.device, /*stand_in=*/true);
+  PostQpEvent(core_.slots, pollers, state.slot, fence, state.device, /*stand_in=*/true,
+              &state.generation);
 }
 
 Result<std::shared_ptr<TeardownState>> Teardowns::TeardownQp(uint32_t index, uint32_t generation,
@@ -66,11 +67,10 @@ Result<std::shared_ptr<TeardownState>> Teardowns::TeardownQp(uint32_t index, uin
   ControlLock lock(core_.mu);
   if (core_.shut_down) return FailedPrecondition("TeardownQp: the runtime is shut down");
   Slot& slot = core_.slots.slot(index);
-  const uint64_t state = slot.state.load(std::memory_order_relaxed);
-  if (!StateLiveAs(state, generation)) {
+  if (!slot.control.LiveAs(generation)) {
     return InvalidArgument("TeardownQp: the registration is no longer live");
   }
-  if (StateTearingDown(state)) return FailedPrecondition("TeardownQp: already tearing down");
+  if (slot.control.tearing_down) return FailedPrecondition("TeardownQp: already tearing down");
   DeviceRecord* device = devices_.record(slot.device.load(std::memory_order_relaxed));
   auto teardown = std::make_shared<TeardownState>();
   teardown->worker = worker_.get();
@@ -91,18 +91,19 @@ Result<std::shared_ptr<TeardownState>> Teardowns::TeardownQp(uint32_t index, uin
     return teardown;
   }
   // Tearing down before the markers exist, so that the pollers recognize them.
-  const uint32_t consumer = StateConsumer(state);
+  const uint32_t consumer = slot.control.consumer;
   slot.teardown.store(teardown.get(), std::memory_order_relaxed);
   const uint32_t epoch = slot.teardown_epoch.load(std::memory_order_relaxed) + 1;
   slot.teardown_epoch.store(epoch == 0 ? 1 : epoch, std::memory_order_relaxed);
-  slot.state.store(MakeState(generation, consumer, true, /*draining=*/true),
-                   std::memory_order_seq_cst);
+  slot.Publish(generation, consumer, /*live=*/true, /*tearing_down=*/true,
+               std::memory_order_seq_cst);
   Result<backend::FlushStart> posted = device->backend->StartQpFlush(
       slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
   if (!posted.ok()) {
     // No marker went out. Back to live; a batch that saw `tearing_down` may still read the state
     // through slot.teardown: wait for it (without core.mu, as Unregister does) before it goes.
-    slot.state.store(state, std::memory_order_seq_cst);
+    slot.Publish(generation, consumer, /*live=*/true, /*tearing_down=*/false,
+                 std::memory_order_seq_cst);
     lock.Unlock();
     core_.consumers[consumer]->WaitForBatchInProgress(index);
     lock.Lock();

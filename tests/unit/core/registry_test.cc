@@ -82,6 +82,26 @@ TEST(SlotState, IsUsableAtCompileTime) {
   SUCCEED();
 }
 
+// The control path's copy says what it last published in the state word, field for field, so
+// that the control path never decodes the word routing reads.
+TEST(Slot, PublishKeepsTheControlCopyAndTheStateWordAlike) {
+  Slot slot;
+  EXPECT_FALSE(slot.control.LiveAs(0));
+  slot.Publish(7, 12, /*live=*/true, /*tearing_down=*/false, std::memory_order_release);
+  EXPECT_EQ(slot.state.load(), MakeState(7, 12, true, false));
+  EXPECT_TRUE(slot.control.LiveAs(7));
+  EXPECT_FALSE(slot.control.LiveAs(6));
+  EXPECT_EQ(slot.control.consumer, 12u);
+  EXPECT_FALSE(slot.control.tearing_down);
+  slot.Publish(7, 12, true, /*tearing_down=*/true, std::memory_order_seq_cst);
+  EXPECT_EQ(slot.state.load(), MakeState(7, 12, true, true));
+  EXPECT_TRUE(slot.control.tearing_down);
+  slot.Publish(8, 12, /*live=*/false, false, std::memory_order_seq_cst);  // retired
+  EXPECT_EQ(slot.state.load(), MakeState(8, 12, false, false));
+  EXPECT_FALSE(slot.control.LiveAs(8));
+  EXPECT_EQ(slot.control.generation, 8u);  // the next registration's
+}
+
 TEST(Slot, HoldsAndUses) {
   Slot slot;
   EXPECT_FALSE(StateLive(slot.state.load()));
