@@ -3,8 +3,9 @@
 // released (still acked and counted should an event come), and the event counters of those
 // destroyed.
 //
-// Threading: control path only; every call requires RuntimeImpl's mutex. The records' atomics
-// are read with the orders CqRecord documents (acked_events with acquire, before events).
+// Threading: control path only; every call requires the runtime's mutex (ControlCore::mu). The
+// records' atomics are read with the orders CqRecord documents (acked_events with acquire, before
+// events).
 #ifndef CQD_RUNTIME_CORE_CQ_TABLE_H_
 #define CQD_RUNTIME_CORE_CQ_TABLE_H_
 

@@ -4,10 +4,10 @@
 // A device's async events come from one fd per native device (the context's, or the simulated
 // device's), and each read takes an event away from every other reader: two runtimes that both
 // added one device would each see only some of its events (a QP's COMM_EST, a DEVICE_FATAL).
-// So a native device belongs to one runtime at a time: RuntimeImpl::AddDevice takes a claim on
-// it, kept in the device's record, and the claim ends when that record is destroyed (with the
-// runtime, or when the add failed). Two contexts of one device (two ibv_open_device calls, as
-// OpenVerbsDevice makes) are two native devices: each reads its own QPs' events.
+// So a native device belongs to one runtime at a time: Devices::AddDevice (control/devices.h) takes
+// a claim on it, kept in the device's record, and the claim ends when that record is destroyed
+// (with the runtime, or when the add failed). Two contexts of one device (two ibv_open_device
+// calls, as OpenVerbsDevice makes) are two native devices: each reads its own QPs' events.
 //
 // Threading: any thread (control path only); the set of claims is guarded by a mutex.
 #ifndef CQD_RUNTIME_CORE_DEVICE_CLAIMS_H_

@@ -48,7 +48,7 @@ struct DeviceRecord {
   DeviceClaim claim;                        // this runtime's hold on the native device
 };
 
-// The most work requests the capacity guard lets a CQ grow to (RegisterQp, RuntimeImpl::Commit).
+// The most work requests the capacity guard lets a CQ grow to (RegisterQp, Registrations::Commit).
 inline constexpr uint64_t kCqGrowthCeiling = uint64_t{1} << 30;
 
 struct CqRecord {
