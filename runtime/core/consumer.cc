@@ -372,7 +372,7 @@ void Consumer::RunItem(const Item& item) noexcept {
 size_t Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
                             uint32_t generation) noexcept {
   Slot& slot = slots_.slot(slot_index);
-  if (RouteHere(EntryKind::kCompletion, slot, generation) == Disposal::kDeliver) {
+  if (RouteAtConsumer(EntryKind::kCompletion, slot, generation) == Disposal::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     return n;
   }

@@ -219,10 +219,6 @@ class Consumer {
   void DeliverListenerEvent(EventJoin* join) noexcept;
   void CountEvent() noexcept;
   void DeliverMarker(uint32_t slot, uint32_t generation, const ibv_wc& wc) noexcept;
-  // What becomes of an entry of `kind` for `slot` as of now (route.h, stage kConsumer).
-  static Disposal RouteHere(EntryKind kind, const Slot& slot, uint32_t generation) noexcept {
-    return RouteAtConsumer(kind, slot, generation);
-  }
   // Carries out the no-consumer disposal of one entry: its completion `wc` or its event `join`.
   void Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexcept;
   // Adds lane `lane`'s entries handed over up to `handed`, and the items that follow them, up to
