@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Consumer (consumer.h): what a batch holds besides completions: async events, CM events (through
 // their binding's gate, cm_router.h), a listener's CM events, and teardown markers, each checked
-// against the registration as of now (RouteAtConsumer, route.h) before its handler runs. On the consumer's
-// thread, inside a batch.
+// against the registration as of now (RouteAtConsumer, route.h) before its handler runs. On the
+// consumer's thread, inside a batch.
 #include "runtime/core/consumer.h"
 #include "runtime/core/teardown.h"
 
@@ -66,7 +66,8 @@ void Consumer::CountEvent() noexcept {
 
 void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(slot_index);
-  if (RouteAtConsumer(EntryKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker) return;
+  if (RouteAtConsumer(EntryKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker)
+    return;
   // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
   // which nulls the pointer and then waits for this batch), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
