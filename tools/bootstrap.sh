@@ -38,6 +38,8 @@ PACKAGES=(
   fakeroot               # ... dpkg-buildpackage without root
   lintian                # ... their check
   doxygen                # the API reference (docs/api/Doxyfile, tools/api_docs.sh)
+  man-db                 # tools/test.sh renders the man pages (tools/man)
+  prometheus             # promtool: //tools/prometheus:promtool_test (check config/rules, test rules)
 )
 # ------------------------------------------------
 
@@ -56,6 +58,14 @@ else
   fi
   echo "bootstrap: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # The packages are for building and testing: none of their services (prometheus's server) is
+  # started (policy-rc.d, as Debian's build chroots do), unless the machine already says otherwise.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update
   apt-get install -y --no-install-recommends "${missing[@]}" </dev/null
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-2-Clause
 # The full test pass (README's test command, what CI runs): installs what is missing, checks the
-# formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh), the layering
+# formatting (tools/check_format.sh), the licence tags (tools/check_spdx.sh), the man pages
+# (tools/man, rendered with man -l), the layering
 # (tools/check_layers.sh), the runtime's file sizes (tools/check_sizes.sh) and Clang's
 # thread-safety analysis (tools/check_tsa.sh: the tree built with -Wthread-safety -Werror) and that
 # a Bazel engine builds on cqd (tools/check_bazel_consumer.sh: examples/bazel_engine), runs
@@ -83,6 +84,17 @@ if ! tools/check_spdx.sh; then
   status=1
   failed=$((failed + 1))
 fi
+
+# The man pages (tools/man: cqd(7), cqd::Runtime(3), cqd_top(1), ...): each renders, and groff
+# has no warning about it.
+echo "== man pages: man --warnings -l tools/man/*"
+for page in tools/man/*.[1-9]; do
+  if ! out=$(LC_ALL=C.UTF-8 MANWIDTH=80 man --warnings -l "$page" 2>&1 >/dev/null) || [[ -n $out ]]; then
+    echo "== man pages: FAILED: $page: $out"
+    status=1
+    failed=$((failed + 1))
+  fi
+done
 
 # The layers: an include that runs back up a layer must fail to build (a few small builds).
 echo "== layers: tools/check_layers.sh"

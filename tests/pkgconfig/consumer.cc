@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // tests/pkgconfig/consumer.cc: an engine built outside Bazel against the installed cqd
-// (g++ -std=c++20 consumer.cc $(pkg-config --cflags --libs cqd)); run by pkgconfig_test.sh.
+// (g++ -std=c++20 consumer.cc $(pkg-config --cflags --libs cqd)); run by pkgconfig_test.sh and
+// the Debian autopkgtest, and shipped by libcqd-doc as its example (with a Makefile: `make check`).
 //
 // Creates a runtime with one poller and one runtime-owned consumer, a simulated device, a CQ and
 // two QPs, completes kPerQp work requests on each, and checks that each QP's handler got all of
