@@ -90,7 +90,7 @@ void HandOnRig::End(int k) {
                                    std::memory_order_seq_cst);
   for (Shard* p : poller_ptrs_) p->PurgeDead(1 + k);
   router_->Ended(id.slot, id.generation);
-  consumers_[1 + k]->WaitForBatchInProgress(id.slot);
+  consumers_[1 + k]->WaitForCallInProgress(id.slot);
   slots_.Free(id.slot);
   router_->held().DeliverAll();
 }

@@ -26,12 +26,12 @@
 /// the engine thread that drives that shard (one at a time; see "Engine-driven shards" below).
 /// Handlers run on their consumer (a kRunToCompletion consumer's on its poller's thread); a handler
 /// may call control-path functions (including Unregister of its own QP), except Shutdown, on every
-/// kind of consumer. Unregister of a QP whose handler is running (or about to run in its consumer's
-/// current batch) waits for that whole batch to end, whichever of the batch's handlers is
-/// running (so does a TeardownQp the device refuses to start), so a handler must not unregister
-/// or tear down, or hold a lock while another thread does, a QP in a batch that waits for it:
-/// two handlers of different consumers that each unregister a QP in the other's current batch
-/// wait for each other for ever. Unregistering QPs of one's own consumer never waits.
+/// kind of consumer. Unregister of a QP whose handler is running waits for that handler call to
+/// return (so does a TeardownQp the device refuses to start), not for the other handlers of its
+/// consumer's batch, so a handler must not unregister or tear down, or hold a lock while another
+/// thread does, a QP whose running handler waits for it: two handlers of different consumers
+/// that each unregister the other's QP wait for each other for ever. Unregistering QPs of one's
+/// own consumer never waits.
 ///
 /// Waiting. No wait in the runtime depends on a thread that is itself waiting for it:
 ///   - control calls wait only for pollers and the event thread, which never wait for anyone;

@@ -11,10 +11,11 @@
 // still schedules). In every other build ChaosPoint() is an empty inline function.
 //
 // Call sites: the hand-over of a lane's range to a consumer and its release, Retire around the
-// registration's death and Unregister before its batch wait, the fences' catch-up
-// (CqSet::CatchUpFences), parking, the sleep protocol (the parker, the shard's sleep and the
-// stages' asks for room), the engine-driven shard's driver word, TeardownWorker::Note, and the
-// teardown thread between deciding and retiring. Any thread may call it; it takes no lock.
+// registration's death and Unregister before its wait for a handler call, a consumer between
+// entering a call and reading the registration, the fences' catch-up (CqSet::CatchUpFences),
+// parking, the sleep protocol (the parker, the shard's sleep and the stages' asks for room), the
+// engine-driven shard's driver word, TeardownWorker::Note, and the teardown thread between
+// deciding and retiring. Any thread may call it; it takes no lock.
 #ifndef CQD_RUNTIME_BASE_CHAOS_H_
 #define CQD_RUNTIME_BASE_CHAOS_H_
 

@@ -47,7 +47,6 @@ Consumer::Consumer(uint32_t index, const ConsumerOptions& options, const SlotPoo
              std::make_unique<bool[]>(options.dispatch_batch)},
       handed_(std::make_unique<uint64_t[]>(static_cast<size_t>(pollers))),
       pieces_(std::make_unique<Piece[]>(options.dispatch_batch)) {
-  listing_.slots = std::make_unique<std::atomic<uint32_t>[]>(options.dispatch_batch);
   for (int p = 0; p < pollers; ++p) {
     lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(p),
                                             static_cast<uint32_t>(options.spill_capacity),
@@ -236,45 +235,9 @@ void Consumer::RunBatch(size_t pieces) noexcept {
       }
     }
   }
+  CQD_DCHECK(!DispatchingOnThisThread(this), "a consumer's batch opened inside one of its own");
   const DispatchFrame frame{this, tls_dispatch_frames};
   tls_dispatch_frames = &frame;
-  // Publish which slots this batch may call (see the header), then make the sequence odd.
-  uint32_t listed = 0;
-  uint32_t last = kNoSlot;
-  auto list = [&](uint32_t slot) {
-    if (listed == 0 || slot != last) {
-      listing_.slots[listed++].store(slot, std::memory_order_release);
-      last = slot;
-    }
-  };
-  for (size_t k = 0; k < pieces; ++k) {
-    const Piece& piece = pieces_[k];
-    if (piece.lane == nullptr) {
-      list(piece.item->slot);
-      continue;
-    }
-    // A run is listed once. Stepping over it is a branch, not arithmetic on the run's length:
-    // with short runs (many QPs) the branch is predicted and the next entry's load starts
-    // without waiting for this one's (a computed step made each load wait for the last).
-    for (uint32_t i = piece.at, end = piece.at + piece.n; i < end;) {
-      const EntryMeta& meta = piece.lane->meta(i);
-      // DeliverRun reads this run's slot: fetch it now, while the rest is listed (with many QPs
-      // its miss otherwise comes after the previous handler call, one at a time).
-      if (meta.kind == EntryKind::kCompletion && meta.slot != last) {
-        __builtin_prefetch(&slots_.slot(meta.slot));
-      }
-      list(meta.slot);
-      if (meta.kind == EntryKind::kCompletion && meta.run > 1) [[unlikely]] {
-        i += std::min<uint32_t>(meta.run, end - i);
-      } else {
-        ++i;
-      }
-    }
-  }
-  listing_.count.store(listed, std::memory_order_release);
-  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
-  CQD_DCHECK((seq & 1) == 0, "a consumer's batch opened while another of it was open");
-  batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
   for (size_t k = 0; k < pieces; ++k) {
     const Piece& piece = pieces_[k];
     if (piece.lane != nullptr) {
@@ -283,25 +246,18 @@ void Consumer::RunBatch(size_t pieces) noexcept {
       RunItem(*piece.item);
     }
   }
-  batch_seq_.store(seq + 2, std::memory_order_release);
+  calling_.store(0, std::memory_order_release);  // between batches (the last call's effects first)
   tls_dispatch_frames = frame.outer;
 }
 
-void Consumer::OpenFusedBatch(size_t n, uint32_t cq_id) noexcept {
+void Consumer::OpenFusedBatch() noexcept {
+  CQD_DCHECK(!DispatchingOnThisThread(this), "a consumer's fused batch opened inside its own");
   fused_frame_ = {this, tls_dispatch_frames};
   tls_dispatch_frames = &fused_frame_;
-  // As RunBatch: what this batch may call (here by CQ and QP number), then the sequence odd.
-  listing_.fused_cq.store(cq_id, std::memory_order_relaxed);  // published by the count's release
-  listing_.count.store(static_cast<uint32_t>(n) | kListsQpNums, std::memory_order_release);
-  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
-  CQD_DCHECK((seq & 1) == 0, "a consumer's fused batch opened while another of it was open");
-  batch_seq_.store(seq + 1, std::memory_order_seq_cst);  // odd: handlers may run
 }
 
 void Consumer::CloseFusedBatch(uint64_t delivered) noexcept {
-  const uint64_t seq = batch_seq_.load(std::memory_order_relaxed);
-  CQD_DCHECK((seq & 1) == 1, "a consumer's fused batch closed that was not open");
-  batch_seq_.store(seq + 1, std::memory_order_release);
+  calling_.store(0, std::memory_order_release);  // as at a batch's end
   tls_dispatch_frames = fused_frame_.outer;
   CountDelivered(delivered);
   DeliverHeldEvents();
@@ -318,8 +274,23 @@ void Consumer::DeliverHeldEvents() noexcept {
   }
 }
 
+uint32_t Consumer::PrefetchRun(Lane& lane, uint32_t i, uint32_t end) const noexcept {
+  const EntryMeta& meta = lane.meta(i);
+  if (meta.kind != EntryKind::kCompletion) return i + 1;
+  __builtin_prefetch(&slots_.slot(meta.slot));
+  // A branch, not arithmetic on the run's length: with short runs (many QPs) it is predicted and
+  // the next entry's load starts without waiting for this one's.
+  if (meta.run > 1) [[unlikely]]
+    return i + std::min<uint32_t>(meta.run, end - i);
+  return i + 1;
+}
+
 void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   const uint32_t end = at + n;
+  // DeliverRun reads each run's slot: fetch them kPrefetchRuns runs ahead of the call, so that
+  // with many QPs the misses overlap instead of each coming after the previous handler call.
+  uint32_t ahead = at;
+  for (int k = 0; k < kPrefetchRuns && ahead < end; ++k) ahead = PrefetchRun(lane, ahead, end);
   uint32_t i = at;
   uint64_t delivered = 0;  // counted once for the piece, not once per run
   while (i < end) {
@@ -338,16 +309,18 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
       }
       delivered += DeliverRun(&lane.wc(i), len, first.slot, first.generation);
       i += len;
-      continue;
-    }
-    if (first.kind == EntryKind::kEventPart) {
-      DeliverEvent(lane.join(i), first.slot, first.generation);
-    } else if (first.kind == EntryKind::kListenerEvent) {
-      DeliverListenerEvent(lane.join(i));
     } else {
-      DeliverMarker(first.slot, first.generation, lane.wc(i));
+      if (first.kind == EntryKind::kEventPart) {
+        DeliverEvent(lane.join(i), first.slot, first.generation);
+      } else if (first.kind == EntryKind::kListenerEvent) {
+        DeliverListenerEvent(lane.join(i));
+      } else {
+        DeliverMarker(first.slot, first.generation, lane.wc(i));
+      }
+      ++i;
     }
-    ++i;
+    if (ahead < i) ahead = i;
+    if (ahead < end) ahead = PrefetchRun(lane, ahead, end);
   }
   CountDelivered(delivered);
 }
@@ -372,6 +345,8 @@ void Consumer::RunItem(const Item& item) noexcept {
 size_t Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
                             uint32_t generation) noexcept {
   Slot& slot = slots_.slot(slot_index);
+  EnterCall(slot_index);
+  ChaosPoint();  // between the call's store and the state read Unregister's fence pairs with
   if (RouteAtConsumer(EntryKind::kCompletion, slot, generation) == Disposal::kDeliver) {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     return n;

@@ -22,16 +22,23 @@
 // poll, shard/fused_poll.cc), in a batch of its own (OpenFusedBatch).
 //
 // Dispatch(), DispatchLane() and the fused batch run on the consumer's thread only (the owned
-// thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread). Before
-// a batch's first handler call they list the batch's slots in `listing_.slots` (release; a fused
-// batch lists QP numbers) and make `batch_seq_` odd (seq_cst); after the last call they make it
-// even. Each reads each slot's state (seq_cst) right
-// before calling its handler. Unregister stores the dead state (seq_cst), then reads
-// `batch_seq_`: if odd and the batch lists the slot, it waits for the value to change. Either
-// the consumer's state read sees the registration gone, or Unregister sees the batch that may
-// call it and waits for its end. One seq_cst store per batch, not per call; the price is that
-// the wait lasts the whole batch, the handlers of the batch's other QPs included (runtime.h's
-// threading rule says what that forbids a handler).
+// thread, the engine thread calling Drain, or for kRunToCompletion its poller's thread).
+//
+// Unregister's guarantee (once it returns, no handler call of the registration is under way and
+// none starts) rests on one word of the consumer's own, `calling_`. Before it calls a
+// registration's handler (a run of completions, an async or CM event) or reads its teardown (a
+// marker), the consumer stores the slot there (EnterCall: a release store, then LightFence, a
+// compiler barrier), then reads the slot's state (acquire, RouteAtConsumer) and goes on only if
+// it is live; a listener's event and the batch's end store "none". Unregister stores the dead
+// state (seq_cst), runs HeavyFence (asymmetric_fence.h: every running thread of the process
+// passes a full barrier), then reads `calling_` (CallInProgress): if it names the slot, it waits
+// until the word names something else (CallOver, acquire: the call's effects happen before).
+// Either the consumer's state read came after that barrier and sees the registration gone, or
+// its store of the slot came before it and Unregister sees it. The hot path pays one plain store
+// to its own line per handler call, no list per batch and no locked instruction; Unregister pays
+// a system call of a few microseconds. The wait lasts that registration's call, not the batch
+// around it, and not at all on a thread running this consumer's handlers (runtime.h's threading
+// rule says what is left for a handler to avoid).
 #ifndef CQD_RUNTIME_CORE_CONSUMER_H_
 #define CQD_RUNTIME_CORE_CONSUMER_H_
 
@@ -46,6 +53,7 @@
 #include "cqd/handler.h"
 #include "cqd/options.h"
 #include "cqd/status.h"
+#include "runtime/base/asymmetric_fence.h"
 #include "runtime/base/mutex.h"
 #include "runtime/base/parker.h"
 #include "runtime/core/event_join.h"
@@ -94,32 +102,31 @@ class Consumer {
   bool CloseIfEmpty();
   moodycamel::ProducerToken MakeProducerToken() { return moodycamel::ProducerToken(queue_); }
   // Run-to-completion, on its poller's thread only: a batch whose completions the poller routes
-  // as it runs them (the fused poll, FusedPoll::Poll), all polled from the CQ `cq_id`. The
-  // poller lists the poll's QP numbers in FusedListing()[0, n) (as it finds its runs: no slot
-  // touched, no second look), then OpenFusedBatch(n, cq_id) publishes the list and makes
-  // `batch_seq_` odd, as RunBatch does; between it and CloseFusedBatch, DeliverFused calls
-  // handlers of QPs registered on that CQ with listed numbers only. BatchInProgress takes a slot
-  // for listed when it uses that CQ and has a listed number: exactly the registrations the batch
-  // may call (a QP registered on a CQ that still held a retired same-numbered QP's completions
-  // is not: RegisterQp polls them out first). n <= dispatch_batch() (the poller fuses only polls
-  // that fit one batch).
-  std::atomic<uint32_t>* FusedListing() noexcept { return listing_.slots.get(); }
-  void OpenFusedBatch(size_t n, uint32_t cq_id) noexcept;
-  // Calls `slot`'s handler with `wcs`; the caller read the slot live for this consumer (seq_cst)
-  // after OpenFusedBatch.
+  // as it runs them (the fused poll, FusedPoll::Poll). Between OpenFusedBatch and
+  // CloseFusedBatch the poller calls EnterCall(slot), reads the slot's state, and DeliverFused
+  // for a run it found live for this consumer.
+  void OpenFusedBatch() noexcept;
+  // Calls `slot`'s handler with `wcs`; the caller entered the call (EnterCall) and then read the
+  // slot live for this consumer.
   static void DeliverFused(const Slot& slot, const ibv_wc* wcs, size_t n) noexcept {
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
   }
   // Ends the batch OpenFusedBatch began; `delivered` completions reached handlers in it.
   void CloseFusedBatch(uint64_t delivered) noexcept;
+  // The dispatching thread, before it reads slot `slot`'s state to call its handler or note its
+  // marker (see the header).
+  void EnterCall(uint32_t slot) noexcept {
+    calling_.store(slot + 1, std::memory_order_release);  // the previous call's effects first
+    LightFence(expedited_);
+  }
   // Call after marking `slot` dead: waits until a handler call of it that this consumer may have
   // started has returned, unless this thread is running this consumer's handlers.
-  void WaitForBatchInProgress(uint32_t slot) const noexcept;
-  // The same without waiting: returns the batch that may still call `slot`'s handler (seq 0:
-  // none, or this thread runs it); BatchOver(seq) says when it has ended.
-  uint64_t BatchInProgress(uint32_t slot) const noexcept;
-  bool BatchOver(uint64_t seq) const noexcept {
-    return batch_seq_.load(std::memory_order_acquire) != seq;
+  void WaitForCallInProgress(uint32_t slot) const noexcept;
+  // The same without waiting: returns the call that may still be under way (0: none, or this
+  // thread runs this consumer's handlers); CallOver(call) says when it has returned.
+  uint32_t CallInProgress(uint32_t slot) const noexcept;
+  bool CallOver(uint32_t call) const noexcept {
+    return calling_.load(std::memory_order_acquire) != call;
   }
   // Engine-driven: the ThreadToken() (thread_role.h) of the thread that called Drain last.
   const std::atomic<uintptr_t>& last_drainer() const { return engine_.last_drainer; }
@@ -207,6 +214,10 @@ class Consumer {
   // Outside every batch of this thread: runs the CM events a batch deferred (DeferHeldEvents).
   void DeliverHeldEvents() noexcept;
   void RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
+  // Prefetches the slot of the run at lane entry `i` (if a completion's); returns the next run's
+  // entry (at most `end`).
+  uint32_t PrefetchRun(Lane& lane, uint32_t i, uint32_t end) const noexcept;
+  static constexpr int kPrefetchRuns = 8;
   void RunItem(const Item& item) noexcept;
   // Delivers one registration's run of completions.
   // Returns how many of the run's completions reached the handler (n, or 0: orphaned).
@@ -254,15 +265,6 @@ class Consumer {
   std::unique_ptr<uint64_t[]> handed_;  // per lane: how far it was handed over, as a batch read it
   size_t next_lane_ = 0;                // the lane a batch looks at first (each gets its turn)
   std::unique_ptr<Piece[]> pieces_;     // the batch being dispatched
-  // What the batch being dispatched may call, for Unregister: its slots (consecutive duplicates
-  // once), or a fused batch's QP numbers (count | kListsQpNums) on its CQ.
-  struct BatchListing {
-    std::unique_ptr<std::atomic<uint32_t>[]> slots;
-    std::atomic<uint32_t> count{0};
-    std::atomic<uint32_t> fused_cq{0};  // a fused batch's CQ id, written before the count
-  };
-  BatchListing listing_;
-  static constexpr uint32_t kListsQpNums = 1u << 31;
   // An engine-driven consumer's (see Drain): the notify fd; the engine thread's marks: the parker
   // is prepared, so a producer's Wake will write the fd; a producer's write is owed and not yet
   // read; we wrote the fd ourselves. And who drains: the Drain in progress (its ThreadToken, or
@@ -293,7 +295,10 @@ class Consumer {
   std::atomic<uint64_t> high_water_{0};
   // Items pushed and not yet moved into alone_ (on depth_'s line, which Dispatch reads anyway).
   std::atomic<uint64_t> queued_items_{0};
-  alignas(64) std::atomic<uint64_t> batch_seq_{0};  // odd while a batch's handlers run
+  // The slot (plus one) whose handler call this consumer is entering or making; 0: none (see the
+  // header). Written by the dispatching thread only.
+  alignas(64) std::atomic<uint32_t> calling_{0};
+  const bool expedited_ = AsymmetricFenceExpedited();  // LightFence's argument, read once
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> async_delivered_{0};
   // The fused batch's frame on this thread's list while it is open (last, so that the fields

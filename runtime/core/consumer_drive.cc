@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-2-Clause
 // Consumer (consumer.h): how a consumer is driven and how it ends. Its owned thread's loop (Run),
 // the engine's Drain with its notify fd, Shutdown's side: closing (CloseIfEmpty) and handing what
-// is left to the orphan sink, and the control side's wait for a batch in progress
-// (BatchInProgress, for Unregister). The dispatch itself is in consumer.cc.
+// is left to the orphan sink, and the control side's wait for a handler call in progress
+// (CallInProgress, for Unregister). The dispatch itself is in consumer.cc.
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -191,36 +191,19 @@ void Consumer::Discard(EntryKind kind, const ibv_wc* wc, EventJoin* join) noexce
   }
 }
 
-uint64_t Consumer::BatchInProgress(uint32_t slot) const noexcept {
+uint32_t Consumer::CallInProgress(uint32_t slot) const noexcept {
   if (DispatchingHere()) return 0;  // a handler of this consumer unregistering
-  const uint64_t seq = batch_seq_.load(std::memory_order_seq_cst);
-  if (seq % 2 == 0) return 0;  // between batches: later batches see the slot dead
-  uint32_t count = listing_.count.load(std::memory_order_acquire);
-  uint32_t key = slot;
-  if (count & kListsQpNums) {  // a fused batch lists QP numbers of one CQ's poll
-    count &= ~kListsQpNums;
-    // The slot still holds its own facts (it is freed only after this wait). Read with the
-    // count: if a later batch wrote them, batch `seq` is over, whatever this decides.
-    const Slot& s = slots_.slot(slot);
-    const uint32_t cq = listing_.fused_cq.load(std::memory_order_relaxed);
-    if (s.send_cq.load(std::memory_order_relaxed) != cq &&
-        s.recv_cq.load(std::memory_order_relaxed) != cq) {
-      return 0;  // the batch routes only registrations of its CQ to handlers (route.h)
-    }
-    key = s.qp_num.load(std::memory_order_relaxed);
-  }
-  for (uint32_t k = 0; k < count; ++k) {
-    if (listing_.slots[k].load(std::memory_order_acquire) == key) return seq;
-  }
-  // The list read belongs to batch `seq` unless the sequence moved on, and then that batch is
-  // over. A batch that does not list the slot calls none of its handlers.
-  return 0;
+  // The caller stored the dead state; after this fence the consumer either reads it or has
+  // stored the slot where the load below finds it (see the header).
+  HeavyFence();
+  const uint32_t call = slot + 1;
+  return calling_.load(std::memory_order_acquire) == call ? call : 0;
 }
 
-void Consumer::WaitForBatchInProgress(uint32_t slot) const noexcept {
-  const uint64_t seq = BatchInProgress(slot);
-  if (seq == 0) return;
-  while (!BatchOver(seq)) WaitStep();  // thread_role.h
+void Consumer::WaitForCallInProgress(uint32_t slot) const noexcept {
+  const uint32_t call = CallInProgress(slot);
+  if (call == 0) return;
+  while (!CallOver(call)) WaitStep();  // thread_role.h
 }
 
 }  // namespace cqd::internal

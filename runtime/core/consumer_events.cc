@@ -11,6 +11,7 @@ namespace cqd::internal {
 void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t generation) noexcept {
   if (!join->DropPart()) return;  // the other shard's part is still on its way
   Slot& slot = slots_.slot(slot_index);
+  EnterCall(slot_index);  // before the state read, in DeliverCm's gate too
   if (join->kind == EventJoin::Kind::kCm) {
     DeliverCm(join, slot);
     return;
@@ -28,7 +29,7 @@ void Consumer::DeliverEvent(EventJoin* join, uint32_t slot_index, uint32_t gener
   if (tearing_down && join->teardown_epoch != 0 &&
       join->event.type == IBV_EVENT_QP_LAST_WQE_REACHED &&
       join->teardown_epoch == slot.teardown_epoch.load(std::memory_order_relaxed)) {
-    // Null once the teardown ends or its start failed; either waits for this batch before the
+    // Null once the teardown ends or its start failed; either waits for this call before the
     // state goes away.
     TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
     if (teardown != nullptr) teardown->worker->Note(teardown, TeardownState::kLastWqe);
@@ -53,6 +54,8 @@ void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
 }
 
 void Consumer::DeliverListenerEvent(EventJoin* join) noexcept {
+  // Nobody's registration: an Unregister must not wait for this handler.
+  calling_.store(0, std::memory_order_release);
   join->watch->handler->OnCmEvent(join->cm);
   CountEvent();
   join->Finish();
@@ -66,10 +69,11 @@ void Consumer::CountEvent() noexcept {
 
 void Consumer::DeliverMarker(uint32_t slot_index, uint32_t generation, const ibv_wc& wc) noexcept {
   Slot& slot = slots_.slot(slot_index);
+  EnterCall(slot_index);  // the teardown's end waits for this call before the state goes
   if (RouteAtConsumer(EntryKind::kTeardownMarker, slot, generation) == Disposal::kDropMarker)
     return;
   // Live with this generation: the teardown has not ended, or is ending now (ending unregisters,
-  // which nulls the pointer and then waits for this batch), so the state is still there.
+  // which nulls the pointer and then waits for this call), so the state is still there.
   TeardownState* teardown = slot.teardown.load(std::memory_order_relaxed);
   if (teardown == nullptr) return;
   teardown->worker->Note(teardown, wc.wr_id == teardown->send_marker()

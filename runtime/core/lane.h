@@ -77,7 +77,7 @@ struct EntryMeta {
   EntryKind kind;
   // Completions: how many entries from this one on (this one included) are completions of the
   // same registration, routed by one poll; at least 1. The consumer hands each run to its
-  // handler in one call and lists the batch's slots run by run, not entry by entry.
+  // handler in one call and reads its registration once per run, not entry by entry.
   uint16_t run;
   uint32_t stamp;  // completions: when polled, if latency is recorded (latency.h)
 };

@@ -147,12 +147,13 @@ struct EventRoute {
 
 // Stage kConsumer: returns what becomes of an entry of `kind` routed to (slot, generation), as
 // of now; sets `*tearing_down` (if given) to whether that registration is being torn down.
-// seq_cst: Unregister's wait for the batch in progress (Consumer::BatchInProgress) pairs with it.
+// Acquire: the handler a live state published is read after it. A consumer about to call the
+// handler entered the call first (Consumer::EnterCall), which is what Unregister's wait pairs with.
 inline Disposal RouteAtConsumer(EntryKind kind, const Slot& slot, uint32_t generation,
                                 bool* tearing_down = nullptr) noexcept {
   RouteFacts facts{.kind = kind};
   if (kind != EntryKind::kListenerEvent) {  // a listener's event is nobody's registration's
-    const uint64_t state = slot.state.load(std::memory_order_seq_cst);
+    const uint64_t state = slot.state.load(std::memory_order_acquire);
     facts.live = StateLiveAs(state, generation);
     if (tearing_down != nullptr) *tearing_down = StateTearingDown(state);
   }

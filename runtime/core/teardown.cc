@@ -172,8 +172,8 @@ void TeardownWorker::Run() {
                       ": its work did not flush back before the deadline; unregistered anyway");
       }
       ChaosPoint();  // decided, not yet retired: markers may come meanwhile
-      const BatchTicket batch = host_.RetireTeardown(*state);
-      retired_.push_back({state, std::move(result), batch});
+      const CallTicket call = host_.RetireTeardown(*state);
+      retired_.push_back({state, std::move(result), call});
     }
     const bool waiting_on_batches = FinishRetired();
     lock.Lock();
@@ -208,12 +208,12 @@ bool TeardownWorker::FinishRetired() {
   // Not erased in place: on_done may add teardowns, never retired ones (only Run retires).
   std::vector<Ending> over;
   std::erase_if(retired_, [&](Ending& e) {
-    if (e.batch.retired && e.batch.seq != 0 && !host_.BatchOver(e.batch)) return false;
+    if (e.call.retired && e.call.call != 0 && !host_.CallOver(e.call)) return false;
     over.push_back(std::move(e));
     return true;
   });
   for (Ending& e : over) {
-    if (e.batch.retired) host_.FreeSlot(e.state->slot);
+    if (e.call.retired) host_.FreeSlot(e.state->slot);
     Publish(e.state, e.result);
   }
   return !retired_.empty();

@@ -21,8 +21,8 @@
 //      shard has polled yet, or, for a side with no marker, a catch-up of its CQ; until it ends,
 //      the CQ keeps the QP's commitment, whatever that CQ yields for the qp_num goes to the
 //      orphan sink, and no later QP of that number is registered there.
-//   2. Once the consumer's batch that may still call the QP's handler is over (polled by the
-//      worker, never waited for), the slot is freed, the result published, on_done called.
+//   2. Once the consumer's handler call that may still be under way for the QP is over (polled by
+//      the worker, never waited for), the slot is freed, the result published, on_done called.
 //
 // Threading: TeardownState's `seen` is set by consumers and `polled` by pollers (atomics);
 // everything else in it is written before it is shared (control path, under the runtime mutex),
@@ -111,13 +111,14 @@ struct alignas(8) TeardownState {
   }
 };
 
-// What retiring a registration left to wait for: the consumer batch that may still call its
-// handler, over once the consumer's batch sequence has moved on from `seq` (0: there is none).
-// `retired` is false if the registration was already gone (nothing to free).
-struct BatchTicket {
+// What retiring a registration left to wait for: the consumer's handler call that may still be
+// under way for it, over once the consumer's call word has moved on from `call` (0: there is
+// none; Consumer::CallInProgress). `retired` is false if the registration was already gone
+// (nothing to free).
+struct CallTicket {
   bool retired = false;
   uint32_t consumer = 0;
-  uint64_t seq = 0;
+  uint32_t call = 0;
 };
 
 // What the worker needs of the runtime. Each runs on the worker thread; none waits for a
@@ -125,9 +126,9 @@ struct BatchTicket {
 class TeardownHost {
  public:
   virtual ~TeardownHost() = default;
-  // Step 1 of an end (see above). Returns the batch to wait for before step 2.
-  virtual BatchTicket RetireTeardown(TeardownState& state) noexcept = 0;
-  virtual bool BatchOver(const BatchTicket& ticket) const noexcept = 0;
+  // Step 1 of an end (see above). Returns the call to wait out before step 2.
+  virtual CallTicket RetireTeardown(TeardownState& state) noexcept = 0;
+  virtual bool CallOver(const CallTicket& ticket) const noexcept = 0;
   // Step 2's bookkeeping: the slot may be reused.
   virtual void FreeSlot(uint32_t slot) noexcept = 0;
   // Sends the registration's consumer a fence through the shards of its CQs, which the consumer
@@ -149,7 +150,7 @@ class TeardownWorker {
   void set_logger(const Logger* log) { log_ = log; }
   void Start();
   // Ends every teardown still running (drained ones OK, the rest kCancelled), lets each finish
-  // (its consumer's batch over, on_done called) and joins. Consumers must still be running.
+  // (its consumer's call over, on_done called) and joins. Consumers must still be running.
   // Must not be called on the worker thread (on_done).
   void Stop();
   // Control path: tracks a started teardown until it ends.
@@ -165,10 +166,10 @@ class TeardownWorker {
   struct Ending {
     std::shared_ptr<TeardownState> state;
     Status result;
-    BatchTicket batch;
+    CallTicket call;
   };
   void Run();
-  // Step 2 for every retired teardown whose batch is over; returns true if any remain.
+  // Step 2 for every retired teardown whose call is over; returns true if any remain.
   bool FinishRetired();
   void Publish(const std::shared_ptr<TeardownState>& state, const Status& result);
 

@@ -160,7 +160,7 @@ Status Registrations::Commit(CqRecord* cq, uint64_t wrs, uint32_t qp_num) {
   return Status::Ok();
 }
 
-BatchTicket Registrations::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
+CallTicket Registrations::Retire(uint32_t index, uint32_t generation, TeardownState* ending) {
   Slot& slot = core_.slots.slot(index);
   if (!slot.control.LiveAs(generation)) return {};  // not retired
   const uint32_t consumer = slot.control.consumer;
@@ -211,7 +211,7 @@ BatchTicket Registrations::Retire(uint32_t index, uint32_t generation, TeardownS
   // Its connection events still on their way go to the CmHandler now, in read order, wherever
   // their parts wait (cm_router.h); they run there, or in HeldEvents after Shutdown.
   core_.events->cm().Ended(index, generation);
-  return {true, consumer, core_.consumers[consumer]->BatchInProgress(index)};
+  return {true, consumer, core_.consumers[consumer]->CallInProgress(index)};
 }
 
 void Registrations::FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
@@ -245,12 +245,12 @@ void Registrations::FenceRetired(const TeardownState* ending, uint32_t qp_num, c
 bool Registrations::Unregister(uint32_t index, uint32_t generation) noexcept {
   if (CallerRoles() & kRefusedControlCallers) return false;  // as CheckCaller refuses
   ControlLock lock(core_.mu);
-  const BatchTicket batch = Retire(index, generation, nullptr);
-  if (!batch.retired) return true;  // already gone
+  const CallTicket call = Retire(index, generation, nullptr);
+  if (!call.retired) return true;  // already gone
   ChaosPoint();
-  if (batch.seq != 0) {
-    lock.Unlock();  // a handler in that batch may want core.mu
-    while (!core_.consumers[batch.consumer]->BatchOver(batch.seq)) WaitStep();  // thread_role.h
+  if (call.call != 0) {
+    lock.Unlock();  // that handler may want core.mu
+    while (!core_.consumers[call.consumer]->CallOver(call.call)) WaitStep();  // thread_role.h
     lock.Lock();
   }
   core_.slots.Free(index);
@@ -261,7 +261,7 @@ bool Registrations::Unregister(uint32_t index, uint32_t generation) noexcept {
   return true;
 }
 
-BatchTicket Registrations::RetireTeardown(TeardownState& state) noexcept {
+CallTicket Registrations::RetireTeardown(TeardownState& state) noexcept {
   ControlLock lock(core_.mu);
   return Retire(state.slot, state.generation, &state);
 }

@@ -53,7 +53,7 @@ class Registrations {
   // Returns false (and does nothing) on a poller or the event thread.
   bool Unregister(uint32_t slot, uint32_t generation) noexcept;
   // Teardown thread (TeardownHost::RetireTeardown): Retire, `state` ending, under core.mu.
-  BatchTicket RetireTeardown(TeardownState& state) noexcept;
+  CallTicket RetireTeardown(TeardownState& state) noexcept;
   // Returns the registrations live now (Stats::registrations), from any thread.
   uint64_t live() const { return live_.load(std::memory_order_relaxed); }
 
@@ -63,9 +63,9 @@ class Registrations {
   // Ends the registration (slot, generation) without waiting for its consumer: it is dead and
   // unroutable, its CQ uses dropped, what the pollers hold for it orphaned, and what it may still
   // have in its CQs fenced (fences.h: `ending` is the teardown that ended, null for a plain
-  // Unregister). Returns the batch to wait out before the slot is freed; `retired` false if it was
-  // gone.
-  BatchTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending)
+  // Unregister). Returns the handler call to wait out before the slot is freed; `retired` false if
+  // it was gone.
+  CallTicket Retire(uint32_t slot, uint32_t generation, TeardownState* ending)
       CQD_REQUIRES(core_.mu);
   void FenceRetired(const TeardownState* ending, uint32_t qp_num, const void* qp,
                     CqRecord* const cqs[2], const uint32_t commits[2]) CQD_REQUIRES(core_.mu);

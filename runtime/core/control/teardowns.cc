@@ -20,12 +20,12 @@ Teardowns::Teardowns(ControlCore& core, Registrations& registrations, Devices& d
   worker_->set_logger(&core_.log);
 }
 
-BatchTicket Teardowns::RetireTeardown(TeardownState& state) noexcept {
+CallTicket Teardowns::RetireTeardown(TeardownState& state) noexcept {
   return registrations_.RetireTeardown(state);
 }
 
-bool Teardowns::BatchOver(const BatchTicket& ticket) const noexcept {
-  return core_.consumers[ticket.consumer]->BatchOver(ticket.seq);
+bool Teardowns::CallOver(const CallTicket& ticket) const noexcept {
+  return core_.consumers[ticket.consumer]->CallOver(ticket.call);
 }
 
 void Teardowns::FreeSlot(uint32_t index) noexcept {
@@ -100,12 +100,12 @@ Result<std::shared_ptr<TeardownState>> Teardowns::TeardownQp(uint32_t index, uin
   Result<backend::FlushStart> posted = device->backend->StartQpFlush(
       slot.qp.load(std::memory_order_relaxed), teardown->send_marker(), teardown->recv_marker());
   if (!posted.ok()) {
-    // No marker went out. Back to live; a batch that saw `tearing_down` may still read the state
+    // No marker went out. Back to live; a call that saw `tearing_down` may still read the state
     // through slot.teardown: wait for it (without core.mu, as Unregister does) before it goes.
     slot.Publish(generation, consumer, /*live=*/true, /*tearing_down=*/false,
                  std::memory_order_seq_cst);
     lock.Unlock();
-    core_.consumers[consumer]->WaitForBatchInProgress(index);
+    core_.consumers[consumer]->WaitForCallInProgress(index);
     lock.Lock();
     if (slot.teardown.load(std::memory_order_relaxed) == teardown.get()) {
       slot.teardown.store(nullptr, std::memory_order_release);

@@ -3,10 +3,10 @@
 // the TeardownWorker it owns ends it through this class's TeardownHost calls.
 //
 // Threading: TeardownQp is a control call (any thread CheckCaller admits, caller.h), under
-// core.mu, which it releases only to wait for a batch when no marker went out. The TeardownHost
-// calls run on the teardown thread, each under core.mu but BatchOver (an acquire load of the
-// consumer's batch) and PostLastWqeStandIn (an acquire load of the state word). Start and Stop:
-// RuntimeImpl's lifetime, without core.mu.
+// core.mu, which it releases only to wait for a handler call when no marker went out. The
+// TeardownHost calls run on the teardown thread, each under core.mu but CallOver (an acquire load
+// of the consumer's call word) and PostLastWqeStandIn (an acquire load of the state word). Start
+// and Stop: RuntimeImpl's lifetime, without core.mu.
 #ifndef CQD_RUNTIME_CORE_CONTROL_TEARDOWNS_H_
 #define CQD_RUNTIME_CORE_CONTROL_TEARDOWNS_H_
 
@@ -41,8 +41,8 @@ class Teardowns final : private TeardownHost {
 
  private:
   // TeardownHost (teardown.h), on the teardown thread.
-  BatchTicket RetireTeardown(TeardownState& state) noexcept override;
-  bool BatchOver(const BatchTicket& ticket) const noexcept override;
+  CallTicket RetireTeardown(TeardownState& state) noexcept override;
+  bool CallOver(const CallTicket& ticket) const noexcept override;
   void FreeSlot(uint32_t slot) noexcept override;
   void PostLastWqeStandIn(const TeardownState& state) noexcept override;
   bool RedriveFlush(const TeardownState& state) noexcept override;

@@ -19,10 +19,9 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
   const int n = counters_.CountedPoll(cq, room, wcs, true);
   if (n <= 0) return n;
   router_.Stamp();
-  // One look at the poll: its runs of one QP, each run's slot looked up (prefetched, so that
-  // the misses overlap) and its number listed for the batch.
+  // One look at the poll: its runs of one QP, each run's slot looked up (and prefetched, so that
+  // the misses overlap).
   Consumer& target = spills_.consumer(consumer);
-  std::atomic<uint32_t>* listing = target.FusedListing();
   const QpTable& table = cq->device->qps;
   int runs = 0;
   uint32_t last = kNoQp;
@@ -34,7 +33,6 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
     if (slot != nullptr) __builtin_prefetch(slot);
     run_slots_[runs] = slot;
     run_starts_[runs] = i;
-    listing[runs].store(qp_num, std::memory_order_release);
     ++runs;
   }
   run_starts_[runs] = n;
@@ -47,14 +45,14 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
   {
     // Handlers may call the runtime from here (thread_role.h), as on the hosted stage.
     const HostedDispatchScope dispatching(duty_.serve, duty_.owner);
-    target.OpenFusedBatch(static_cast<size_t>(runs), cq->id);
+    target.OpenFusedBatch();
     for (int r = 0; r < runs; ++r) {
       const int j = run_starts_[r + 1];
       const Slot* slot = run_slots_[r];
       uint64_t state;
-      // seq_cst: Unregister's wait for the batch in progress pairs with it (consumer.h).
-      const Router::RunRoute route =
-          router_.RouteRun(*cq, wcs[i].qp_num, slot, consumer, std::memory_order_seq_cst, state);
+      // The call entered before the state read: Unregister's wait pairs with it (consumer.h).
+      if (slot != nullptr) target.EnterCall(slot->index);
+      const Router::RunRoute route = router_.RouteRun(*cq, wcs[i].qp_num, slot, consumer, state);
       if (route == Router::RunRoute::kOrphan) {
         const RuntimeThreadScope runtime(true);  // as on the unfused path: no calls in
         orphans_.Take({wcs + i, static_cast<size_t>(j - i)});

@@ -9,10 +9,9 @@
 // state the poll saw before any control call changes it: a control call that reaches this shard
 // from a handler (Shard::RunSync inline) or while a handler waits (its mailbox, served as a wait
 // duty) first runs Settle, which routes the rest of the poll into the lanes, where purges and
-// fences find it as they would have. The batch lists its CQ and the poll's QP numbers before any
-// handler runs, so an Unregister from another thread waits for its end when it names a QP of that
-// CQ with one of them (Consumer::OpenFusedBatch), and the handler of each run is called only
-// after its slot was read live (seq_cst) inside that batch.
+// fences find it as they would have. Each run's handler call is entered (Consumer::EnterCall)
+// before its slot is read, and called only if the slot was read live, so an Unregister from
+// another thread waits for that call, as on the consumer's own path (consumer.h).
 //
 // Threading: the shard's driver only.
 #ifndef CQD_RUNTIME_CORE_SHARD_FUSED_POLL_H_

@@ -99,7 +99,7 @@ void Router::RouteInLane(CqRecord* cq, uint32_t consumer, int n) noexcept {
     while (j < count && wcs[j].qp_num == qp_num) ++j;
     const Slot* slot = batch_slots_[i];
     uint64_t state;
-    const RunRoute route = RouteRun(*cq, qp_num, slot, consumer, std::memory_order_acquire, state);
+    const RunRoute route = RouteRun(*cq, qp_num, slot, consumer, state);
     if (route == RunRoute::kOrphan) {
       orphans_.Take({wcs + i, j - i});
       i = j;

@@ -2,7 +2,7 @@
 // runtime/core/shard/router.h: where each completion a shard polls goes, carried out.
 //
 // The router gathers route.h's facts for a polled completion (the registration's slot, read once
-// per run of one QP with the memory order its caller names, and the CQ's fences), asks Route,
+// per run of one QP, and the CQ's fences), asks Route,
 // and carries the answer out: into the destination consumer's lane (Spills), to the orphan sink,
 // or taken by a fence. It alone reads a registration's destination consumer and liveness on the
 // poll path (StateConsumer, StateLive). Three paths share its decisions:
@@ -62,17 +62,17 @@ class Router {
   void RouteUnused(CqRecord* cq, const ibv_wc* wcs, int n) noexcept;
 
   // The decision for a run of one QP's completions polled from `cq` for `consumer`, the fast
-  // paths' (in place, fused). `slot` is the QP's lookup, its state read with `order` (seq_cst
-  // where a handler may be called on it inside a batch, consumer.h) into `state`. kStays: routed
+  // paths' (in place, fused). `slot` is the QP's lookup, its state read (acquire; the fused poll
+  // entered the handler call before it, Consumer::EnterCall) into `state`. kStays: routed
   // to `consumer`; kOrphan: nobody may take them; kEachAlone: a torn-down QP's (any may be its
   // marker) or another consumer's: the general path looks at each, from the first on.
   enum class RunRoute : uint8_t { kStays, kOrphan, kEachAlone };
   RunRoute RouteRun(const CqRecord& cq, uint32_t qp_num, const Slot* slot, uint32_t consumer,
-                    std::memory_order order, uint64_t& state) const noexcept {
+                    uint64_t& state) const noexcept {
     RouteFacts facts;
     state = 0;
     if (slot != nullptr) {
-      state = slot->state.load(order);
+      state = slot->state.load(std::memory_order_acquire);
       ReadSlotFacts(cq, qp_num, *slot, state, facts);
     }
     switch (Route(RouteStage::kPoll, facts)) {

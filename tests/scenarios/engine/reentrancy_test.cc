@@ -160,6 +160,35 @@ TEST(Reentrancy, UnregisterDoesNotWaitForOtherQpsHandlers) {
   ASSERT_TRUE(WaitFor([&] { return s.handlers[1]->received() == 1; }));
 }
 
+// Unregister waits for its QP's handler call, not for the batch around it: here QP 0's completion
+// is in the batch whose first handler (QP 1's) waits for a lock the unregistering thread holds.
+// QP 0's handler then never runs: the consumer enters its call, reads it unregistered, and hands
+// the completion to the orphan handler.
+TEST(Reentrancy, UnregisterDoesNotWaitForTheRestOfItsQpsBatch) {
+  OneCq s(EngineDriven(1), {0, 0});
+  std::mutex engine_lock;
+  std::atomic<bool> entered{false};
+  s.handlers[1]->before = [&](auto) {
+    entered.store(true);
+    std::lock_guard<std::mutex> lock(engine_lock);
+  };
+  ASSERT_EQ(s.qps[1]->Complete(0), 1);
+  ASSERT_EQ(s.qps[0]->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return s.Queued(0) == 2; }));
+  ASSERT_TRUE(testing::WaitForPollersAsleep(*s.rt));  // both entries are in the lane
+  std::unique_lock<std::mutex> held(engine_lock);
+  int drained = 0;
+  std::thread engine([&] { drained = s.rt->Drain(0, 64); });  // one batch: QP 1's, then QP 0's
+  ASSERT_TRUE(WaitFor([&] { return entered.load(); }));
+  s.registrations[0].Unregister();  // QP 1's handler is still blocked
+  EXPECT_FALSE(s.registrations[0].registered());
+  held.unlock();
+  engine.join();
+  EXPECT_EQ(drained, 2);
+  EXPECT_EQ(s.handlers[1]->received(), 1u);
+  EXPECT_EQ(s.handlers[0]->received(), 0u) << "a handler ran after its Unregister returned";
+}
+
 // Starting a replay raises the event an armed, sleeping poller waits for.
 TEST(Reentrancy, ReplayWakesASleepingPoller) {
   RuntimeOptions options = testing::OwnedConsumers(1, 1);
