@@ -102,10 +102,12 @@ struct ConsumerStats {
 
 /// One device added to the runtime.
 struct DeviceStats {
-  uint32_t id = 0;       ///< the DeviceId
-  std::string name{};    ///< the verbs device's name ("rxe0", "mlx5_0"), or the simulated one's
-  int numa_node = -1;    ///< from sysfs; -1: unknown, none, or the simulated device
-  int comp_vectors = 1;  ///< ibv_context::num_comp_vectors (1 on the simulated device)
+  uint32_t id = 0;         ///< the DeviceId
+  std::string name{};      ///< the verbs device's name ("rxe0", "mlx5_0"), or the simulated one's
+  int numa_node = -1;      ///< from sysfs; -1: unknown, none, or the simulated device
+  int comp_vectors = 1;    ///< ibv_context::num_comp_vectors (1 on the simulated device)
+  uint64_t failed = 0;     ///< 1 once the device raised DEVICE_FATAL (its QPs and teardowns ended)
+  uint64_t cq_errors = 0;  ///< CQ_ERR async events of the device's CQs
 };
 
 /// A snapshot of the runtime's counters (Runtime::GetStats).

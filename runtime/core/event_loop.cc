@@ -341,7 +341,10 @@ void EventLoop::RouteAsyncEvent(DeviceRecord* device, const AsyncEvent& event, b
     device->failed.store(true, std::memory_order_release);
     for (Shard* poller : pollers_) poller->UnparkAll();  // its CQs raise no more events
   }
-  if (event.type == IBV_EVENT_CQ_ERR) LogCqError(device, event);
+  if (event.type == IBV_EVENT_CQ_ERR) {
+    device->cq_errors.fetch_add(1, std::memory_order_relaxed);
+    LogCqError(device, event);
+  }
   if (device->handler != nullptr) device->handler->OnDeviceEvent(event);
   if (event.type != IBV_EVENT_CQ_ERR && event.type != IBV_EVENT_DEVICE_FATAL) return;
   // Fan out to every QP the event takes down: rare, so a scan of the slots is fine.

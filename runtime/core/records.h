@@ -45,6 +45,7 @@ struct DeviceRecord {
   DeviceEventHandler* handler = nullptr;    // device-level async events; may be null
   QpTable qps;                              // qp_num -> registration, for this device
   std::atomic<bool> failed{false};          // DEVICE_FATAL seen
+  std::atomic<uint64_t> cq_errors{0};       // CQ_ERR events read (the event thread adds)
   DeviceClaim claim;                        // this runtime's hold on the native device
 };
 

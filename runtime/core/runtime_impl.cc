@@ -15,7 +15,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options)
       cqs_(core_, devices_, placement_),
       registrations_(core_, devices_, cqs_),
       placement_(core_.options),
-      stats_(core_, cqs_, registrations_, placement_) {}
+      stats_(core_, devices_, cqs_, registrations_, placement_) {}
 
 Status RuntimeImpl::Start() {
   for (auto& consumer : core_.consumers) {

@@ -74,6 +74,10 @@ inline constexpr Field<DeviceStats> kDeviceFields[] = {
     I<DeviceStats>("numa_node", nullptr, nullptr, &DeviceStats::numa_node),  // cqd_device_info
     I<DeviceStats>("comp_vectors", "cqd_device_comp_vectors", "Completion vectors of the device.",
                    &DeviceStats::comp_vectors),
+    U<DeviceStats>("failed", "cqd_device_failed", "gauge",
+                   "1 once the device raised DEVICE_FATAL, else 0.", &DeviceStats::failed),
+    U<DeviceStats>("cq_errors", "cqd_device_cq_errors_total", "counter",
+                   "CQ_ERR async events of the device's CQs.", &DeviceStats::cq_errors),
 };
 
 inline constexpr Field<PollerStats> kPollerFields[] = {

@@ -111,4 +111,14 @@ Status Devices::UnwatchCmChannel(rdma_event_channel* channel) {
   return status;
 }
 
+void Devices::FillStats(Stats& stats) const {
+  ControlLock lock(core_.mu);
+  for (DeviceStats& d : stats.devices) {
+    if (d.id == 0 || d.id > devices_.size()) continue;
+    const DeviceRecord& record = *devices_[d.id - 1];
+    d.failed = record.failed.load(std::memory_order_relaxed) ? 1 : 0;
+    d.cq_errors = record.cq_errors.load(std::memory_order_relaxed);
+  }
+}
+
 }  // namespace cqd::internal

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cqd/handler.h"
+#include "cqd/stats.h"
 #include "cqd/status.h"
 #include "cqd/types.h"
 #include "runtime/backend/device.h"
@@ -44,6 +45,9 @@ class Devices {
   Status WatchCmChannel(rdma_event_channel* channel, CmHandler& handler, ConsumerId consumer);
   Status UnwatchCmChannel(rdma_event_channel* channel);
 
+  // Sets each device row of `stats` (placed by Placement::FillStats) from its record: failed,
+  // cq_errors. Under core.mu.
+  void FillStats(Stats& stats) const;
   // Returns the device `id`, which must be in 1..size() (under core.mu).
   DeviceRecord* record(DeviceId id) const { return devices_[id - 1].get(); }
   // Returns how many devices were added (under core.mu).

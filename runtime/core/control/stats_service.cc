@@ -34,7 +34,8 @@ Stats StatsService::GetStats() const {
   stats.async_events = core_.events->async_events();
   stats.failed_fds = core_.events->failed_fds();
   stats.cm_events = core_.events->cm_events();
-  if (CallerRoles() & kRefusedControlCallers) return stats;  // the CQ part needs the mutex
+  if (CallerRoles() & kRefusedControlCallers) return stats;  // these parts need the mutex
+  devices_.FillStats(stats);
   cqs_.FillStats(stats);
   return stats;
 }

@@ -15,6 +15,7 @@
 #include "cqd/status.h"
 #include "runtime/core/control/control_core.h"
 #include "runtime/core/control/cqs.h"
+#include "runtime/core/control/devices.h"
 #include "runtime/core/control/registrations.h"
 #include "runtime/core/placement.h"
 #include "runtime/observe/stats_server.h"
@@ -23,9 +24,13 @@ namespace cqd::internal {
 
 class StatsService {
  public:
-  StatsService(const ControlCore& core, const Cqs& cqs, const Registrations& registrations,
-               const Placement& placement)
-      : core_(core), cqs_(cqs), registrations_(registrations), placement_(placement) {}
+  StatsService(const ControlCore& core, const Devices& devices, const Cqs& cqs,
+               const Registrations& registrations, const Placement& placement)
+      : core_(core),
+        devices_(devices),
+        cqs_(cqs),
+        registrations_(registrations),
+        placement_(placement) {}
   StatsService(const StatsService&) = delete;
   StatsService& operator=(const StatsService&) = delete;
 
@@ -37,6 +42,7 @@ class StatsService {
 
  private:
   const ControlCore& core_;
+  const Devices& devices_;
   const Cqs& cqs_;
   const Registrations& registrations_;
   const Placement& placement_;

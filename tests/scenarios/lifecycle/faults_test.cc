@@ -124,6 +124,11 @@ TEST(Faults, DeviceFatal) {
     EXPECT_TRUE(log.back().event);
     EXPECT_EQ(log.back().type, IBV_EVENT_DEVICE_FATAL);
   }
+  // The device reports it (cqd_device_failed), with no CQ_ERR.
+  const Stats failed = rt->GetStats();
+  ASSERT_EQ(failed.devices.size(), 1u);
+  EXPECT_EQ(failed.devices[0].failed, 1u);
+  EXPECT_EQ(failed.devices[0].cq_errors, 0u);
 
   EXPECT_EQ(rt->CreateCq(dev, 0).status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(rt->AdoptCq(dev, 0, spare).status().code(), StatusCode::kUnavailable);

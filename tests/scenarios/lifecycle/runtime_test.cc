@@ -497,6 +497,11 @@ TEST(Runtime, CqOverflowFaultsItsQps) {
     }
   }
   EXPECT_TRUE(b.async_events().empty());
+  // Counted for the device (cqd_device_cq_errors_total), which has not failed.
+  const Stats after_error = rt->GetStats();
+  ASSERT_EQ(after_error.devices.size(), 1u);
+  EXPECT_EQ(after_error.devices[0].cq_errors, 1u);
+  EXPECT_EQ(after_error.devices[0].failed, 0u);
   // The healthy CQ keeps working.
   ASSERT_EQ(qp_b->Complete(0), 1);
   ASSERT_TRUE(WaitFor([&] { return b.received() == 1; }));

@@ -97,7 +97,7 @@ inline Stats SampleStats() {
   ConsumerStats b;
   b.name = "bad utf8 \xff\xfe \xc0\xaf \xed\xa0\x80 end";  // invalid, overlong, surrogate
   s.consumers = {a, b};
-  s.devices = {{1, "mlx5_0", 0, 8}, {2, "sim\"0\"", -1, 1}};
+  s.devices = {{1, "mlx5_0", 0, 8, 1, 4}, {2, "sim\"0\"", -1, 1}};
   s.placement_cpus = "0-3,8-11";
   return s;
 }

@@ -47,6 +47,9 @@ TEST(StatsFormat, JsonIsWellFormedAndCarriesEveryField) {
   ASSERT_TRUE(devices && devices->size() == 2);
   EXPECT_EQ(devices->at(0).at("name").get<std::string>(), "mlx5_0");
   EXPECT_EQ(devices->at(0).at("comp_vectors").get<int64_t>(), 8);
+  EXPECT_EQ(devices->at(0).at("failed").get<uint64_t>(), 1u);
+  EXPECT_EQ(devices->at(0).at("cq_errors").get<uint64_t>(), 4u);
+  EXPECT_EQ(devices->at(1).at("failed").get<uint64_t>(), 0u);
   EXPECT_EQ(devices->at(1).at("id").get<uint64_t>(), 2u);
   EXPECT_EQ(devices->at(1).at("name").get<std::string>(), "sim\"0\"");
   EXPECT_EQ(devices->at(1).at("numa_node").get<int64_t>(), -1);
@@ -161,6 +164,12 @@ TEST(StatsFormat, PrometheusFollowsTheExpositionFormat) {
   EXPECT_EQ(LabelOf(samples["cqd_device_comp_vectors"][0], "device"), "1");
   EXPECT_EQ(LabelOf(samples["cqd_device_comp_vectors"][0], "name"), "mlx5_0");
   EXPECT_EQ(samples["cqd_device_comp_vectors"][0].value, 8);
+  ASSERT_EQ(samples["cqd_device_failed"].size(), 2u);
+  EXPECT_EQ(samples["cqd_device_failed"][0].value, 1);
+  EXPECT_EQ(samples["cqd_device_failed"][1].value, 0);
+  ASSERT_EQ(samples["cqd_device_cq_errors_total"].size(), 2u);
+  EXPECT_EQ(LabelOf(samples["cqd_device_cq_errors_total"][0], "name"), "mlx5_0");
+  EXPECT_EQ(samples["cqd_device_cq_errors_total"][0].value, 4);
   ASSERT_EQ(samples["cqd_placement_info"].size(), 1u);
   EXPECT_EQ(LabelOf(samples["cqd_placement_info"][0], "cpus"), "0-3,8-11");
 
