@@ -1299,6 +1299,21 @@ int main(int argc, char** argv) {
           fprintf(stderr, " %s=%" PRIu64, c.name.c_str(), c.queue_depth);
         fprintf(stderr, "; CQ sizes");
         for (const auto& cq : soak.cqs) fprintf(stderr, " %d", cq.sim()->size());
+        fprintf(stderr, "\n  spills (depth/stall ms)");
+        for (const auto& c : s.consumers) {
+          fprintf(stderr, " %s=%" PRIu64 "/%.0f", c.name.c_str(), c.spill_depth,
+                  static_cast<double>(c.stall_ns) / 1e6);
+        }
+        fprintf(stderr, "; pollers (asleep, parked CQs, sleeps, stalls)");
+        for (const auto& p : s.pollers) {
+          fprintf(stderr, " [%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "]", p.asleep,
+                  p.parked_cqs, p.sleeps, p.backpressure_stalls);
+        }
+        fprintf(stderr, "; CQ (shard, events/acked)");
+        for (const auto& c : s.cqs) {
+          fprintf(stderr, " %u:(%d, %" PRIu64 "/%" PRIu64 ")", c.id, c.shard, c.events,
+                  c.acked_events);
+        }
         fprintf(stderr, "\n");
         break;
       }
