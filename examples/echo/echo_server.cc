@@ -13,8 +13,8 @@
 // With --owned the consumer is a runtime-owned thread instead (kOwnedThread): the handlers run
 // there, and this thread only ticks (keepalives, reaping, stopping). Both then hold the server's
 // mutex while they touch its state, and this thread lets go of it around the control calls that
-// may wait for the consumer's batch (TeardownQp, Unregister: runtime.h), since that batch may be
-// waiting for the mutex.
+// may wait for the QP's handler call (TeardownQp, Unregister: runtime.h), since that handler may
+// be waiting for the mutex.
 // Each request (one SEND of up to 64 bytes) is echoed back with one SEND from the same slot, and
 // the slot's receive is posted again once the echo completed. A connection ends on DISCONNECTED
 // or on its first error (a dead peer: keepalives to idle connections fail with retries
