@@ -15,8 +15,9 @@
 #      find_package(cqd COMPONENTS nosuch) fails;
 #   3. man 7 cqd and man cqd_top open;
 #   4. the autopkgtest (debian/tests/build-engines) runs against the installed packages: the
-#      pkg-config, CMake and Meson engines and libcqd-doc's example build and run, cqd_demo
-#      serves /metrics and cqd_top reads it;
+#      pkg-config, CMake and Meson engines and libcqd-doc's example build and run, cqd_top reads
+#      cqd_demo's stats socket; and the installed cqd_demo serves /metrics over TCP, which
+#      cqd_top reads too;
 #   5. apt-get purge of the five packages and autoremove leave no file of cqd in /usr or /etc.
 # Exit code: 0 iff all of it passed.
 set -euo pipefail
@@ -76,6 +77,22 @@ in_root 'for page in "7 cqd" "1 cqd_top" "1 cqd_demo" "3 cqd::Runtime"; do
 
 say "4. the autopkgtest against the installed packages"
 in_root 'cd /tmp/src && mkdir -p /tmp/autopkgtest && AUTOPKGTEST_TMP=/tmp/autopkgtest bash debian/tests/build-engines 2>&1 | tail -15'
+
+say "4b. the installed cqd_demo serves /metrics over TCP; cqd_top reads it there"
+in_root 'cqd_demo --seconds=20 --stats-tcp=127.0.0.1:19464 > /tmp/demo.log 2>&1 &
+  demo=$!
+  for _ in $(seq 100); do
+    exec 3<>/dev/tcp/127.0.0.1/19464 2>/dev/null && break
+    sleep 0.1
+  done
+  printf "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n" >&3
+  metrics=$(cat <&3)
+  exec 3<&-
+  echo "   GET /metrics: $(echo "$metrics" | head -1 | tr -d "\r"); $(echo "$metrics" | grep -c "^cqd_") samples; $(echo "$metrics" | grep -m1 "^cqd_build_info")"
+  echo "$metrics" | grep -q "^cqd_device_failed" || { echo "   no cqd_device_failed: FAIL"; exit 1; }
+  top=$(cqd_top 127.0.0.1:19464 --count=1 2>&1) || { echo "   cqd_top: FAIL: $top"; exit 1; }
+  echo "   cqd_top 127.0.0.1:19464 --count=1: $(echo "$top" | wc -l) lines, first: $(echo "$top" | head -1)"
+  kill $demo; wait $demo || true'
 
 say "5. apt-get purge"
 in_root 'apt-get purge -y -q libcqd0.1 libcqd-dev libcqd-tbb-dev libcqd-doc cqd-tools > /dev/null
