@@ -36,9 +36,9 @@
 // Either the consumer's state read came after that barrier and sees the registration gone, or
 // its store of the slot came before it and Unregister sees it. The hot path pays one plain store
 // to its own line per handler call, no list per batch and no locked instruction; Unregister pays
-// a system call of a few microseconds. The wait lasts that registration's call, not the batch
-// around it, and not at all on a thread running this consumer's handlers (runtime.h's threading
-// rule says what is left for a handler to avoid).
+// a system call that interrupts each CPU running a thread of the process. The wait lasts that
+// registration's call, not the batch around it, and not at all on a thread running this consumer's
+// handlers (runtime.h's threading rule says what is left for a handler to avoid).
 #ifndef CQD_RUNTIME_CORE_CONSUMER_H_
 #define CQD_RUNTIME_CORE_CONSUMER_H_
 

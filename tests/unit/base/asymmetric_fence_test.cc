@@ -27,9 +27,8 @@ void SpinUntil(Pred pred) {
 // Each round both threads start together; the hot one stores x and loads y with LightFence between
 // (what a consumer does per handler call), the rare one stores y and loads x with HeavyFence
 // between (what Unregister does), after a delay that varies by round so that the two overlap in
-// every way. With a compiler barrier on both sides instead, a machine that buffers stores lets
-// both loads read 0 in a few percent of such rounds (x86-64: about 3 % on the VM this was
-// written on).
+// every way. With a compiler barrier on both sides instead, a machine that buffers stores (x86-64
+// among them) lets both loads read 0 in some of these rounds.
 TEST(AsymmetricFence, OneSideAlwaysSeesTheOther) {
   constexpr int kRounds = 4000;
   const bool expedited = AsymmetricFenceExpedited();
