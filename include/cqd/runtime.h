@@ -39,7 +39,8 @@
 ///     any consumer, so teardowns never wait on each other;
 ///   - Teardown::Wait and Shutdown are refused (kFailedPrecondition, at once) on the threads they
 ///     could wait for: see each. A handler must not wait for a teardown in any other way either
-///     (spinning on Teardown::done()): its own batch may be what the teardown waits for.
+///     (spinning on Teardown::done()): it may hold back the QP's markers, or be the very handler
+///     call the teardown's end waits for.
 /// A kRunToCompletion consumer is its poller: while one of its handlers blocks, control calls and
 /// teardown ends that need that poller (retiring a QP needs the pollers of its CQs) wait, and
 /// they hold the control mutex meanwhile. Its handlers must not block.
@@ -141,8 +142,11 @@ class Registration {
   /// After this returns, the handler is never called again and may be destroyed. Completions still
   /// queued for the QP go to the orphan handler, and so do those still in its CQs, which count
   /// against their CQ's capacity until polled and never reach a later QP with the number
-  /// (Runtime's "Retired QPs"). Idempotent. It waits while the QP's consumer is in
-  /// a dispatch batch that includes this QP, unless called from one of that consumer's handlers.
+  /// (Runtime's "Retired QPs"). Idempotent. It waits while the QP's handler call is
+  /// under way on its consumer (not for the rest of that consumer's batch), unless called on a
+  /// thread that is running one of that consumer's handlers: there the call may be on this very
+  /// stack (a handler that drains another consumer, or runs arena tasks, whose handler
+  /// unregisters the first QP), and the QP's handler must not be freed until it has returned.
   /// On a poller or the event thread (OrphanHandler, DeviceEventHandler) or in the log sink it
   /// does nothing and registered() stays true. For an rdma_cm id's QP, its events not yet delivered
   /// go to the channel's CmHandler; after Shutdown has stopped that CmHandler's owned consumer,
@@ -174,8 +178,8 @@ class Teardown {
   /// completion reached the handler, kDeadlineExceeded when the timeout ran out first,
   /// kUnavailable when the device failed, kCancelled when the runtime shut down first.
   /// Otherwise blocks until it finishes, which it does by its deadline, a DEVICE_FATAL, or
-  /// Shutdown, whichever comes first, once the QP's consumer has finished the dispatch batch in
-  /// progress that may call its handler (if any).
+  /// Shutdown, whichever comes first, once the QP's handler call in progress on its
+  /// consumer (if any) has returned.
   /// Blocking is allowed only on engine threads that run no cqd code; kFailedPrecondition at once
   /// (the teardown goes on) from every cqd callback (InCallback()): any handler of any consumer
   /// kind (owned, engine-driven inside Drain, run-to-completion), a CmHandler,

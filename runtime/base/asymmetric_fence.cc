@@ -30,8 +30,9 @@ void HeavyFence() noexcept {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     return;
   }
-  // Hot sides count on it: no fallback is correct. A registered process fails it only in a child
-  // forked after registration (the child's address space starts unregistered): register again.
+  // Hot sides count on it: no fallback is correct. A registered process (the registration lasts
+  // until exec) fails it only if a seccomp filter installed since forbids it: then this spins
+  // (asymmetric_fence.h).
   while (Membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
     Membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
     std::this_thread::yield();

@@ -11,8 +11,10 @@
 // (a thread that is not running passes one when it is switched back in). So whichever of the two
 // loads comes later in that barrier's order sees the other side's store.
 //
-// Where the kernel refuses the command (before Linux 4.14, or a seccomp filter), Expedited() is
-// false and both sides take a seq_cst fence: the same guarantee at the usual price. The choice is
+// Where the kernel refuses the command (before Linux 4.14, or a seccomp filter in place at the
+// first call), Expedited() is false and both sides take a seq_cst fence: the same guarantee at the
+// usual price. A seccomp filter that forbids membarrier installed after that first call is not
+// supported: HeavyFence then retries for ever (no fallback would be correct). The choice is
 // made once per process, on the first call of Expedited(), and never changes: a hot side that
 // read it (Consumer caches it at construction) always pairs with a rare side that uses it.
 //

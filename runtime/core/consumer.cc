@@ -266,7 +266,7 @@ void Consumer::CloseFusedBatch(uint64_t delivered) noexcept {
 void Consumer::DeliverHeldEvents() noexcept {
   if (tls_held_to_run != nullptr && tls_dispatch_frames == nullptr) [[unlikely]] {
     // CM events handed on to a closed consumer's CmHandler during the batch: after it (and any
-    // batch around it), so that nobody waiting for a batch waits for them; and after its entries
+    // batch around it), so that no Unregister or teardown waits for them; and after its entries
     // were released, so that a CmHandler that calls Drain does not find them again.
     HeldEvents* held = tls_held_to_run;
     tls_held_to_run = nullptr;
@@ -351,6 +351,7 @@ size_t Consumer::DeliverRun(const ibv_wc* wcs, size_t n, uint32_t slot_index,
     slot.handler.load(std::memory_order_relaxed)->OnCompletions({wcs, n});
     return n;
   }
+  LeaveCall();              // nobody's handler runs for it: Unregister need not wait
   orphans_.Take({wcs, n});  // unregistered after it was routed here
   return 0;
 }

@@ -29,7 +29,8 @@
 // registration's handler (a run of completions, an async or CM event) or reads its teardown (a
 // marker), the consumer stores the slot there (EnterCall: a release store, then LightFence, a
 // compiler barrier), then reads the slot's state (acquire, RouteAtConsumer) and goes on only if
-// it is live; a listener's event and the batch's end store "none". Unregister stores the dead
+// it is live; a listener's event, the batch's end, and the OrphanHandler for a run found dead
+// store "none" (LeaveCall). Unregister stores the dead
 // state (seq_cst), runs HeavyFence (asymmetric_fence.h: every running thread of the process
 // passes a full barrier), then reads `calling_` (CallInProgress): if it names the slot, it waits
 // until the word names something else (CallOver, acquire: the call's effects happen before).
@@ -119,8 +120,13 @@ class Consumer {
     calling_.store(slot + 1, std::memory_order_release);  // the previous call's effects first
     LightFence(expedited_);
   }
-  // Call after marking `slot` dead: waits until a handler call of it that this consumer may have
-  // started has returned, unless this thread is running this consumer's handlers.
+  // The dispatching thread, before it runs code that is not the entered registration's handler
+  // (the OrphanHandler for a run found dead, CM events of another runtime): names no slot, so
+  // that no Unregister waits for that code.
+  void LeaveCall() noexcept { calling_.store(0, std::memory_order_release); }
+  // Call after changing `slot`'s state (Unregister: dead; a failed TeardownQp: live again): waits
+  // until a call of it that this consumer may have entered before the change has returned, unless
+  // this thread is running this consumer's handlers (then that call may be on this very stack).
   void WaitForCallInProgress(uint32_t slot) const noexcept;
   // The same without waiting: returns the call that may still be under way (0: none, or this
   // thread runs this consumer's handlers); CallOver(call) says when it has returned.

@@ -50,6 +50,7 @@ void Consumer::DeliverCm(EventJoin* join, const Slot& slot) noexcept {
   } else {
     EventJoin::DropHold(join);  // the route's
   }
+  LeaveCall();  // another runtime's held events may run here, inline: not this slot's handler
   DeferHeldEvents(held);  // run once the batch is over and released (cm_router.h)
 }
 

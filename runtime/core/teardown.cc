@@ -13,8 +13,8 @@ namespace {
 
 thread_local bool tls_teardown_worker = false;
 
-// How often the worker looks again at a consumer batch it waits out (it never blocks on one).
-constexpr std::chrono::microseconds kBatchRecheck{200};
+// How often the worker looks again at a handler call it waits out (it never blocks on one).
+constexpr std::chrono::microseconds kCallRecheck{200};
 // A teardown whose markers are not all back (or whose receive marker is owed) is redriven after
 // this, then at twice the last interval, up to kRedriveMax: a marker posted in the error state
 // may flush only at the next move to it (rxe's receives; a flush a full CQ could not take), and
@@ -175,15 +175,15 @@ void TeardownWorker::Run() {
       const CallTicket call = host_.RetireTeardown(*state);
       retired_.push_back({state, std::move(result), call});
     }
-    const bool waiting_on_batches = FinishRetired();
+    const bool waiting_on_calls = FinishRetired();
     lock.Lock();
-    if (stopping && active_.empty() && !waiting_on_batches) return;
+    if (stopping && active_.empty() && !waiting_on_calls) return;
     if (noted_.load(std::memory_order_relaxed) || !ending.empty() || !fencing.empty() ||
         !redriving.empty()) {
       continue;  // look again at once
     }
-    if (waiting_on_batches) {
-      wake = std::min(wake, Clock::now() + kBatchRecheck);
+    if (waiting_on_calls) {
+      wake = std::min(wake, Clock::now() + kCallRecheck);
     } else if (stopping) {
       continue;
     }

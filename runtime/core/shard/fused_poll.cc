@@ -54,6 +54,7 @@ int FusedPoll::Poll(CqRecord* cq, uint32_t consumer, int room) noexcept {
       if (slot != nullptr) target.EnterCall(slot->index);
       const Router::RunRoute route = router_.RouteRun(*cq, wcs[i].qp_num, slot, consumer, state);
       if (route == Router::RunRoute::kOrphan) {
+        target.LeaveCall();  // as the consumer's own path: no Unregister waits for the orphans
         const RuntimeThreadScope runtime(true);  // as on the unfused path: no calls in
         orphans_.Take({wcs + i, static_cast<size_t>(j - i)});
         i = j;

@@ -83,6 +83,7 @@ TEST(Reentrancy, DrainFromAnOrphanHandlerOnAPollerIsRefused) {
   DrainingOrphans orphans;
   RuntimeOptions options = EngineDriven(1);
   options.orphan_handler = &orphans;
+  options.max_registrations = 1;
   OneCq s(options, {0});
   ASSERT_EQ(s.qps[0]->Complete(0), 1);  // queued for consumer 0
   ASSERT_TRUE(WaitFor([&] { return s.Queued(0) == 1; }));
@@ -187,6 +188,48 @@ TEST(Reentrancy, UnregisterDoesNotWaitForTheRestOfItsQpsBatch) {
   EXPECT_EQ(drained, 2);
   EXPECT_EQ(s.handlers[1]->received(), 1u);
   EXPECT_EQ(s.handlers[0]->received(), 0u) << "a handler ran after its Unregister returned";
+}
+
+// The OrphanHandler the consumer calls for a run it found unregistered is nobody's handler call:
+// an Unregister (here of a QP registered since in the retired QP's slot: max_registrations 1
+// leaves no other) does not wait for it, even while it blocks on a lock the unregistering thread
+// holds.
+TEST(Reentrancy, UnregisterDoesNotWaitForTheOrphanHandler) {
+  class BlockingOrphans : public OrphanHandler {
+   public:
+    void OnOrphans(std::span<const ibv_wc> wcs) noexcept override {
+      entered.store(true);
+      std::lock_guard<std::mutex> lock(mu);
+      count.fetch_add(wcs.size());
+    }
+    std::mutex mu;
+    std::atomic<bool> entered{false};
+    std::atomic<uint64_t> count{0};
+  };
+  BlockingOrphans orphans;
+  RuntimeOptions options = EngineDriven(1);
+  options.orphan_handler = &orphans;
+  options.max_registrations = 1;
+  OneCq s(options, {0});
+  ASSERT_EQ(s.qps[0]->Complete(0), 1);
+  ASSERT_TRUE(WaitFor([&] { return s.Queued(0) == 1; }));
+  ASSERT_TRUE(testing::WaitForPollersAsleep(*s.rt));  // handed over: the consumer will orphan it
+  s.registrations[0].Unregister();
+  CQD_ASSERT_OK_AND_ASSIGN(next, s.sim->CreateQp(s.cq.sim(), s.cq.sim()));
+  testing::Recorder next_handler;
+  CQD_ASSERT_OK_AND_ASSIGN(next_reg, s.rt->RegisterQp(*next, next_handler, 0));
+  std::unique_lock<std::mutex> held(orphans.mu);
+  int drained = 0;
+  std::thread engine([&] { drained = s.rt->Drain(0, 64); });
+  ASSERT_TRUE(WaitFor([&] { return orphans.entered.load(); }));
+  next_reg.Unregister();  // the OrphanHandler is still blocked
+  EXPECT_FALSE(next_reg.registered());
+  held.unlock();
+  engine.join();
+  EXPECT_EQ(drained, 1);
+  EXPECT_EQ(orphans.count.load(), 1u);
+  EXPECT_EQ(s.handlers[0]->received(), 0u);
+  CQD_ASSERT_OK(s.sim->DestroyQp(next));
 }
 
 // Starting a replay raises the event an armed, sleeping poller waits for.
