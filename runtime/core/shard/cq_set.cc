@@ -144,6 +144,7 @@ void CqSet::ArmAll() noexcept {
     if (cq == nullptr) continue;  // removed in a pass (never met outside one: PollAll compacts)
     if (cq->poll_failed || cq->device->failed.load(std::memory_order_relaxed)) continue;
     if (cq->armed.load(std::memory_order_seq_cst)) continue;  // a notification is pending (S7)
+    if (spills_.HeldBack(*cq)) continue;  // the consumer's freed room wakes the shard for it
     cq->armed.store(true, std::memory_order_seq_cst);  // before arming: the event may race us
     Count(counters_.arms, 1);
     if (cq->cq->RequestNotify(cq->solicited_only) != 0) {

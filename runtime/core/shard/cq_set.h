@@ -19,7 +19,8 @@
 // (UnparkAll) brings every parked CQ back and stops parking.
 //
 // As a stage: Poll unparks what its event brought back, then polls the list. TryEnterIdle arms
-// every CQ not already armed (S7) and polls once more (S6) without fusing (no handler runs inside
+// every CQ not already armed (S7), but those a full consumer holds back (Spills::HeldBack: its
+// freed room wakes the shard), and polls once more (S6) without fusing (no handler runs inside
 // a sleep's re-check); an arm that failed makes the sleep bounded (MustBoundSleep). Arming stays
 // after a wake: the event it raises later only brings a parked CQ back, or wakes the shard once.
 //

@@ -17,8 +17,9 @@
 //
 // As a stage: Poll hands the spills over (unless the CQ stage holds them); TryEnterIdle asks each
 // consumer whose spill is held back to wake the shard when it frees room (Lane::wants_room), then
-// looks for room once more, so that a stuck consumer costs its shard nothing; ExitIdle takes the
-// asking back once the sleep is over.
+// looks for room once more, so that a stuck consumer costs its shard nothing (nor do the CQs only
+// it holds back: the CQ stage leaves them unarmed, HeldBack); ExitIdle takes the asking back once
+// the sleep is over.
 //
 // Threading: the shard's driver only (shard.h). A run-to-completion consumer's lane is `direct`:
 // its shard dispatches it straight from the spill (HostedConsumers) and hands over only what the
@@ -67,6 +68,18 @@ class Spills {
   int Poll() noexcept;
   // Stage: true if the shard may sleep as far as the spills go (see above).
   bool TryEnterIdle() noexcept;
+  // Returns true if `cq` need not be armed for the sleep TryEnterIdle allowed: a consumer it
+  // serves has no room and still asks to wake the shard when it frees some, and until then the CQ
+  // cannot be polled anyway. (An event from it would only wake the shard to skip it again, once
+  // per completion that comes meanwhile.) A consumer that took the asking back has woken the
+  // shard already, so its CQs are armed as usual.
+  bool HeldBack(const CqRecord& cq) noexcept {
+    for (const CqRecord::Use& use : cq.uses) {
+      Lane& lane = *lanes_[use.consumer];
+      if (lane.room() == 0 && lane.wants_room.load(std::memory_order_seq_cst)) return true;
+    }
+    return false;
+  }
   // Stage: the sleep is over: the consumers need not wake the shard for room any more.
   void ExitIdle() noexcept {
     for (uint32_t consumer : listed_) {

@@ -300,6 +300,44 @@ TEST(CqSetTest, TheSleepArmsEachCqOnceLooksAgainAndAFailedArmBoundsIt) {
   EXPECT_EQ(a.wr_ids(), Range(0, 1));
 }
 
+TEST(CqSetTest, ACqAFullConsumerHoldsBackSleepsUnarmedAndTheFreedRoomWakesTheShard) {
+  Stages s({.queue_capacity = 2, .spill_capacity = 2});
+  ScriptedCq cq;
+  Recorder handler;
+  CqRecord& record = s.AddCq(cq, 1);
+  s.Register(0x11, record, handler);
+  for (uint64_t k = 0; k < 10; ++k) cq.Push(0x11, k);
+  for (int pass = 0; pass < 3; ++pass) s.cqs->Poll(INT32_MAX);
+  ASSERT_EQ(cq.held(), 6u);  // 2 handed over, 2 in the spill
+  // The sleep, as Shard::ArmAndRecheck makes it: the spills ask for room, the CQ stays unarmed
+  // (an event from it would only wake the shard to skip it again).
+  const uint32_t ticket = s.parker.Prepare();
+  ASSERT_TRUE(s.spills->TryEnterIdle());
+  EXPECT_TRUE(s.cqs->TryEnterIdle());
+  EXPECT_EQ(cq.arms, 0);
+  EXPECT_FALSE(record.armed.load());
+  // The consumer frees room: it wakes the shard (the sleeper's cancel fails: a waker took it),
+  // so the CQ's completions are polled with no event.
+  s.DrainAll();
+  EXPECT_FALSE(s.parker.TryCancel());
+  s.parker.Park(ticket);  // returns at once: woken
+  s.spills->ExitIdle();
+  for (int round = 0; round < 20 && (cq.held() > 0 || !s.spills->empty() || s.consumer->Pending());
+       ++round) {
+    s.spills->Poll();
+    s.cqs->Poll(INT32_MAX);
+    s.DrainAll();
+  }
+  EXPECT_EQ(handler.wr_ids(), Range(0, 10));
+  // Nothing held back any more: the next sleep arms the CQ.
+  s.parker.Prepare();
+  ASSERT_TRUE(s.spills->TryEnterIdle());
+  EXPECT_TRUE(s.cqs->TryEnterIdle());
+  EXPECT_EQ(cq.arms, 1);
+  EXPECT_TRUE(record.armed.load());
+  s.parker.Cancel();
+}
+
 TEST(CqSetTest, AnIdleCqIsParkedAndItsEventBringsItBack) {
   Stages s({.park_after = std::chrono::microseconds(1)});
   ScriptedCq cq;
