@@ -126,6 +126,7 @@ struct Flags {
   bool progress = true;
   bool engine_shard = false;  // shard 1 driven by a reactor thread; consumer 0 runs on it
   bool arena = false;         // consumers 1 and 2 drained as tasks of a oneTBB arena
+  int arena_linger_us = -1;   // ArenaConsumersOptions::linger (-1: its default)
 };
 
 struct FlagSpec {
@@ -182,6 +183,9 @@ std::vector<FlagSpec> Specs(Flags& f) {
        "consumers 1 and 2 are hosted in a oneTBB task_arena (cqd::ArenaConsumers) instead of "
        "engine threads (0/1)",
        FlagSpec::kBool, &f.arena},
+      {"arena_linger_us",
+       "with --arena: ArenaConsumersOptions::linger in microseconds (-1: the default)",
+       FlagSpec::kInt, &f.arena_linger_us},
   };
 }
 
@@ -1234,6 +1238,7 @@ int main(int argc, char** argv) {
   if (f.arena) {
     cqd::ArenaConsumersOptions arena_options;
     arena_options.consumers = {1, 2};
+    if (f.arena_linger_us >= 0) arena_options.linger = std::chrono::microseconds(f.arena_linger_us);
     auto created = cqd::ArenaConsumers::Create(*soak.rt, arena, arena_options);
     if (!created.ok()) {
       soak.ControlError("ArenaConsumers::Create", created.status());
@@ -1438,8 +1443,10 @@ int main(int argc, char** argv) {
          soak.engine_timeouts[1].load(), soak.engine_timeouts[2].load());
   if (f.arena) {
     printf("  arena drain tasks       %14" PRIu64 "  (dispatched %" PRIu64
-           ", enqueue failures %" PRIu64 ")\n",
-           arena_stats.drain_tasks, arena_stats.dispatched, arena_stats.enqueue_failures);
+           ", enqueue failures %" PRIu64 ", lingers %" PRIu64 " of which %" PRIu64
+           " found an entry)\n",
+           arena_stats.drain_tasks, arena_stats.dispatched, arena_stats.enqueue_failures,
+           arena_stats.lingers, arena_stats.linger_hits);
   }
   if (f.engine_shard) {
     printf("  reactor (shard 1)       %14" PRIu64 " steps  (sleeps %" PRIu64 ")\n",

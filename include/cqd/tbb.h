@@ -66,6 +66,7 @@
 
 #include <oneapi/tbb/task_arena.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -106,6 +107,15 @@ struct ArenaConsumersOptions {
   /// after a call that took the whole budget, or the 8th, it re-enqueues itself behind the
   /// arena's other tasks.
   int drain_budget = 256;
+  /// How long a drain task that emptied its consumer waits on the consumer's notify fd for the
+  /// next entry before it ends (0..10000 us; 0: it ends at once). A consumer whose pollers refill
+  /// it within the wait is drained again by the same task, on a worker that slept in the kernel,
+  /// instead of by a new task through the watcher, the arena's queue and a woken worker, each of
+  /// which waits for a core on a machine with more runnable threads than cores. Only after a
+  /// Runtime::Drain that took something, and only while no other drain task of this object is
+  /// queued; the wait holds an arena thread, so an arena shared with other work gives up to this
+  /// much of a thread per drain that emptied its consumer.
+  std::chrono::microseconds linger{200};
 };
 
 /// What an ArenaConsumers has done.
@@ -113,6 +123,8 @@ struct ArenaStats {
   uint64_t drain_tasks = 0;       ///< drain tasks run
   uint64_t dispatched = 0;        ///< entries their Drain calls took (Runtime::Drain's count)
   uint64_t enqueue_failures = 0;  ///< enqueues that failed (std::bad_alloc), retried on next wake
+  uint64_t lingers = 0;           ///< waits for the next entry (ArenaConsumersOptions::linger)
+  uint64_t linger_hits = 0;       ///< of those, waits that ended with an entry to drain
 };
 
 /// Engine-driven consumers drained by tasks of a task_arena. Thread-safe: every member may be
@@ -157,6 +169,8 @@ struct StrandConsumerOptions {
   ConsumerId consumer = 0;
   bool watcher_thread = true;  ///< as ArenaConsumersOptions::watcher_thread
   int drain_budget = 256;      ///< as ArenaConsumersOptions::drain_budget (1..1<<20)
+  // (Its drain task never lingers, see ArenaConsumersOptions::linger: the strand tasks it queues
+  // need the arena's threads.)
   /// Items (completion runs and events) after which a strand task re-enqueues itself behind the
   /// arena's other tasks (1..1<<20). Checked between the batches a task takes from its strand's
   /// queue (a batch is everything queued then), so one task may deliver a whole batch past it.

@@ -62,9 +62,9 @@ ArenaConsumers::ArenaConsumers(std::unique_ptr<internal::ArenaDrainer> drainer)
 Result<std::unique_ptr<ArenaConsumers>> ArenaConsumers::Create(
     Runtime& runtime, ::tbb::task_arena& arena, const ArenaConsumersOptions& options) {
   try {
-    auto drainer =
-        internal::ArenaDrainer::Create(runtime, arena, options.consumers, options.watcher_thread,
-                                       options.drain_budget, "ArenaConsumers::Create");
+    auto drainer = internal::ArenaDrainer::Create(runtime, arena, options.consumers,
+                                                  options.watcher_thread, options.drain_budget,
+                                                  options.linger, "ArenaConsumers::Create");
     if (!drainer.ok()) return drainer.status();
     return std::unique_ptr<ArenaConsumers>(new ArenaConsumers(std::move(drainer).value()));
   } catch (const std::bad_alloc&) {

@@ -33,6 +33,8 @@ bool FdReadable(int fd) noexcept {
 
 // Drain tasks loop this many times (each a Drain call) before yielding to the arena's others.
 constexpr int kRoundsPerTask = 8;
+// The longest linger an ArenaConsumers accepts (cqd/tbb.h).
+constexpr std::chrono::microseconds kMaxLinger{10000};
 
 }  // namespace
 
@@ -84,21 +86,24 @@ Status RefuseWaitInCallback(const char* who) {
   return Status::Ok();
 }
 
-ArenaDrainer::ArenaDrainer(Runtime& runtime, ::tbb::task_arena& arena, int drain_budget)
-    : runtime_(runtime), arena_(arena), budget_(drain_budget) {}
+ArenaDrainer::ArenaDrainer(Runtime& runtime, ::tbb::task_arena& arena, int drain_budget,
+                           std::chrono::microseconds linger)
+    : runtime_(runtime), arena_(arena), budget_(drain_budget), linger_(linger) {}
 
-Result<std::unique_ptr<ArenaDrainer>> ArenaDrainer::Create(Runtime& runtime,
-                                                           ::tbb::task_arena& arena,
-                                                           const std::vector<ConsumerId>& consumers,
-                                                           bool watcher_thread, int drain_budget,
-                                                           const char* who) {
+Result<std::unique_ptr<ArenaDrainer>> ArenaDrainer::Create(
+    Runtime& runtime, ::tbb::task_arena& arena, const std::vector<ConsumerId>& consumers,
+    bool watcher_thread, int drain_budget, std::chrono::microseconds linger, const char* who) {
   const std::string name = who;
   if (drain_budget < 1 || drain_budget > (1 << 20)) {
     return InvalidArgument(name + ": drain_budget " + std::to_string(drain_budget) +
                            " is not in 1..1048576");
   }
+  if (linger.count() < 0 || linger > kMaxLinger) {
+    return InvalidArgument(name + ": linger " + std::to_string(linger.count()) +
+                           " us is not in 0..10000 us");
+  }
   if (consumers.empty()) return InvalidArgument(name + ": no consumers to host");
-  std::unique_ptr<ArenaDrainer> d(new ArenaDrainer(runtime, arena, drain_budget));
+  std::unique_ptr<ArenaDrainer> d(new ArenaDrainer(runtime, arena, drain_budget, linger));
   for (ConsumerId id : consumers) {
     Result<int> fd = runtime.NotifyFd(id);
     if (!fd.ok()) return InvalidArgument(name + ": " + fd.status().message());
@@ -185,12 +190,27 @@ void ArenaDrainer::Schedule(Slot& slot) noexcept {
 }
 
 bool ArenaDrainer::Enqueue(Slot& slot) noexcept {
+  queued_.fetch_add(1, std::memory_order_relaxed);
   if (EnqueueTask(arena_, [this, s = &slot] { Run(*s); })) return true;
+  queued_.fetch_sub(1, std::memory_order_relaxed);
   enqueue_failures_.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
 
+bool ArenaDrainer::Linger(Slot& slot) noexcept {
+  if (linger_.count() == 0 || queued_.load(std::memory_order_relaxed) != 0) return false;
+  lingers_.fetch_add(1, std::memory_order_relaxed);
+  const timespec timeout = {static_cast<time_t>(linger_.count() / 1000000),
+                            static_cast<long>(linger_.count() % 1000000) * 1000};
+  pollfd p = {slot.fd, POLLIN, 0};
+  // EINTR, a timeout or an error: not readable; the caller's check that follows looks again.
+  if (ppoll(&p, 1, &timeout, nullptr) != 1 || (p.revents & POLLIN) == 0) return false;
+  linger_hits_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 void ArenaDrainer::Run(Slot& slot) noexcept {
+  queued_.fetch_sub(1, std::memory_order_relaxed);
   {
     TaskScope scope(this, nullptr);
     tasks_.fetch_add(1, std::memory_order_relaxed);
@@ -215,6 +235,8 @@ void ArenaDrainer::Run(Slot& slot) noexcept {
         slot.state.store(0, std::memory_order_release);
         break;
       }
+      // Emptied it: wait a little for the next entry while still scheduled (see the header).
+      if (n > 0 && !stopping_.load(std::memory_order_relaxed) && Linger(slot)) continue;
       uint32_t expected = kScheduled;
       if (slot.state.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                              std::memory_order_acquire)) {
@@ -269,6 +291,8 @@ ArenaStats ArenaDrainer::GetStats() const {
   s.drain_tasks = tasks_.load(std::memory_order_relaxed);
   s.dispatched = dispatched_.load(std::memory_order_relaxed);
   s.enqueue_failures = enqueue_failures_.load(std::memory_order_relaxed);
+  s.lingers = lingers_.load(std::memory_order_relaxed);
+  s.linger_hits = linger_hits_.load(std::memory_order_relaxed);
   return s;
 }
 

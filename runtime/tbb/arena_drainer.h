@@ -9,8 +9,13 @@
 // clears kPending, calls Runtime::Drain, and then either re-enqueues itself (the budget was used
 // up: more may be queued), or clears kScheduled with a CAS from exactly kScheduled: if kPending
 // came in meanwhile the CAS fails and it drains again; if the CAS succeeds it polls the notify fd
-// once more and takes kScheduled back if it is readable. So a wake that arrives while a task runs
-// is never lost: either the task sees kPending, or OnReadable sees kScheduled clear and enqueues.
+// once more and takes kScheduled back if it is readable. Before that CAS, a task whose Drain took
+// something and emptied the consumer may linger: it waits (ppoll, bounded) for the fd while still
+// kScheduled, so a wake meanwhile only sets kPending, and drains again if the fd turned readable.
+// It lingers only while `queued_` (tasks enqueued, not yet started) reads 0: a lingering task may
+// hold the arena's only thread, so it does not wait while another consumer's task waits for one.
+// So a wake that arrives while a task runs is never lost: either the task sees kPending, or
+// OnReadable sees kScheduled clear and enqueues.
 // The acq_rel RMWs on the state word make each drain happen-before the next one of the consumer,
 // whichever worker runs it.
 //
@@ -24,6 +29,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -149,6 +155,7 @@ class ArenaDrainer {
   static Result<std::unique_ptr<ArenaDrainer>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                       const std::vector<ConsumerId>& consumers,
                                                       bool watcher_thread, int drain_budget,
+                                                      std::chrono::microseconds linger,
                                                       const char* who);
   ~ArenaDrainer();  // Stop()
   ArenaDrainer(const ArenaDrainer&) = delete;
@@ -173,15 +180,19 @@ class ArenaDrainer {
   static constexpr uint32_t kScheduled = 1;
   static constexpr uint32_t kPending = 2;
 
-  ArenaDrainer(Runtime& runtime, ::tbb::task_arena& arena, int drain_budget);
+  ArenaDrainer(Runtime& runtime, ::tbb::task_arena& arena, int drain_budget,
+               std::chrono::microseconds linger);
   void Schedule(Slot& slot) noexcept;
   bool Enqueue(Slot& slot) noexcept;
   void Run(Slot& slot) noexcept;
+  // Returns true if `slot`'s fd turned readable within the linger (see above).
+  bool Linger(Slot& slot) noexcept;
   void Watch() noexcept;
 
   Runtime& runtime_;
   ::tbb::task_arena& arena_;
   const int budget_;
+  const std::chrono::microseconds linger_;
   std::vector<std::unique_ptr<Slot>> slots_;  // fixed after Create
   std::vector<Slot*> by_id_;                  // consumer id -> slot or nullptr; fixed after Create
   bool hosting_ = false;  // slots_ are in the process-wide set of hosted consumers (hosted_mu)
@@ -192,9 +203,12 @@ class ArenaDrainer {
   bool stopped_ CQD_GUARDED_BY(stop_mu_) = false;
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> inflight_{0};
+  std::atomic<int64_t> queued_{0};  // tasks enqueued, not yet started (relaxed: a hint)
   std::atomic<uint64_t> tasks_{0};
   std::atomic<uint64_t> dispatched_{0};
   std::atomic<uint64_t> enqueue_failures_{0};
+  std::atomic<uint64_t> lingers_{0};
+  std::atomic<uint64_t> linger_hits_{0};
 };
 
 }  // namespace cqd::internal

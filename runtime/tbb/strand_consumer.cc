@@ -158,9 +158,9 @@ Result<std::unique_ptr<StrandConsumer>> StrandConsumer::Create(
     core->drain_budget = options.drain_budget;
     core->strand_budget = options.strand_budget;
     core->orphan_handler = options.orphan_handler;
-    auto drainer =
-        internal::ArenaDrainer::Create(runtime, arena, {options.consumer}, options.watcher_thread,
-                                       options.drain_budget, "StrandConsumer::Create");
+    auto drainer = internal::ArenaDrainer::Create(
+        runtime, arena, {options.consumer}, options.watcher_thread, options.drain_budget,
+        std::chrono::microseconds(0), "StrandConsumer::Create");
     if (!drainer.ok()) return drainer.status();
     return std::unique_ptr<StrandConsumer>(
         new StrandConsumer(runtime, std::move(core), std::move(drainer).value()));

@@ -2,8 +2,9 @@
 // ArenaConsumers (cqd/tbb.h) on the simulated device: engine-driven consumers drained by tasks of
 // a task_arena, with the watcher thread and with the engine's own epoll loop calling OnReadable;
 // exactly once and in order per QP, at most one drainer per consumer at a time, handlers on arena
-// threads, Stop leaving the rest to the engine, Drain from a handler, refused Stop, the NUMA
-// constraints helper, and bad input.
+// threads, the linger (no wake lost with none, the default or the longest; a lingering task holds
+// no other consumer back for good), Stop leaving the rest to the engine, Drain from a handler,
+// refused Stop, the NUMA constraints helper, and bad input.
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 #include <sys/epoll.h>
@@ -12,7 +13,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -138,11 +141,16 @@ TEST(ArenaConsumers, WatcherDrainsEveryConsumerExactlyOnceInOrder) {
 }
 
 // Slow traffic: the consumers go idle and are woken again and again (the lost-wakeup path).
-TEST(ArenaConsumers, NoWakeupIsLostAtLowRate) {
+// With every linger: none (each completion needs a new task), the default, and the longest (a
+// task mostly still waits on the fd when the next completion comes).
+class ArenaLinger : public ::testing::TestWithParam<std::chrono::microseconds> {};
+
+TEST_P(ArenaLinger, NoWakeupIsLostAtLowRate) {
   Bed bed;
   CQD_ASSERT_OK(bed.Build(/*engine=*/2, /*cqs=*/2, /*qps=*/4));
   ::tbb::task_arena arena(2, 0);
-  CQD_ASSERT_OK_AND_ASSIGN(hosted, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0, 1}}));
+  CQD_ASSERT_OK_AND_ASSIGN(
+      hosted, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0, 1}, .linger = GetParam()}));
   for (uint64_t k = 0; k < 300; ++k) {
     for (SimQp* qp : bed.qps) ASSERT_TRUE(InjectRecvs(qp, k, 1));
     // Each completion is handled before the next is injected: every one needs a fresh wake.
@@ -150,7 +158,46 @@ TEST(ArenaConsumers, NoWakeupIsLostAtLowRate) {
         << "completion " << k << ": " << bed.received();
   }
   bed.Check(300);
+  CQD_ASSERT_OK(hosted->Stop());
+  const ArenaStats stats = hosted->GetStats();
+  EXPECT_LE(stats.linger_hits, stats.lingers);
+  if (GetParam().count() == 0) {
+    EXPECT_EQ(stats.lingers, 0u);
+  }
 }
+
+// One arena thread, two consumers, the longest linger: a task waiting on one consumer's fd holds
+// the other's task back for the linger at most, never for good, and Stop ends a linger in
+// progress by waiting it out.
+TEST_P(ArenaLinger, ALingeringTaskHoldsNoOtherConsumerBackForGood) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(/*engine=*/2, /*cqs=*/2, /*qps=*/2));
+  ::tbb::task_arena arena(1, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(
+      hosted, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0, 1}, .linger = GetParam()}));
+  for (uint64_t k = 0; k < 50; ++k) {
+    // Consumer 0's QP, then consumer 1's: the second waits behind a task that may be lingering.
+    ASSERT_TRUE(InjectRecvs(bed.qps[0], k, 1));
+    ASSERT_TRUE(WaitFor([&] { return bed.handlers[0]->received() == k + 1; })) << k;
+    ASSERT_TRUE(InjectRecvs(bed.qps[1], k, 1));
+    ASSERT_TRUE(WaitFor([&] { return bed.handlers[1]->received() == k + 1; })) << k;
+  }
+  bed.Check(50);
+  if (GetParam().count() > 0) {
+    // Each task whose Drain took an entry and found no other task queued lingered.
+    ASSERT_TRUE(WaitFor([&] { return hosted->GetStats().lingers > 0; }));
+  }
+  CQD_ASSERT_OK(hosted->Stop());
+  EXPECT_LE(hosted->GetStats().linger_hits, hosted->GetStats().lingers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lingers, ArenaLinger,
+                         ::testing::Values(std::chrono::microseconds(0),
+                                           ArenaConsumersOptions{}.linger,
+                                           std::chrono::microseconds(10000)),
+                         [](const ::testing::TestParamInfo<std::chrono::microseconds>& info) {
+                           return "us" + std::to_string(info.param.count());
+                         });
 
 // The engine's own epoll loop watches the notify fds and calls OnReadable.
 TEST(ArenaConsumers, EngineLoopCallsOnReadable) {
@@ -368,6 +415,11 @@ TEST(ArenaConsumers, BadInput) {
   EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
   auto budget = ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0}, .drain_budget = 0});
   EXPECT_EQ(budget.status().code(), StatusCode::kInvalidArgument);
+  for (const auto linger : {std::chrono::microseconds(-1), std::chrono::microseconds(10001)}) {
+    auto wrong = ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0}, .linger = linger});
+    EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << wrong.status().ToString();
+    EXPECT_NE(wrong.status().message().find("linger"), std::string::npos);
+  }
   CQD_ASSERT_OK_AND_ASSIGN(first, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0}}));
   auto again = ArenaConsumers::Create(*bed.rt, arena, {.consumers = {1, 0}});
   EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists) << again.status().ToString();
