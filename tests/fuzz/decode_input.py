@@ -19,7 +19,8 @@ for path in sys.argv[1:]:
           f" dispatch_batch={[1, 2, 3, 4, 8, 16, 64, 256][(c1 >> 3) & 7]}"
           f" max_registrations={3 if c1 & 0x40 else 64}"
           f" spill_capacity={SPILLS[c2 & 3]} last_wqe_reached={not c2 & 4}"
-          f" fatal_at_end={bool(c2 & 8)}")
+          f" fatal_at_end={bool(c2 & 8)} engine_shard={bool(c2 & 0x20)} arena={bool(c2 & 0x40)}"
+          f" linger={[200, 0, 1, 10000][((c1 >> 7) & 1) | ((c2 >> 7) & 1) << 1]}us")
     rest = data[3:]
     for i in range(0, min(len(rest), 3 * 400), 3):
         chunk = rest[i:i + 3] + bytes(3)

@@ -230,6 +230,9 @@ if __name__ == "__main__":
         else:  # shard 0 engine-driven; the engine consumer in a oneTBB arena
             variants[name + "_shard"] = data[:2] + bytes([data[2] | 0x20]) + data[3:]
             variants[name + "_arena"] = data[:2] + bytes([data[2] | 0x40]) + data[3:]
+            # ... with the longest linger (config[1] and config[2]'s high bits)
+            variants[name + "_arena_linger10ms"] = (
+                data[:1] + bytes([data[1] | 0x80, data[2] | 0xc0]) + data[3:])
         for variant, bytes_ in variants.items():
             with open(os.path.join(out, variant), "wb") as f:
                 f.write(bytes_)

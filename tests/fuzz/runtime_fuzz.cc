@@ -11,14 +11,16 @@
 //              edge-triggered; bits3-4 ack_threshold {1,2,4,64}; bit5 idle_budget 0/20us;
 //              bits6-7 poll_batch {1,2,4,32}
 //   config[1]: bits0-2 queue_capacity {1,2,3,4,8,16,64,1024}; bits3-5 dispatch_batch
-//              {1,2,3,4,8,16,64,256}; bit6 max_registrations 3 (else 64)
+//              {1,2,3,4,8,16,64,256}; bit6 max_registrations 3 (else 64); bit7 with config[2]'s
+//              bit7 (the high bit) the arena's linger {200,0,1,10000}us
 //   config[2]: bits0-1 spill_capacity {1,2,8,4096}; bit2 the device raises no LAST_WQE_REACHED
 //              (as rxe); bit3 DEVICE_FATAL at the start of the final teardown; bit4 the other
 //              consumer (with two) runs to completion on poller 0 instead of on its own thread;
 //              bit5 shard 0 is engine-driven (RuntimeOptions::engine_shards): a reactor thread
 //              of the fuzzer drives it (PollShard, TrySleepShard, epoll on ShardFd); bit6 the
 //              engine-driven consumer is hosted in a oneTBB arena of two threads
-//              (cqd::ArenaConsumers, cqd/tbb.h) instead of drained by the fuzzer's thread
+//              (cqd::ArenaConsumers, cqd/tbb.h) instead of drained by the fuzzer's thread;
+//              bit7 see config[1]
 //   operations: see enum Op below (opcode % kOpCount).
 //
 // A QP incarnation (one SimQp, kMaxQps over an input's life; the device reuses qp_nums) tags its
@@ -1965,6 +1967,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     cqd::ArenaConsumersOptions arena_options;
     arena_options.consumers = {static_cast<cqd::ConsumerId>(st->engine)};
     arena_options.drain_budget = 1 + c1 % 64;
+    // The linger: its default, and its edges (none, the shortest, the longest).
+    static const int kLingerUs[] = {200, 0, 1, 10000};
+    arena_options.linger =
+        std::chrono::microseconds(kLingerUs[((c1 >> 7) & 1) | (((c2 >> 7) & 1) << 1)]);
     auto hosted = cqd::ArenaConsumers::Create(*st->rt, *st->tbb_arena, arena_options);
     CHECK(hosted.ok(), "ArenaConsumers::Create: %s", hosted.status().ToString().c_str());
     st->hosted = std::move(hosted).value();
