@@ -7,7 +7,10 @@
 // Writes DIR/dispatch.json (DIR defaults to docs/perf in the workspace). Parts:
 //   throughput  completions/s delivered to handlers and CPU ns per completion over all threads,
 //               per pipeline (pipelines.h), poll batch 1..64, 1 and 1000 QPs; many CQs; many QPs
-//               in random order; median of 3 runs, threads pinned alike for every pipeline
+//               in random order; median of 3 runs, threads pinned alike for every pipeline;
+//               each one-consumer handoff row (cqd, mutex, tbb, ceph) with its bound, the
+//               smallest of the inline loop, the handlers alone and the copy floor measured in the
+//               same run, and its ratio to it
 //   latency     poll -> handler and completion added -> handler at a low rate, cqd handoff and
 //               run to completion, busy-polling and in event mode, beside a two-thread eventfd
 //               ping-pong (one wake) and a spinning cache-line handoff (the busy floor)
@@ -121,6 +124,11 @@ struct ThroughputRow {
   double cpu_cores = 0;  // CPU time / wall time over the window: cores kept busy
   std::map<std::string, uint64_t> threads;  // per-thread CPU over the window, ns
   CrossCore xcore;
+  // A one-consumer handoff row's bound (AttachBounds): the smallest of the inline loop (limit),
+  // the handlers alone and the copy floor measured in this run with the same batch and QPs, and
+  // which one it was; 0 for other rows.
+  double bound_mcps = 0;
+  std::string bound_by;
 };
 
 ThroughputRow MeasureOnce(const PipelineConfig& config, double seconds) {
@@ -163,7 +171,8 @@ std::vector<ThroughputRow> RunThroughput(const Flags& flags) {
   const int cpus = static_cast<int>(std::thread::hardware_concurrency());
   std::vector<std::pair<std::string, PipelineConfig>> configs;
   for (int q : {1, 1000}) {
-    for (const char* impl : {"limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"}) {
+    for (const char* impl :
+         {"limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph", "handlers", "copy"}) {
       for (int b : batches) configs.push_back({"dispatch", {impl, b, q, 1}});
     }
     // Two consumers only where three busy threads have a core each.
@@ -181,13 +190,13 @@ std::vector<ThroughputRow> RunThroughput(const Flags& flags) {
     c.busy_poll = false;  // the default poller: it parks the idle CQs
     configs.push_back({"cqs", c});
   }
-  // Many QPs: completions of 1000 or 100000 QPs, in random order.
+  // Many QPs: completions of 1000 or 100000 QPs, in random order, with the bound's rows.
   for (int qps : {1000, 100000}) {
-    PipelineConfig c{"cqd", 32, qps, 1};
-    c.random_order = true;
-    configs.push_back({"qps", c});
-    c.impl = "limit";
-    configs.push_back({"qps", c});
+    for (const char* impl : {"cqd", "limit", "handlers", "copy"}) {
+      PipelineConfig c{impl, 32, qps, 1};
+      c.random_order = true;
+      configs.push_back({"qps", c});
+    }
   }
   std::vector<ThroughputRow> rows;
   for (size_t i = 0; i < configs.size(); ++i) {
@@ -604,8 +613,12 @@ void WriteJson(const std::string& dir, const std::string& command,
          << ", \"active_cqs\": " << r.config.active_cqs
          << ", \"random_order\": " << (r.config.random_order ? "true" : "false")
          << ", \"mcps\": " << r.mcps << ", \"cpu_ns_per_completion\": " << r.cpu_ns
-         << ", \"cpu_cores\": " << r.cpu_cores << ", " << CrossCoreJson(r.xcore)
-         << ", \"thread_cpu_ns\": {";
+         << ", \"cpu_cores\": " << r.cpu_cores << ", " << CrossCoreJson(r.xcore);
+    if (r.bound_mcps > 0) {
+      json << ", \"bound_mcps\": " << r.bound_mcps << ", \"bound_by\": " << JsonString(r.bound_by)
+           << ", \"ratio_to_bound\": " << r.mcps / r.bound_mcps;
+    }
+    json << ", \"thread_cpu_ns\": {";
     bool first = true;
     for (const auto& [name, ns] : r.threads) {
       json << (first ? "" : ", ") << JsonString(name) << ": " << ns;
@@ -658,6 +671,25 @@ const ThroughputRow* Find(const std::vector<ThroughputRow>& rows, const std::str
 }
 
 double Mcps(const ThroughputRow* r) { return r == nullptr ? 0 : r->mcps; }
+
+bool IsHandoff(const std::string& impl) {
+  return impl == "cqd" || impl == "mutex" || impl == "tbb" || impl == "ceph";
+}
+
+// Sets each one-consumer handoff row's bound from the rows of the same run (ThroughputRow).
+void AttachBounds(std::vector<ThroughputRow>& rows) {
+  for (ThroughputRow& r : rows) {
+    if (!IsHandoff(r.config.impl) || r.config.consumers != 1 || r.config.cqs != 1) continue;
+    for (const char* impl : {"limit", "handlers", "copy"}) {
+      const ThroughputRow* b = Find(rows, r.part, impl, r.config.batch, r.config.qps);
+      if (b == nullptr || b->mcps <= 0) continue;
+      if (r.bound_mcps == 0 || b->mcps < r.bound_mcps) {
+        r.bound_mcps = b->mcps;
+        r.bound_by = impl;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace cqd::bench
@@ -744,6 +776,7 @@ int main(int argc, char** argv) {
           std::thread::hardware_concurrency(), flags.out.c_str());
 
   std::vector<ThroughputRow> tput = RunThroughput(flags);
+  AttachBounds(tput);
 
   const size_t samples = flags.quick ? 2000 : 20000;
   const double rate = 5000;  // completions per second
@@ -784,7 +817,8 @@ int main(int argc, char** argv) {
   // The summary a person reads.
   printf("\nthroughput: M completions/s (CPU ns per completion, all threads), 1 consumer\n");
   printf("%-6s %6s", "qps", "batch");
-  const char* impls[] = {"limit", "limit2", "cqd", "cqd_rtc", "mutex", "tbb", "ceph"};
+  const char* impls[] = {"limit", "limit2", "cqd",      "cqd_rtc", "mutex",
+                         "tbb",   "ceph",   "handlers", "copy"};
   for (const char* impl : impls) printf(" %16s", impl);
   printf("\n");
   for (int q : {1, 1000}) {
@@ -797,6 +831,16 @@ int main(int argc, char** argv) {
       }
       printf("\n");
     }
+  }
+  printf(
+      "\nhandoffs against their bound: the smallest of limit, handlers and copy in this run "
+      "(same batch and QPs)\n%-8s %-6s %6s %8s %8s %-9s %6s\n",
+      "part", "impl", "batch", "qps", "M/s", "bound", "ratio");
+  for (const auto& r : tput) {
+    if (r.bound_mcps <= 0) continue;
+    printf("%-8s %-6s %6d %8d %8.2f %8.2f %-9s %6.2f\n", r.part.c_str(), r.config.impl.c_str(),
+           r.config.batch, r.config.qps, r.mcps, r.bound_mcps, ("(" + r.bound_by + ")").c_str(),
+           r.mcps / r.bound_mcps);
   }
   printf(
       "\nlatency, ns: poll -> handler entry | completion added -> handler entry\n"

@@ -186,6 +186,114 @@ class HandlersPipeline : public Pipeline {
   std::thread thread_;
 };
 
+// ---- copy: the copy floor ----
+
+// One single-producer single-consumer ring of completions per consumer, each side busy-polling:
+// the poller polls a batch, copies each completion into its consumer's ring and publishes the
+// new tail (one release store per consumer per batch); the consumer reads the tail (acquire),
+// calls the handlers on up to kDispatchBatch completions at a time and publishes its head
+// (release). Nothing else: no queue depth, no registration lookup, no sleeping. What moving each
+// completion's cache lines to the other core costs a handoff, with the handlers.
+struct alignas(64) CopyRing {
+  explicit CopyRing(size_t capacity) : wcs(capacity) {}
+  std::vector<ibv_wc> wcs;                    // capacity a power of two
+  alignas(64) std::atomic<uint64_t> tail{0};  // written by the poller
+  alignas(64) std::atomic<uint64_t> head{0};  // written by the consumer
+};
+
+class CopyFloorPipeline : public Pipeline {
+ public:
+  explicit CopyFloorPipeline(const PipelineConfig& c) : config_(c) {
+    sim_ = SimDevice::Create();
+    SimCq* cq = sim_->CreateCq(4096, nullptr).value();
+    source_ = std::make_unique<Source>(*sim_, std::vector<SimCq*>{cq}, std::max(1, c.qps),
+                                       c.random_order);
+    size_t capacity = 64;
+    while (capacity < std::max<size_t>(c.queue_capacity, 2 * static_cast<size_t>(c.batch))) {
+      capacity *= 2;
+    }
+    for (int i = 0; i < std::max(1, c.consumers); ++i) {
+      rings_.push_back(std::make_unique<CopyRing>(capacity));
+    }
+    source_->StartReplay();
+    for (size_t i = 0; i < rings_.size(); ++i) {
+      consumers_.emplace_back([this, i] { Consume(static_cast<int>(i)); });
+    }
+    poller_ = std::thread([this] { Poll(); });
+  }
+  ~CopyFloorPipeline() override { Stop(); }
+  uint64_t Delivered() const override { return source_->Delivered(); }
+  void Stop() override {
+    if (!poller_.joinable()) return;
+    stop_.store(true);
+    poller_.join();
+    for (auto& t : consumers_) t.join();
+  }
+
+ private:
+  bool Stopping() const { return stop_.load(std::memory_order_relaxed); }
+
+  void Poll() {
+    NameThread("poll");
+    Pin(config_.pin, config_.cpu_base);
+    std::vector<ibv_wc> wcs(config_.batch);
+    const size_t consumers = rings_.size();
+    std::vector<uint64_t> tails(consumers, 0);
+    std::vector<uint64_t> heads(consumers, 0);  // the last head read, refreshed when full
+    while (!Stopping()) {
+      const int n = PollSim(source_->cqs[0], config_.batch, wcs.data());
+      if (n <= 0) continue;
+      for (int i = 0; i < n; ++i) {
+        const size_t c = consumers == 1 ? 0 : (wcs[i].qp_num - source_->base) % consumers;
+        CopyRing& ring = *rings_[c];
+        const uint64_t size = ring.wcs.size();
+        while (tails[c] - heads[c] == size) {  // full: wait for the consumer
+          heads[c] = ring.head.load(std::memory_order_acquire);
+          if (Stopping()) return;
+          if (tails[c] - heads[c] == size) internal::CpuRelax();
+        }
+        ring.wcs[tails[c] & (size - 1)] = wcs[i];
+        ++tails[c];
+      }
+      for (size_t c = 0; c < consumers; ++c) {
+        if (tails[c] != rings_[c]->tail.load(std::memory_order_relaxed)) {
+          rings_[c]->tail.store(tails[c], std::memory_order_release);
+        }
+      }
+    }
+  }
+
+  void Consume(int index) {
+    NameThread("consume" + std::to_string(index));
+    Pin(config_.pin, ConsumerCpu(index, config_.cpu_base));
+    CopyRing& ring = *rings_[index];
+    const uint64_t size = ring.wcs.size();
+    uint64_t head = 0;
+    while (!Stopping()) {
+      const uint64_t tail = ring.tail.load(std::memory_order_acquire);
+      if (tail == head) {
+        internal::CpuRelax();
+        continue;
+      }
+      while (head != tail) {
+        const uint64_t at = head & (size - 1);
+        const uint64_t n = std::min<uint64_t>({tail - head, size - at, kDispatchBatch});
+        source_->Dispatch(ring.wcs.data() + at, n);
+        head += n;
+      }
+      ring.head.store(head, std::memory_order_release);
+    }
+  }
+
+  const PipelineConfig config_;
+  std::shared_ptr<SimDevice> sim_;
+  std::unique_ptr<Source> source_;
+  std::vector<std::unique_ptr<CopyRing>> rings_;
+  std::atomic<bool> stop_{false};
+  std::thread poller_;
+  std::vector<std::thread> consumers_;
+};
+
 // ---- cqd, cqd_rtc ----
 
 class CqdPipeline : public Pipeline {
@@ -561,12 +669,13 @@ std::unique_ptr<Pipeline> StartPipeline(const PipelineConfig& config) {
   const bool runtime = config.impl == "cqd" || config.impl == "cqd_rtc";
   const bool known = runtime || config.impl == "limit" || config.impl == "limit2" ||
                      config.impl == "mutex" || config.impl == "tbb" || config.impl == "ceph" ||
-                     config.impl == "handlers";
+                     config.impl == "handlers" || config.impl == "copy";
   if (!known) return nullptr;
   if (config.impl == "handlers") return std::make_unique<HandlersPipeline>(config);
   if (config.shards > 1 && !runtime) return std::make_unique<ShardedPipeline>(config);
   if (config.impl == "limit") return std::make_unique<LimitPipeline>(config, 1);
   if (config.impl == "limit2") return std::make_unique<LimitPipeline>(config, 2);
+  if (config.impl == "copy") return std::make_unique<CopyFloorPipeline>(config);
   if (config.impl == "cqd") return std::make_unique<CqdPipeline>(config, false);
   if (config.impl == "cqd_rtc") return std::make_unique<CqdPipeline>(config, true);
   if (config.impl == "mutex" || config.impl == "tbb" || config.impl == "ceph") {

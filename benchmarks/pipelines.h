@@ -8,6 +8,11 @@
 //   limit    no handoff: one thread polls and calls handlers itself (run to completion)
 //   limit2   the same on two threads, each with its own CQ and half the QPs: the most two
 //            threads can deliver, the bound for any two-thread handoff
+//   handlers the handlers alone on the consumer's CPU, over the replay pattern: nothing polled,
+//            nothing handed over; the consumer's floor
+//   copy     the copy floor: the polled completions copied through a single-producer ring per
+//            consumer to the other core, both sides spinning, and the handlers called; nothing
+//            else (no depth, no lookup, no sleep): what moving the completions costs any handoff
 //   cqd      the cqd runtime: one poller, `consumers` owned consumer threads, busy polling
 //   cqd_rtc  the cqd runtime with one run-to-completion consumer: handlers on the poller thread
 //   mutex    the strongest plain-mutex handoff: a preallocated vector per consumer, appended under
@@ -43,7 +48,7 @@ class CountingHandler : public QpHandler {
 };
 
 struct PipelineConfig {
-  std::string impl;  // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph, handlers
+  std::string impl;  // limit, limit2, cqd, cqd_rtc, mutex, tbb, ceph, handlers, copy
   int batch = 32;    // completions per poll
   int qps = 1;
   int consumers = 1;  // handoff pipelines only

@@ -3,10 +3,10 @@
 # Summarizes ab.sh's output by cross-core mode (a line is "fast" when both probes around it read
 # under 200 ns, "slow" when both read over 300 ns; mixed lines are left out). Prints, per row and
 # mode, each binary's median, its range and count, and after/before; then, per mode, issue 47's
-# ratios from the medians: the handoff against its bound (the smaller of the inline loop and the
-# handlers alone: the harness has no copy floor yet), its CPU per completion against the mutex
-# pipeline's, run to completion against the inline loop, 10^5 QPs against 1000 for the handoff
-# and the inline loop, and the busy-poll p50 against the spin floor.
+# ratios from the medians: the handoff against its bound (the smallest of the inline loop, the
+# handlers alone and the copy floor), its CPU per completion against the mutex pipeline's, run to
+# completion against the inline loop, 10^5 QPs against 1000 in random order for the handoff and
+# the inline loop, and the busy-poll p50 against the spin floor.
 #   python3 docs/perf/issue47/summarize.py docs/perf/issue47/ab.txt
 import re
 import statistics
@@ -26,12 +26,12 @@ for path in sys.argv[1:]:
         mode = "fast" if a < 200 and b < 200 else "slow" if a > 300 and b > 300 else None
         if mode is None:
             continue
-        t = re.match(r"(\S+) batch (\d+) qps (\d+) consumers (\d+): ([\d.]+) M completions/s, "
-                     r"([\d.]+) CPU ns", rest)
+        t = re.match(r"(\S+) batch (\d+) qps (\d+) consumers (\d+)( random)?: ([\d.]+) M "
+                     r"completions/s, ([\d.]+) CPU ns", rest)
         if t:
-            key = f"{t.group(1)} qps {t.group(3)}"
-            vals.setdefault((key + " (M/s)", mode, which), []).append(float(t.group(5)))
-            vals.setdefault((key + " (CPU ns)", mode, which), []).append(float(t.group(6)))
+            key = f"{t.group(1)} qps {t.group(3)}{' random' if t.group(5) else ''}"
+            vals.setdefault((key + " (M/s)", mode, which), []).append(float(t.group(6)))
+            vals.setdefault((key + " (CPU ns)", mode, which), []).append(float(t.group(7)))
             continue
         l = re.match(r"latency (\S+)\s+poll->handler p50\s+(\d+)", rest)
         if l:
@@ -68,16 +68,18 @@ print("| mode | binary | handoff / bound | CPU / mutex CPU | rtc 1000 / limit | 
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for mode in ("fast", "slow"):
     limit = med("limit qps 1000 (M/s)", mode, "bound")
-    handlers = med("handlers qps 1000 (M/s)", mode, "bound")
-    bound = min(v for v in (limit, handlers) if v is not None) if limit or handlers else None
+    parts = [med(f"{b} qps 1000 (M/s)", mode, "bound") for b in ("limit", "handlers", "copy")]
+    parts = [v for v in parts if v is not None]
+    bound = min(parts) if parts else None
     mutex_cpu = med("mutex qps 1000 (CPU ns)", mode, "bound")
-    limit_1e5 = med("limit qps 100000 (M/s)", mode, "bound")
+    limit_r = med("limit qps 1000 random (M/s)", mode, "bound")
+    limit_1e5 = med("limit qps 100000 random (M/s)", mode, "bound")
     for which in ("before", "after"):
         handoff = med("cqd qps 1000 (M/s)", mode, which)
         print(f"| {mode} | {which} | {ratio(handoff, bound)} | "
               f"{ratio(med('cqd qps 1000 (CPU ns)', mode, which), mutex_cpu)} | "
               f"{ratio(med('cqd_rtc qps 1000 (M/s)', mode, which), limit)} | "
               f"{ratio(med('cqd_rtc qps 1 (M/s)', mode, which), limit)} | "
-              f"{ratio(med('cqd qps 100000 (M/s)', mode, which), handoff)} | "
-              f"{ratio(limit_1e5, limit)} | "
+              f"{ratio(med('cqd qps 100000 random (M/s)', mode, which), med('cqd qps 1000 random (M/s)', mode, which))} | "
+              f"{ratio(limit_1e5, limit_r)} | "
               f"{ratio(med('cqd_busy_poll p50 (ns)', mode, which), med('spin_handoff p50 (ns)', mode, which))} |")
