@@ -30,6 +30,10 @@ HandOnRig::HandOnRig(const Options& options) : options_(options) {
   runtime_options_.pollers = 2;
   runtime_options_.consumers.resize(1 + options_.ids);
   runtime_options_.consumers[kListener].name = "listen";
+  if (options_.listener_engine_driven) {
+    runtime_options_.consumers[kListener].kind = ConsumerKind::kEngineDriven;
+    runtime_options_.consumers[kListener].queue_capacity = 1;
+  }
   for (int k = 0; k < options_.ids; ++k) {
     ConsumerOptions& c = runtime_options_.consumers[1 + k];
     c.kind = ConsumerKind::kEngineDriven;
@@ -95,6 +99,12 @@ void HandOnRig::End(int k) {
   router_->held().DeliverAll();
 }
 
+uint64_t HandOnRig::ListenerSpilled() const {
+  ConsumerStats stats;
+  for (const auto& p : pollers_) p->AddSpillStats(kListener, stats);
+  return stats.spill_depth;
+}
+
 void HandOnRig::Route(int k) {
   if (stopped_) return;  // Shutdown stops the event thread before the pollers
   Id& id = ids_[k];
@@ -124,6 +134,7 @@ bool HandOnRig::Settle() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (;;) {
     bool all = true;
+    if (options_.listener_engine_driven) DrainListener(64);
     for (int k = 0; k < options_.ids; ++k) {
       Drain(k, 64);
       if (delivered(ids_[k]) < static_cast<size_t>(ids_[k].routed)) all = false;

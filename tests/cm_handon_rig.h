@@ -41,6 +41,9 @@ class HandOnRig {
     bool two_shards = false;         // events travel as two parts (send and recv CQs on two shards)
     uint32_t qp_queue_capacity = 1;  // small: parts wait in the pollers' spills
     std::chrono::microseconds qp_handler_time{0};  // a window for a wrong hand-on
+    // The CmHandler's consumer engine-driven with a queue of one (the caller drains it with
+    // DrainListener; Settle does too), so that its events wait in the pollers' spills.
+    bool listener_engine_driven = false;
   };
 
   // A delivery: the event's sequence number (per id, in read order) and a global ticket, taken as
@@ -66,6 +69,14 @@ class HandOnRig {
   // event thread first).
   void Route(int k);
   int Drain(int k, int max) { return consumers_[1 + k]->Drain(max); }
+  int DrainListener(int max) { return consumers_[kListener]->Drain(max); }
+  // What the pollers' spills hold for the CmHandler's consumer now.
+  uint64_t ListenerSpilled() const;
+  // Unregister's purge of the spills (Shard::PurgeDead) for the CmHandler's consumer, as when a
+  // QP that consumer also serves is unregistered.
+  void PurgeListener() {
+    for (Shard* p : poller_ptrs_) p->PurgeDead(kListener);
+  }
   bool Pending(int k) const { return consumers_[1 + k]->Pending(); }
   // Shutdown's order: the event thread stops (Route does nothing from here), the pollers hand
   // over and stop, the owned listener consumer closes.

@@ -556,8 +556,10 @@ void Reactor::Accept(rdma_cm_id* id) {
   auto conn = std::make_unique<Conn>(*this, id);
   if (!conn->Setup()) {
     rdma_reject(id, nullptr, 0);
-    conn.reset();  // unregisters, if it got that far
+    // The QP before the Conn: its posted receives point into the Conn's slots, whose MR goes
+    // with it. (A failed Setup registered nothing: RegisterQp is its last step.)
     if (id->qp != nullptr) rdma_destroy_qp(id);
+    conn.reset();
     rdma_destroy_id(id);
     ++totals.refused;
     server_.live.fetch_sub(1, std::memory_order_release);

@@ -21,6 +21,7 @@
 #include <memory>
 
 #include "cqd/handler.h"
+#include "runtime/base/check.h"
 
 namespace cqd::internal {
 
@@ -134,7 +135,9 @@ class SlotPool {
   // so a just-freed slot is not handed out again soon.
   int64_t Allocate() noexcept;
   void Free(uint32_t index);
+  // Requires index < allocated() (kNoSlot names no slot: see RouteEntryAtConsumer).
   Slot& slot(uint32_t index) const noexcept {
+    CQD_DCHECK(index < allocated(), "a slot index past the pool (kNoSlot?)");
     return chunks_[index >> kChunkBits].load(std::memory_order_acquire)[index & (kChunkSize - 1)];
   }
   // Returns how many slots exist (indexes below it are valid); grows, never shrinks.

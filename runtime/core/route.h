@@ -160,6 +160,14 @@ inline Disposal RouteAtConsumer(EntryKind kind, const Slot& slot, uint32_t gener
   return Route(RouteStage::kConsumer, facts);
 }
 
+// As RouteAtConsumer, for an entry that names its registration by slot index: a listener's event
+// names none (kNoSlot), so the pool is read only for the other kinds.
+inline Disposal RouteEntryAtConsumer(EntryKind kind, const SlotPool& slots, uint32_t slot,
+                                     uint32_t generation) noexcept {
+  if (kind == EntryKind::kListenerEvent) return Route(RouteStage::kConsumer, {.kind = kind});
+  return RouteAtConsumer(kind, slots.slot(slot), generation);
+}
+
 // A QP's event routed (stage kQpEvent).
 struct QpEventTarget {
   Disposal disposal = Disposal::kToFallback;  // kDeliver: along `route`

@@ -51,7 +51,7 @@ void Shard::DropUse(CqRecord* cq, uint32_t consumer) {
 void Shard::PurgeDead(uint32_t consumer) {
   RunSync([&] {
     auto route = [&](EntryKind kind, uint32_t slot, uint32_t generation) {
-      return RouteAtConsumer(kind, slots_.slot(slot), generation);
+      return RouteEntryAtConsumer(kind, slots_, slot, generation);
     };
     Lane& lane = spills_.lane(consumer);
     OrphanSink& orphans = router_.orphans();

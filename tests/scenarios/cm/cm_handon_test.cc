@@ -85,5 +85,28 @@ TEST(CmHandOn, AfterShutdownHeldEventsRunOneThreadAtATimeInOrder) {
   }
 }
 
+// Unregister purges its consumer's entries from the pollers' spills (Shard::PurgeDead). When that
+// consumer is also a channel's CmHandler consumer (as in examples/reactor), the spills may hold
+// its listener events, which name no registration (kNoSlot): the purge passes over them, and
+// they reach the CmHandler in order. (It once read the slot pool at kNoSlot, past its end: the
+// reactor server's segfault beside two busy loops.)
+TEST(CmHandOn, APurgeOfTheCmHandlersConsumerKeepsItsListenerEvents) {
+  HandOnRig::Options options;
+  options.ids = 1;
+  options.listener_engine_driven = true;
+  HandOnRig rig(options);
+  constexpr int kListenerEvents = 6;
+  for (int seq = 1; seq <= kListenerEvents; ++seq) rig.Route(0);  // id 0 is bound to nothing
+  // The queue takes one; the rest wait in poller 0's spill (or its inbox: purged the same way).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (rig.ListenerSpilled() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(rig.ListenerSpilled(), 2u);
+  rig.PurgeListener();
+  EXPECT_TRUE(rig.Settle()) << "some event never reached a handler: " << rig.Check();
+  EXPECT_EQ(rig.Check(), "");
+}
+
 }  // namespace
 }  // namespace cqd::internal::testing

@@ -404,5 +404,20 @@ TEST_F(RouteReadersTest, AtTheConsumerTheEntrysGenerationMustStillBeLive) {
   EXPECT_EQ(RouteAtConsumer(EntryKind::kTeardownMarker, slot, 9), Disposal::kDropMarker);
 }
 
+// By slot index, as a purge of the spills routes: a listener's event names no slot (kNoSlot) and
+// the pool is not read for it (SlotPool::slot checks its index in debug builds).
+TEST(RouteEntryAtConsumerTest, AListenerEventReadsNoSlot) {
+  SlotPool pool(16);
+  const int64_t index = pool.Allocate();
+  ASSERT_GE(index, 0);
+  Slot& slot = pool.slot(static_cast<uint32_t>(index));
+  slot.state.store(MakeState(3, 0, /*live=*/true));
+  EXPECT_EQ(RouteEntryAtConsumer(EntryKind::kListenerEvent, pool, kNoSlot, 0), Disposal::kDeliver);
+  EXPECT_EQ(RouteEntryAtConsumer(EntryKind::kCompletion, pool, static_cast<uint32_t>(index), 3),
+            Disposal::kDeliver);
+  EXPECT_EQ(RouteEntryAtConsumer(EntryKind::kCompletion, pool, static_cast<uint32_t>(index), 2),
+            Disposal::kOrphan);
+}
+
 }  // namespace
 }  // namespace cqd::internal
