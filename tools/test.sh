@@ -7,7 +7,8 @@
 # thread-safety analysis (tools/check_tsa.sh: the tree built with -Wthread-safety -Werror) and that
 # a Bazel engine builds on cqd (tools/check_bazel_consumer.sh: examples/bazel_engine), runs
 # every test, then every test but the rxe ones again under ThreadSanitizer, under AddressSanitizer
-# (with UBSan) and under the chaos build (seeded pauses at the runtime's synchronization points), then
+# (with UBSan; and the reactor engine across two VMs on rxe) and under the chaos build (seeded
+# pauses at the runtime's synchronization points), then
 # fuzzes the runtime for about a minute (CQD_FUZZ_SECONDS) and the CM hand-on rule for half that,
 # both with the chaos points on, builds the API reference (tools/api_docs.sh: a Doxygen warning
 # fails) and the Debian packages (tools/build_debs.sh: lintian, the symbols file, engines built
@@ -133,6 +134,10 @@ fi
 run "all tests" -- //...
 run "tests under TSan" --config=tsan --build_tests_only --test_tag_filters=-rxe -- //...
 run "tests under ASan" --config=asan --build_tests_only --test_tag_filters=-rxe -- //...
+# One engine on rxe under ASan too (the runtime's ASan build is made already): the reactor server
+# across two VMs, where connections come and go on engine-driven shards. A purge that read past
+# the slot pool crashed it only under load, and ASan showed where at once.
+run "the reactor engine across two VMs under ASan" --config=asan -- //tests:reactor_two_hosts_test
 # The chaos build (runtime/base/chaos.h): every synchronization point takes seeded pauses, so that
 # races a busy machine shows come out on a quiet one; the soak, the fuzz corpus and every
 # concurrency test run under it. The seed is printed in each test's log.

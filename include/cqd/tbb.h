@@ -148,10 +148,10 @@ class ArenaConsumers {
   bool OnReadable(ConsumerId consumer) noexcept;
 
   /// Stops watching, stops scheduling drains and waits for the drain tasks in flight (a drain in
-  /// progress finishes its Runtime::Drain call). Work still queued stays in the consumers: the
-  /// engine may Drain them itself afterwards. Idempotent. kFailedPrecondition (nothing waited for)
-  /// from an arena task of any ArenaConsumers or StrandConsumer or a cqd callback
-  /// (Runtime::InCallback).
+  /// progress finishes its Runtime::Drain call, a linger its wait: at most `linger`). Work still
+  /// queued stays in the consumers: the engine may Drain them itself afterwards. Idempotent.
+  /// kFailedPrecondition (nothing waited for) from an arena task of any ArenaConsumers or
+  /// StrandConsumer or a cqd callback (Runtime::InCallback).
   Status Stop();
 
   /// Returns its counters. Any thread.
