@@ -111,10 +111,13 @@ struct ArenaConsumersOptions {
   /// next entry before it ends (0..10000 us; 0: it ends at once). A consumer whose pollers refill
   /// it within the wait is drained again by the same task, on a worker that slept in the kernel,
   /// instead of by a new task through the watcher, the arena's queue and a woken worker, each of
-  /// which waits for a core on a machine with more runnable threads than cores. Only after a
-  /// Runtime::Drain that took something, and only while no other drain task of this object is
-  /// queued; the wait holds an arena thread, so an arena shared with other work gives up to this
-  /// much of a thread per drain that emptied its consumer.
+  /// which waits for a core on a machine with more runnable threads than cores. A task begins to
+  /// linger only after a Runtime::Drain that took something and left the notify fd unreadable,
+  /// only while no other drain task of this object is queued, and not once Stop has begun (a
+  /// linger begun just before Stop still runs to its end); the wait holds an arena thread, so a
+  /// task enqueued meanwhile may wait up to this long for a thread, and an arena shared with other
+  /// work gives up to this much of a thread per drain that emptied its consumer. The wait is the
+  /// kernel's: it may overrun `linger` by the timer slack and scheduling delay.
   std::chrono::microseconds linger{200};
 };
 
@@ -124,7 +127,7 @@ struct ArenaStats {
   uint64_t dispatched = 0;        ///< entries their Drain calls took (Runtime::Drain's count)
   uint64_t enqueue_failures = 0;  ///< enqueues that failed (std::bad_alloc), retried on next wake
   uint64_t lingers = 0;           ///< waits for the next entry (ArenaConsumersOptions::linger)
-  uint64_t linger_hits = 0;       ///< of those, waits that ended with an entry to drain
+  uint64_t linger_hits = 0;       ///< of those, waits that ended with the fd readable (<= lingers)
 };
 
 /// Engine-driven consumers drained by tasks of a task_arena. Thread-safe: every member may be
@@ -132,9 +135,9 @@ struct ArenaStats {
 class ArenaConsumers {
  public:
   /// Returns a started object, or kInvalidArgument naming the consumer that is not engine-driven
-  /// or listed twice (or a budget out of range), kAlreadyExists for a consumer another object
-  /// hosts (one whose Stop has returned hosts nothing), or kInternal if the watcher's epoll could
-  /// not be made.
+  /// or listed twice (or a budget or linger out of range), kAlreadyExists for a consumer another
+  /// object hosts (one whose Stop has returned hosts nothing), or kInternal if the watcher's epoll
+  /// could not be made.
   static Result<std::unique_ptr<ArenaConsumers>> Create(Runtime& runtime, ::tbb::task_arena& arena,
                                                         const ArenaConsumersOptions& options);
   ~ArenaConsumers();  ///< Stop()
@@ -148,7 +151,7 @@ class ArenaConsumers {
   bool OnReadable(ConsumerId consumer) noexcept;
 
   /// Stops watching, stops scheduling drains and waits for the drain tasks in flight (a drain in
-  /// progress finishes its Runtime::Drain call, a linger its wait: at most `linger`). Work still
+  /// progress finishes its Runtime::Drain call, a linger its wait: about `linger`). Work still
   /// queued stays in the consumers: the engine may Drain them itself afterwards. Idempotent.
   /// kFailedPrecondition (nothing waited for) from an arena task of any ArenaConsumers or
   /// StrandConsumer or a cqd callback (Runtime::InCallback).

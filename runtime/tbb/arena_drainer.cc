@@ -205,7 +205,7 @@ bool ArenaDrainer::Linger(Slot& slot) noexcept {
   pollfd p = {slot.fd, POLLIN, 0};
   // EINTR, a timeout or an error: not readable; the caller's check that follows looks again.
   if (ppoll(&p, 1, &timeout, nullptr) != 1 || (p.revents & POLLIN) == 0) return false;
-  linger_hits_.fetch_add(1, std::memory_order_relaxed);
+  linger_hits_.fetch_add(1, std::memory_order_release);  // after its linger's count (GetStats)
   return true;
 }
 
@@ -235,8 +235,12 @@ void ArenaDrainer::Run(Slot& slot) noexcept {
         slot.state.store(0, std::memory_order_release);
         break;
       }
-      // Emptied it: wait a little for the next entry while still scheduled (see the header).
-      if (n > 0 && !stopping_.load(std::memory_order_relaxed) && Linger(slot)) continue;
+      if (n > 0 && !stopping_.load(std::memory_order_relaxed)) {
+        // Drain left the fd readable if more is queued (one call takes at most the consumer's
+        // dispatch_batch), or a producer wrote it since: drain again, no linger. Else the task
+        // emptied the consumer: wait a little for the next entry while still scheduled.
+        if (FdReadable(slot.fd) || Linger(slot)) continue;
+      }
       uint32_t expected = kScheduled;
       if (slot.state.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                              std::memory_order_acquire)) {
@@ -291,8 +295,9 @@ ArenaStats ArenaDrainer::GetStats() const {
   s.drain_tasks = tasks_.load(std::memory_order_relaxed);
   s.dispatched = dispatched_.load(std::memory_order_relaxed);
   s.enqueue_failures = enqueue_failures_.load(std::memory_order_relaxed);
+  // Hits first (acquire): every hit read has its linger's count before it, so hits <= lingers.
+  s.linger_hits = linger_hits_.load(std::memory_order_acquire);
   s.lingers = lingers_.load(std::memory_order_relaxed);
-  s.linger_hits = linger_hits_.load(std::memory_order_relaxed);
   return s;
 }
 

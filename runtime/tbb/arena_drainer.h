@@ -10,10 +10,12 @@
 // up: more may be queued), or clears kScheduled with a CAS from exactly kScheduled: if kPending
 // came in meanwhile the CAS fails and it drains again; if the CAS succeeds it polls the notify fd
 // once more and takes kScheduled back if it is readable. Before that CAS, a task whose Drain took
-// something and emptied the consumer may linger: it waits (ppoll, bounded) for the fd while still
-// kScheduled, so a wake meanwhile only sets kPending, and drains again if the fd turned readable.
-// It lingers only while `queued_` (tasks enqueued, not yet started) reads 0: a lingering task may
-// hold the arena's only thread, so it does not wait while another consumer's task waits for one.
+// something and left the fd unreadable (it emptied the consumer) may linger: it waits (ppoll,
+// bounded) for the fd while still kScheduled, so a wake meanwhile only sets kPending, and drains
+// again if the fd turned readable. It begins a linger only while `queued_` (tasks enqueued, not
+// yet started) reads 0: a lingering task may hold the arena's only thread. A task enqueued during
+// a linger waits for it to end (about `linger_`), and the lingering task begins no other linger
+// while that one is queued.
 // So a wake that arrives while a task runs is never lost: either the task sees kPending, or
 // OnReadable sees kScheduled clear and enqueues.
 // The acq_rel RMWs on the state word make each drain happen-before the next one of the consumer,

@@ -3,8 +3,9 @@
 // a task_arena, with the watcher thread and with the engine's own epoll loop calling OnReadable;
 // exactly once and in order per QP, at most one drainer per consumer at a time, handlers on arena
 // threads, the linger (no wake lost with none, the default or the longest; a lingering task holds
-// no other consumer back for good), Stop leaving the rest to the engine, Drain from a handler,
-// refused Stop, the NUMA constraints helper, and bad input.
+// no other consumer back for good; only a drain that emptied its consumer lingers), Stop leaving
+// the rest to the engine, Drain from a handler, refused Stop, the NUMA constraints helper, and bad
+// input.
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
 #include <sys/epoll.h>
@@ -71,12 +72,16 @@ struct Bed : testing::Bed {
   std::vector<std::unique_ptr<GuardedHandler>> handlers;
   std::vector<Registration> regs;
 
-  Status Build(int engine, int num_cqs, int num_qps) {
+  // `dispatch_batch`: the engine-driven consumers' (most entries one Drain call takes).
+  Status Build(int engine, int num_cqs, int num_qps, int dispatch_batch = 64) {
     (void)Parallelism();
     RuntimeOptions options;
     options.pollers = 2;
     options.consumers.assign(engine + 1, ConsumerOptions{});
-    for (int i = 0; i < engine; ++i) options.consumers[i].kind = ConsumerKind::kEngineDriven;
+    for (int i = 0; i < engine; ++i) {
+      options.consumers[i].kind = ConsumerKind::kEngineDriven;
+      options.consumers[i].dispatch_batch = dispatch_batch;
+    }
     if (Status s = Start(options); !s.ok()) return s;
     for (int i = 0; i < num_cqs; ++i) {
       auto cq = rt->CreateCq(dev, i % 2);
@@ -189,6 +194,31 @@ TEST_P(ArenaLinger, ALingeringTaskHoldsNoOtherConsumerBackForGood) {
   }
   CQD_ASSERT_OK(hosted->Stop());
   EXPECT_LE(hosted->GetStats().linger_hits, hosted->GetStats().lingers);
+}
+
+// A Drain call takes at most the consumer's dispatch_batch (here 1) and leaves the notify fd
+// readable while more is queued: the task drains again at once and begins no linger until its
+// Drain has emptied the consumer (at most one linger here: it comes last, nothing refills it).
+TEST_P(ArenaLinger, OnlyADrainThatEmptiedTheConsumerLingers) {
+  Bed bed;
+  CQD_ASSERT_OK(bed.Build(/*engine=*/1, /*cqs=*/1, /*qps=*/1, /*dispatch_batch=*/1));
+  constexpr int kCount = 200;
+  ASSERT_TRUE(InjectRecvs(bed.qps[0], 0, kCount));
+  // Everything handed over to the consumer's queue before any drain task runs.
+  ASSERT_TRUE(WaitFor([&] {
+    const ConsumerStats s = bed.rt->GetStats().consumers[0];
+    return s.queue_depth == kCount && s.spill_depth == 0;
+  }));
+  ::tbb::task_arena arena(1, 0);
+  CQD_ASSERT_OK_AND_ASSIGN(
+      hosted, ArenaConsumers::Create(*bed.rt, arena, {.consumers = {0}, .linger = GetParam()}));
+  ASSERT_TRUE(WaitFor([&] { return bed.received() == kCount; })) << bed.received();
+  bed.Check(kCount);
+  CQD_ASSERT_OK(hosted->Stop());
+  const ArenaStats stats = hosted->GetStats();
+  EXPECT_EQ(stats.dispatched, static_cast<uint64_t>(kCount));
+  EXPECT_LE(stats.lingers, GetParam().count() == 0 ? 0u : 1u);
+  EXPECT_EQ(stats.linger_hits, 0u);  // nothing came after the consumer was emptied
 }
 
 INSTANTIATE_TEST_SUITE_P(Lingers, ArenaLinger,
