@@ -22,6 +22,8 @@
 // Every throughput, latency and open-loop row records the cross-core probe (machine.h) taken just
 // before and just after it, "xcore_rtt_ns": [before, after], so that a summary can tell which of
 // the machine's modes the row ran in (benchmarks/perf_summary.py).
+// --latency-only and --event-latency-only print the busy-poll rows beside the spin floor and the
+// event-mode rows beside one eventfd wake, alone (docs/perf/issue47/ab.sh).
 // --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
 // poller and a consumer each, as many as the machine has two CPUs for. --probe prints the
 // cross-core probe alone (which mode the machine is in now).
@@ -744,6 +746,20 @@ int main(int argc, char** argv) {
                r.p.p50, r.p.p99, r.xcore.before, r.xcore.after);
       }
       return 0;
+    } else if (a == "--event-latency-only") {  // the event-mode rows and one eventfd wake
+      const size_t samples = 5000;
+      const LatencyResult rows[] = {
+          Probed([&] { return RunCqdLatency(false, false, samples, 5000, 0.1); }),
+          Probed([&] { return RunCqdLatency(false, true, samples, 5000, 0.1); }),
+          Probed([&] { return RunEventfdPingPong(samples, 5000); })};
+      fprintf(stderr, "\n");
+      for (const LatencyResult& r : rows) {
+        printf(
+            "%-18s added->handler p50 %6.0f p99 %6.0f ns, poll->handler p50 %6.0f ns, xcore "
+            "%.0f/%.0f ns\n",
+            r.mode.c_str(), r.e2e.p50, r.e2e.p99, r.p.p50, r.xcore.before, r.xcore.after);
+      }
+      return 0;
     } else if (a.rfind("--only=", 0) == 0) {  // impl:batch:qps:consumers, for profiling
       PipelineConfig c;
       char impl[16] = {};
@@ -768,7 +784,7 @@ int main(int argc, char** argv) {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] [--random-order] "
               "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only | "
-              "--latency-only | --scaling[=ROUNDS] | --probe]\n");
+              "--latency-only | --event-latency-only | --scaling[=ROUNDS] | --probe]\n");
       return 2;
     }
   }

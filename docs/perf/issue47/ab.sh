@@ -10,9 +10,10 @@
 # each), and the busy-poll latency rows with their spin floor (--latency-only); and once per
 # round (the after binary's: the before binary has no copy floor) the bounds: the inline loop
 # (limit), the handlers alone, the copy floor and the mutex pipeline with 1000 QPs, and the
-# inline loop, the handlers and the copy floor in random order with 1000 and 10^5 QPs. Every line carries the cross-core probe taken around it,
-# so that each mode of the machine can be read apart (summarize.py). Run on a quiet machine:
-# every pipeline pins CPUs 0 and 1.
+# inline loop, the handlers and the copy floor in random order with 1000 and 10^5 QPs; and the
+# event-mode rows beside one eventfd wake (the after binary's --event-latency-only). Every line
+# carries the cross-core probe taken around it, so that each mode of the machine can be read
+# apart (summarize.py). Run on a quiet machine: every pipeline pins CPUs 0 and 1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
 rounds=${1:?usage: ab.sh ROUNDS}
@@ -52,5 +53,6 @@ for r in $(seq 1 "$rounds"); do
   for which in $order; do
     /tmp/cqd-issue47-dispatch-$which --latency-only 2>/dev/null | sed "s/^/round $r $which latency /"
   done
+  /tmp/cqd-issue47-dispatch-after --event-latency-only 2>/dev/null | sed "s/^/round $r bound event /"
 done
 echo "# $(date -u +%FT%TZ) done"

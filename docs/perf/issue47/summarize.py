@@ -6,7 +6,8 @@
 # ratios from the medians: the handoff against its bound (the smallest of the inline loop, the
 # handlers alone and the copy floor), its CPU per completion against the mutex pipeline's, run to
 # completion against the inline loop, 10^5 QPs against 1000 in random order for the handoff and
-# the inline loop, and the busy-poll p50 against the spin floor.
+# the inline loop, the busy-poll p50 against the spin floor, and (the after binary only) the
+# event-mode added->handler p50, handoff and run to completion, against one eventfd wake.
 #   python3 docs/perf/issue47/summarize.py docs/perf/issue47/ab.txt
 import re
 import statistics
@@ -36,6 +37,11 @@ for path in sys.argv[1:]:
         l = re.match(r"latency (\S+)\s+poll->handler p50\s+(\d+)", rest)
         if l:
             vals.setdefault((f"{l.group(1)} p50 (ns)", mode, which), []).append(float(l.group(2)))
+            continue
+        e = re.match(r"event (\S+)\s+added->handler p50\s+(\d+)", rest)
+        if e:
+            vals.setdefault((f"{e.group(1)} added p50 (ns)", mode, which), []).append(
+                float(e.group(2)))
 
 
 def med(key, mode, which):
@@ -83,3 +89,11 @@ for mode in ("fast", "slow"):
               f"{ratio(med('cqd qps 100000 random (M/s)', mode, which), med('cqd qps 1000 random (M/s)', mode, which))} | "
               f"{ratio(limit_1e5, limit_r)} | "
               f"{ratio(med('cqd_busy_poll p50 (ns)', mode, which), med('spin_handoff p50 (ns)', mode, which))} |")
+
+print()
+print("| mode | event handoff p50 / eventfd wake | event rtc p50 / eventfd wake |")
+print("| --- | ---: | ---: |")
+for mode in ("fast", "slow"):
+    wake = med("eventfd_pingpong added p50 (ns)", mode, "bound")
+    print(f"| {mode} | {ratio(med('cqd_event added p50 (ns)', mode, 'bound'), wake)} | "
+          f"{ratio(med('cqd_rtc_event added p50 (ns)', mode, 'bound'), wake)} |")
