@@ -9,7 +9,7 @@
 # QP, the handoff with 1000 and 10^5 QPs in random order (batch 32, one consumer, --seconds=0.5
 # each), and the busy-poll latency rows with their spin floor (--latency-only); and once per
 # round (the after binary's: the before binary has no copy floor) the bounds: the inline loop
-# (limit), the handlers alone, the copy floor and the mutex pipeline with 1000 QPs, and the
+# (limit) with 1000 QPs and with one, the handlers alone, the copy floor and the mutex pipeline with 1000 QPs, and the
 # inline loop, the handlers and the copy floor in random order with 1000 and 10^5 QPs; and the
 # event-mode rows beside one eventfd wake (the after binary's --event-latency-only). Every line
 # carries the cross-core probe taken around it, so that each mode of the machine can be read
@@ -27,7 +27,7 @@ cp "$base/bazel-bin/benchmarks/dispatch" /tmp/cqd-issue47-dispatch-before
 cp bazel-bin/benchmarks/dispatch /tmp/cqd-issue47-dispatch-after
 # A row with an "r" after it runs with --random-order (the QPs' completions in random order).
 rows=(cqd:32:1000:1 cqd_rtc:32:1000:1 cqd_rtc:32:1:1 cqd:32:1000:1:r cqd:32:100000:1:r)
-bounds=(limit:32:1000:1 handlers:32:1000:1 copy:32:1000:1 mutex:32:1000:1
+bounds=(limit:32:1000:1 limit:32:1:1 handlers:32:1000:1 copy:32:1000:1 mutex:32:1000:1
   limit:32:1000:1:r limit:32:100000:1:r handlers:32:100000:1:r copy:32:100000:1:r)
 # run BINARY ROW: one --only row (ROW as above) with BINARY (before or after).
 run() {

@@ -85,7 +85,7 @@ for mode in ("fast", "slow"):
         print(f"| {mode} | {which} | {ratio(handoff, bound)} | "
               f"{ratio(med('cqd qps 1000 (CPU ns)', mode, which), mutex_cpu)} | "
               f"{ratio(med('cqd_rtc qps 1000 (M/s)', mode, which), limit)} | "
-              f"{ratio(med('cqd_rtc qps 1 (M/s)', mode, which), limit)} | "
+              f"{ratio(med('cqd_rtc qps 1 (M/s)', mode, which), med('limit qps 1 (M/s)', mode, 'bound'))} | "
               f"{ratio(med('cqd qps 100000 random (M/s)', mode, which), med('cqd qps 1000 random (M/s)', mode, which))} | "
               f"{ratio(limit_1e5, limit_r)} | "
               f"{ratio(med('cqd_busy_poll p50 (ns)', mode, which), med('spin_handoff p50 (ns)', mode, which))} |")
