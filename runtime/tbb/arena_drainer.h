@@ -14,7 +14,7 @@
 // bounded) for the fd while still kScheduled, so a wake meanwhile only sets kPending, and drains
 // again if the fd turned readable. It begins a linger only while `queued_` (tasks enqueued, not
 // yet started) reads 0: a lingering task may hold the arena's only thread. A task enqueued during
-// a linger waits for it to end (about `linger_`), and the lingering task begins no other linger
+// a linger may wait for it to end (about `linger_`), and the lingering task begins no other linger
 // while that one is queued.
 // So a wake that arrives while a task runs is never lost: either the task sees kPending, or
 // OnReadable sees kScheduled clear and enqueues.
