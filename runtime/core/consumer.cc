@@ -274,10 +274,19 @@ void Consumer::DeliverHeldEvents() noexcept {
   }
 }
 
-uint32_t Consumer::PrefetchRun(Lane& lane, uint32_t i, uint32_t end) const noexcept {
+uint32_t Consumer::PrefetchRun(Lane& lane, uint32_t i, uint32_t end,
+                               PrefetchStage stage) const noexcept {
   const EntryMeta& meta = lane.meta(i);
   if (meta.kind != EntryKind::kCompletion) return i + 1;
-  __builtin_prefetch(&slots_.slot(meta.slot));
+  const Slot& slot = slots_.slot(meta.slot);
+  if (stage == PrefetchStage::kSlot) {
+    __builtin_prefetch(&slot);
+  } else {
+    // The slot came in kSlotAhead - kHandlerAhead runs ago. The pointer may be stale (the run may
+    // be an orphan by the time it is delivered): a prefetch neither faults nor needs the object
+    // to be alive, and DeliverRun reads the pointer again after its state check.
+    __builtin_prefetch(slot.handler.load(std::memory_order_relaxed));
+  }
   // A branch, not arithmetic on the run's length: with short runs (many QPs) it is predicted and
   // the next entry's load starts without waiting for this one's.
   if (meta.run > 1) [[unlikely]]
@@ -287,10 +296,16 @@ uint32_t Consumer::PrefetchRun(Lane& lane, uint32_t i, uint32_t end) const noexc
 
 void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   const uint32_t end = at + n;
-  // DeliverRun reads each run's slot: fetch them kPrefetchRuns runs ahead of the call, so that
-  // with many QPs the misses overlap instead of each coming after the previous handler call.
-  uint32_t ahead = at;
-  for (int k = 0; k < kPrefetchRuns && ahead < end; ++k) ahead = PrefetchRun(lane, ahead, end);
+  // DeliverRun reads each run's slot, then calls the handler the slot names (its first line holds
+  // the vtable pointer). With many QPs both are misses: fetch the slots kSlotAhead runs ahead of
+  // the call and the handlers kHandlerAhead runs ahead (by then their slots have come), so that
+  // the misses overlap instead of each coming after the previous handler call.
+  uint32_t slot_ahead = at;
+  for (int k = 0; k < kSlotAhead && slot_ahead < end; ++k)
+    slot_ahead = PrefetchRun(lane, slot_ahead, end, PrefetchStage::kSlot);
+  uint32_t handler_ahead = at;
+  for (int k = 0; k < kHandlerAhead && handler_ahead < end; ++k)
+    handler_ahead = PrefetchRun(lane, handler_ahead, end, PrefetchStage::kHandler);
   uint32_t i = at;
   uint64_t delivered = 0;  // counted once for the piece, not once per run
   while (i < end) {
@@ -319,8 +334,11 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
       }
       ++i;
     }
-    if (ahead < i) ahead = i;
-    if (ahead < end) ahead = PrefetchRun(lane, ahead, end);
+    if (slot_ahead < i) slot_ahead = i;
+    if (slot_ahead < end) slot_ahead = PrefetchRun(lane, slot_ahead, end, PrefetchStage::kSlot);
+    if (handler_ahead < i) handler_ahead = i;
+    if (handler_ahead < end)
+      handler_ahead = PrefetchRun(lane, handler_ahead, end, PrefetchStage::kHandler);
   }
   CountDelivered(delivered);
 }

@@ -220,10 +220,13 @@ class Consumer {
   // Outside every batch of this thread: runs the CM events a batch deferred (DeferHeldEvents).
   void DeliverHeldEvents() noexcept;
   void RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept;
-  // Prefetches the slot of the run at lane entry `i` (if a completion's); returns the next run's
-  // entry (at most `end`).
-  uint32_t PrefetchRun(Lane& lane, uint32_t i, uint32_t end) const noexcept;
-  static constexpr int kPrefetchRuns = 8;
+  // What PrefetchRun fetches for a run: its slot, or the handler its slot names.
+  enum class PrefetchStage : uint8_t { kSlot, kHandler };
+  // Prefetches the slot or the handler (`stage`) of the run at lane entry `i` (if a
+  // completion's); returns the next run's entry (at most `end`).
+  uint32_t PrefetchRun(Lane& lane, uint32_t i, uint32_t end, PrefetchStage stage) const noexcept;
+  static constexpr int kSlotAhead = 8;     // runs between a slot's prefetch and its call
+  static constexpr int kHandlerAhead = 4;  // runs between a handler's prefetch and its call
   void RunItem(const Item& item) noexcept;
   // Delivers one registration's run of completions.
   // Returns how many of the run's completions reached the handler (n, or 0: orphaned).
