@@ -166,6 +166,18 @@ class Consumer {
   void Reserve(size_t n) noexcept;
   // After a lane's Publish of entries the caller reserved: wakes the consumer if it sleeps.
   void HandedOver() noexcept { waker_->Wake(); }
+  // Event thread: a CQ whose QPs are all this consumer's got its event, and its poller is being
+  // woken. An owned thread that sleeps wakes now, so that it spins (idle_spin) while the poller
+  // hands the completions over, instead of sleeping until the hand-over wakes it: the two wakes
+  // overlap. A hint: a wake with nothing to take is one more turn of the idle loop. Other kinds:
+  // nothing (an engine-driven consumer does not spin; a run-to-completion one is its poller).
+  void PreWake() noexcept {
+    if (options_.kind != ConsumerKind::kOwnedThread || !parker_.Wake()) return;
+    owned_.pre_wakes.store(owned_.pre_wakes.load(std::memory_order_relaxed) + 1,
+                           std::memory_order_relaxed);  // the event thread alone writes it
+  }
+  // Returns how many of PreWake's calls woke a sleeping thread (ConsumerStats::pre_wakes).
+  uint64_t pre_wakes() const { return owned_.pre_wakes.load(std::memory_order_relaxed); }
   // Queues `item` (its entry reserved by the caller; item.shard and item.after set) and wakes the
   // consumer if it sleeps. Callers serialize per token.
   void PushAlone(moodycamel::ProducerToken& token, Item& item) noexcept;
@@ -293,6 +305,7 @@ class Consumer {
     std::atomic<bool> stop{false};
     Mutex close_mu;
     bool closed CQD_GUARDED_BY(close_mu) = false;
+    std::atomic<uint64_t> pre_wakes{0};  // PreWake's wakes (the event thread's)
   };
   OwnedThread owned_;
   Parker parker_;

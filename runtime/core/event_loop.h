@@ -4,7 +4,8 @@
 // It epolls every completion channel (one per device and shard), every device's async fd and a
 // wake eventfd, all non-blocking and level-triggered, and drains each ready fd until EAGAIN
 // (retrying EINTR). For a completion event it counts the event against its CQ, acks in batches
-// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard.
+// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard, then the
+// CQ's consumer if it has one alone (Consumer::PreWake).
 // Async events are copied, acked (S13) and routed: QP events to the QP's handler; CQ_ERR and
 // DEVICE_FATAL to the device handler and to every QP they affect; port and SRQ events (and QP
 // events of unregistered QPs) to the device handler. An event for a QP travels through the
@@ -48,7 +49,8 @@ namespace cqd::internal {
 
 class EventLoop {
  public:
-  EventLoop(uint32_t ack_threshold, const std::vector<Shard*>& pollers, const SlotPool& slots);
+  EventLoop(uint32_t ack_threshold, const std::vector<Shard*>& pollers,
+            const std::vector<Consumer*>& consumers, const SlotPool& slots);
   ~EventLoop();
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -121,6 +123,7 @@ class EventLoop {
 
   const uint32_t ack_threshold_;
   std::vector<Shard*> pollers_;
+  std::vector<Consumer*> consumers_;
   const SlotPool& slots_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
@@ -132,6 +135,7 @@ class EventLoop {
   CmRouter cm_;
   int paused_cm_ = 0;  // CM sources paused: the loop then wakes every millisecond to resume
   std::vector<bool> wake_shard_;
+  std::vector<bool> pre_wake_;  // consumers to pre-wake after this round's pollers
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};
   std::atomic<uint64_t> failed_fds_{0};

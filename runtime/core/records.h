@@ -52,6 +52,9 @@ struct DeviceRecord {
 // The most work requests the capacity guard lets a CQ grow to (RegisterQp, Registrations::Commit).
 inline constexpr uint64_t kCqGrowthCeiling = uint64_t{1} << 30;
 
+// CqRecord::sole_consumer when the CQ's QPs have no consumer or more than one.
+inline constexpr uint32_t kNoSoleConsumer = ~uint32_t{0};
+
 struct CqRecord {
   uint32_t id = 0;
   int shard = 0;
@@ -95,6 +98,10 @@ struct CqRecord {
     uint32_t count;
   };
   std::vector<Use> uses;
+  // The one consumer in `uses`, or kNoSoleConsumer: written with `uses` (relaxed), read by the
+  // event thread (relaxed), which pre-wakes that consumer with the shard (EventLoop::ReadChannel).
+  // A stale read costs a wake that finds nothing, or a wake not made early; never a completion.
+  std::atomic<uint32_t> sole_consumer{kNoSoleConsumer};
   // Parking (RuntimeOptions::cq_park_after): a parked CQ is armed and out of its shard's passes
   // until its event; empty_run counts the empty polls in a row, empty_since is when that run
   // reached CqSet::kParkProbe polls.

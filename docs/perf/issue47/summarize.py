@@ -7,7 +7,8 @@
 # handlers alone and the copy floor), its CPU per completion against the mutex pipeline's, run to
 # completion against the inline loop, 10^5 QPs against 1000 in random order for the handoff and
 # the inline loop, the busy-poll p50 against the spin floor, and (the after binary only) the
-# event-mode added->handler p50, handoff and run to completion, against one eventfd wake.
+# event-mode added->handler p50, handoff and run to completion, against one eventfd wake (the
+# after binary's in ab.sh; each binary's in s54.sh, whose output it reads as well).
 #   python3 docs/perf/issue47/summarize.py docs/perf/issue47/ab.txt
 import re
 import statistics
@@ -91,9 +92,13 @@ for mode in ("fast", "slow"):
               f"{ratio(med('cqd_busy_poll p50 (ns)', mode, which), med('spin_handoff p50 (ns)', mode, which))} |")
 
 print()
-print("| mode | event handoff p50 / eventfd wake | event rtc p50 / eventfd wake |")
-print("| --- | ---: | ---: |")
+print("| mode | binary | event handoff p50 / eventfd wake | event rtc p50 / eventfd wake |")
+print("| --- | --- | ---: | ---: |")
 for mode in ("fast", "slow"):
-    wake = med("eventfd_pingpong added p50 (ns)", mode, "bound")
-    print(f"| {mode} | {ratio(med('cqd_event added p50 (ns)', mode, 'bound'), wake)} | "
-          f"{ratio(med('cqd_rtc_event added p50 (ns)', mode, 'bound'), wake)} |")
+    # ab.sh runs the event rows once a round ("bound"); s54.sh runs them for each binary.
+    for which in ("bound", "before", "after"):
+        wake = med("eventfd_pingpong added p50 (ns)", mode, which)
+        if wake is None:
+            continue
+        print(f"| {mode} | {which} | {ratio(med('cqd_event added p50 (ns)', mode, which), wake)} | "
+              f"{ratio(med('cqd_rtc_event added p50 (ns)', mode, which), wake)} |")

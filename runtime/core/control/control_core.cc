@@ -23,7 +23,7 @@ ControlCore::ControlCore(const RuntimeOptions& options_in)
     pollers.push_back(std::make_unique<Shard>(i, options, consumer_list, slots, orphans));
     poller_list.push_back(pollers.back().get());
   }
-  events = std::make_unique<EventLoop>(options.ack_threshold, poller_list, slots);
+  events = std::make_unique<EventLoop>(options.ack_threshold, poller_list, consumer_list, slots);
   events->set_logger(&log);
   if (log.enabled()) {  // a consumer that holds its pollers back is said in the log
     stall_watch = std::make_unique<StallWatch>(log, pollers, consumers);

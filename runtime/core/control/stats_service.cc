@@ -21,6 +21,7 @@ Stats StatsService::GetStats() const {
     c.async_events = consumer->async_delivered();
     c.queue_depth = consumer->depth();
     c.high_water = consumer->high_water();
+    c.pre_wakes = consumer->pre_wakes();
     c.queue_capacity = core_.options.consumers[consumer->index()].queue_capacity;
     c.spill_capacity = core_.options.consumers[consumer->index()].spill_capacity;
     for (const auto& poller : core_.pollers) poller->AddSpillStats(consumer->index(), c);

@@ -25,6 +25,13 @@ Status Shard::ResizeCq(CqRecord* cq, int depth) {
   return status;
 }
 
+namespace {
+void NoteSoleConsumer(CqRecord* cq) {
+  cq->sole_consumer.store(cq->uses.size() == 1 ? cq->uses[0].consumer : kNoSoleConsumer,
+                          std::memory_order_relaxed);
+}
+}  // namespace
+
 void Shard::AddUse(CqRecord* cq, uint32_t consumer) {
   RunSync([&] {
     for (CqRecord::Use& use : cq->uses) {
@@ -34,6 +41,7 @@ void Shard::AddUse(CqRecord* cq, uint32_t consumer) {
       }
     }
     cq->uses.push_back({consumer, 1});
+    NoteSoleConsumer(cq);
   });
 }
 
@@ -42,6 +50,7 @@ void Shard::DropUse(CqRecord* cq, uint32_t consumer) {
     for (size_t i = 0; i < cq->uses.size(); ++i) {
       if (cq->uses[i].consumer == consumer && --cq->uses[i].count == 0) {
         cq->uses.erase(cq->uses.begin() + static_cast<std::ptrdiff_t>(i));
+        NoteSoleConsumer(cq);
         return;
       }
     }

@@ -164,6 +164,56 @@ TEST(EventMode, NoLostWakeups) {
   CQD_ASSERT_OK(topo.TearDown());
 }
 
+// Rounds of one completion per QP, each round after the pollers fell asleep and a pause long
+// enough for the owned consumers to pass their idle_spin and sleep too. Returns false if a round's
+// completions were not all delivered.
+bool CompleteAfterSleeps(Topology& topo, int round) {
+  if (!testing::WaitForPollersAsleep(*topo.rt)) return false;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (SimQp* qp : topo.qps) {
+    if (qp->Complete(static_cast<uint64_t>(round)) != 1) return false;
+  }
+  return WaitFor([&] { return topo.received() == topo.qps.size() * (round + 1u); });
+}
+
+// A CQ whose QPs all go to one owned consumer: its event wakes that consumer with the poller
+// (ConsumerStats::pre_wakes), and every completion still arrives, in order.
+TEST(EventMode, ASleepingConsumerIsWokenWithThePollerOfACqItAloneUses) {
+  RuntimeOptions options = testing::OwnedConsumers(1, 2);
+  options.idle_budget = std::chrono::microseconds(100);
+  Topology topo;
+  CQD_ASSERT_OK(topo.Build(options, 2, 4));  // CQ 0: QPs 0 and 2, consumer 0; CQ 1: 1 and 3, 1
+  auto pre_woken = [&] {
+    const Stats s = topo.rt->GetStats();
+    return s.consumers[0].pre_wakes > 0 && s.consumers[1].pre_wakes > 0;
+  };
+  // A round counts a pre-wake only if the consumer slept when the event came; a loaded machine
+  // may keep one from sleeping for a while, so this takes as many rounds as it needs, up to 50.
+  int round = 0;
+  for (; round < 50 && !pre_woken(); ++round) {
+    ASSERT_TRUE(CompleteAfterSleeps(topo, round)) << "round " << round;
+  }
+  EXPECT_TRUE(pre_woken()) << "no pre-wake in " << round << " rounds";
+  for (const auto& h : topo.handlers) EXPECT_EQ(h->out_of_order(), 0u);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
+// A CQ whose QPs go to two consumers wakes neither ahead of its poller.
+TEST(EventMode, ACqSharedByConsumersPreWakesNone) {
+  RuntimeOptions options = testing::OwnedConsumers(1, 2);
+  options.idle_budget = std::chrono::microseconds(100);
+  Topology topo;
+  CQD_ASSERT_OK(topo.Build(options, 1, 2));  // one CQ: QP 0 to consumer 0, QP 1 to consumer 1
+  for (int round = 0; round < 10; ++round) {
+    ASSERT_TRUE(CompleteAfterSleeps(topo, round)) << "round " << round;
+  }
+  const Stats s = topo.rt->GetStats();
+  EXPECT_GT(s.cq_events, 0u) << "the poller never slept: the test did not exercise events";
+  EXPECT_EQ(s.consumers[0].pre_wakes, 0u);
+  EXPECT_EQ(s.consumers[1].pre_wakes, 0u);
+  CQD_ASSERT_OK(topo.TearDown());
+}
+
 // Solicited-only CQs: the poller sleeps through unsolicited receives and wakes for a solicited
 // one or an error (S8); everything that arrived is then delivered.
 TEST(EventMode, SolicitedOnlyCqWakesOnSolicitedAndErrors) {
