@@ -97,10 +97,10 @@ struct ConsumerStats {
   uint64_t stall_ns = 0;          ///< how long the stall in progress has lasted (0: none)
   uint64_t queue_capacity = 0;    ///< ConsumerOptions::queue_capacity: queue_depth's bound
   uint64_t spill_capacity = 0;    ///< ConsumerOptions::spill_capacity: each poller's spill bound
-  /// kOwnedThread: times the event thread woke this consumer's sleeping thread as it woke a
-  /// poller for a CQ whose QPs are all this consumer's, so that the consumer's wake overlaps the
-  /// poller's (it then spins, ConsumerOptions::idle_spin, while the poller hands over). 0 for the
-  /// other kinds.
+  /// kOwnedThread: times the event thread woke this consumer's thread from its sleep (or from
+  /// the moment before it, when it had decided to sleep) just before it woke a poller for a CQ
+  /// whose QPs are all this consumer's, so that the consumer's wake overlaps the poller's (it
+  /// then spins, ConsumerOptions::idle_spin, while the poller hands over). 0 for the other kinds.
   uint64_t pre_wakes = 0;
   LatencyStats latency{};  ///< ConsumerOptions::record_latency
 };

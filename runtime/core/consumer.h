@@ -166,11 +166,12 @@ class Consumer {
   void Reserve(size_t n) noexcept;
   // After a lane's Publish of entries the caller reserved: wakes the consumer if it sleeps.
   void HandedOver() noexcept { waker_->Wake(); }
-  // Event thread: a CQ whose QPs are all this consumer's got its event, and its poller is being
-  // woken. An owned thread that sleeps wakes now, so that it spins (idle_spin) while the poller
-  // hands the completions over, instead of sleeping until the hand-over wakes it: the two wakes
-  // overlap. A hint: a wake with nothing to take is one more turn of the idle loop. Other kinds:
-  // nothing (an engine-driven consumer does not spin; a run-to-completion one is its poller).
+  // Event thread: a CQ whose QPs are all this consumer's got its event, and its poller is about
+  // to be woken. An owned thread that sleeps wakes now, so that it spins (idle_spin) while the
+  // poller wakes and hands the completions over, instead of sleeping until the hand-over wakes
+  // it: the two wakes overlap. A hint: a wake with nothing to take costs one idle_spin of
+  // spinning. Other kinds: nothing (an engine-driven consumer does not spin; a run-to-completion
+  // one is its poller).
   void PreWake() noexcept {
     if (options_.kind != ConsumerKind::kOwnedThread || !parker_.Wake()) return;
     owned_.pre_wakes.store(owned_.pre_wakes.load(std::memory_order_relaxed) + 1,

@@ -209,17 +209,18 @@ void EventLoop::Run() {
       }
     }
     if (paused_cm_ > 0) ResumeCm();
-    for (size_t shard = 0; shard < wake_shard_.size(); ++shard) {
-      if (wake_shard_[shard]) {
-        wake_shard_[shard] = false;
-        pollers_[shard]->CqEvents();
-      }
-    }
-    // After the pollers: the consumers' wakes overlap theirs (Consumer::PreWake).
+    // The consumers first (Consumer::PreWake): their wakes overlap the pollers', and no poller
+    // can hand over, and wake its consumer itself, before the pre-wake was made.
     for (size_t consumer = 0; consumer < pre_wake_.size(); ++consumer) {
       if (pre_wake_[consumer]) {
         pre_wake_[consumer] = false;
         consumers_[consumer]->PreWake();
+      }
+    }
+    for (size_t shard = 0; shard < wake_shard_.size(); ++shard) {
+      if (wake_shard_[shard]) {
+        wake_shard_[shard] = false;
+        pollers_[shard]->CqEvents();
       }
     }
   }

@@ -4,8 +4,8 @@
 // It epolls every completion channel (one per device and shard), every device's async fd and a
 // wake eventfd, all non-blocking and level-triggered, and drains each ready fd until EAGAIN
 // (retrying EINTR). For a completion event it counts the event against its CQ, acks in batches
-// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and wakes the shard, then the
-// CQ's consumer if it has one alone (Consumer::PreWake).
+// of `ack_threshold` (AckCounter), clears the CQ's `armed` flag and, once the ready fds are
+// drained, wakes the CQ's consumer if it has one alone (Consumer::PreWake), then the shard.
 // Async events are copied, acked (S13) and routed: QP events to the QP's handler; CQ_ERR and
 // DEVICE_FATAL to the device handler and to every QP they affect; port and SRQ events (and QP
 // events of unregistered QPs) to the device handler. An event for a QP travels through the
@@ -135,7 +135,7 @@ class EventLoop {
   CmRouter cm_;
   int paused_cm_ = 0;  // CM sources paused: the loop then wakes every millisecond to resume
   std::vector<bool> wake_shard_;
-  std::vector<bool> pre_wake_;  // consumers to pre-wake after this round's pollers
+  std::vector<bool> pre_wake_;  // consumers to pre-wake before this round's pollers
   std::atomic<uint64_t> async_events_{0};
   std::atomic<uint64_t> stray_events_{0};
   std::atomic<uint64_t> failed_fds_{0};

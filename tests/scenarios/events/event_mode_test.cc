@@ -187,8 +187,9 @@ TEST(EventMode, ASleepingConsumerIsWokenWithThePollerOfACqItAloneUses) {
     const Stats s = topo.rt->GetStats();
     return s.consumers[0].pre_wakes > 0 && s.consumers[1].pre_wakes > 0;
   };
-  // A round counts a pre-wake only if the consumer slept when the event came; a loaded machine
-  // may keep one from sleeping for a while, so this takes as many rounds as it needs, up to 50.
+  // A round counts a pre-wake only if the consumer slept when the event came (the pre-wake comes
+  // before the poller's wake, so no hand-over can wake it first); a loaded machine may keep one
+  // from sleeping for a while, so this takes as many rounds as it needs, up to 50.
   int round = 0;
   for (; round < 50 && !pre_woken(); ++round) {
     ASSERT_TRUE(CompleteAfterSleeps(topo, round)) << "round " << round;
@@ -198,8 +199,9 @@ TEST(EventMode, ASleepingConsumerIsWokenWithThePollerOfACqItAloneUses) {
   CQD_ASSERT_OK(topo.TearDown());
 }
 
-// A CQ whose QPs go to two consumers wakes neither ahead of its poller.
-TEST(EventMode, ACqSharedByConsumersPreWakesNone) {
+// A CQ whose QPs go to two consumers wakes neither ahead of its poller; once one consumer's QP
+// unregistered, the other is the CQ's alone and is pre-woken.
+TEST(EventMode, ACqSharedByConsumersPreWakesNoneUntilOneConsumerIsLeft) {
   RuntimeOptions options = testing::OwnedConsumers(1, 2);
   options.idle_budget = std::chrono::microseconds(100);
   Topology topo;
@@ -207,9 +209,23 @@ TEST(EventMode, ACqSharedByConsumersPreWakesNone) {
   for (int round = 0; round < 10; ++round) {
     ASSERT_TRUE(CompleteAfterSleeps(topo, round)) << "round " << round;
   }
-  const Stats s = topo.rt->GetStats();
+  Stats s = topo.rt->GetStats();
   EXPECT_GT(s.cq_events, 0u) << "the poller never slept: the test did not exercise events";
   EXPECT_EQ(s.consumers[0].pre_wakes, 0u);
+  EXPECT_EQ(s.consumers[1].pre_wakes, 0u);
+
+  topo.registrations[1].Unregister();  // the CQ's QPs now all go to consumer 0
+  const uint64_t before = topo.received();
+  uint64_t sent = 0;
+  for (int round = 0; round < 50 && topo.rt->GetStats().consumers[0].pre_wakes == 0; ++round) {
+    ASSERT_TRUE(testing::WaitForPollersAsleep(*topo.rt));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_EQ(topo.qps[0]->Complete(static_cast<uint64_t>(10 + round)), 1);
+    ++sent;
+    ASSERT_TRUE(WaitFor([&] { return topo.received() == before + sent; })) << "round " << round;
+  }
+  s = topo.rt->GetStats();
+  EXPECT_GT(s.consumers[0].pre_wakes, 0u) << "no pre-wake in " << sent << " rounds";
   EXPECT_EQ(s.consumers[1].pre_wakes, 0u);
   CQD_ASSERT_OK(topo.TearDown());
 }
