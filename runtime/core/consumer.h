@@ -177,7 +177,7 @@ class Consumer {
     owned_.pre_wakes.store(owned_.pre_wakes.load(std::memory_order_relaxed) + 1,
                            std::memory_order_relaxed);  // the event thread alone writes it
   }
-  // Returns how many of PreWake's calls woke a sleeping thread (ConsumerStats::pre_wakes).
+  // Returns how many of PreWake's calls woke the thread, asleep or about to sleep (pre_wakes).
   uint64_t pre_wakes() const { return owned_.pre_wakes.load(std::memory_order_relaxed); }
   // Queues `item` (its entry reserved by the caller; item.shard and item.after set) and wakes the
   // consumer if it sleeps. Callers serialize per token.
