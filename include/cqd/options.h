@@ -56,7 +56,8 @@ struct ConsumerOptions {
   /// (queue_capacity + spill_capacity) * 64 bytes, touched as used.
   std::size_t spill_capacity = 4096;
   int dispatch_batch = 64;  ///< items taken off the queue at once (1..1024)
-  /// kOwnedThread: spin this long on an empty queue before sleeping (0..24 h).
+  /// kOwnedThread: spin this long on an empty queue before sleeping (0..24 h), also after a
+  /// pre-wake (ConsumerStats::pre_wakes).
   std::chrono::microseconds idle_spin{20};
   /// Record each completion's poll -> dispatch latency in a histogram (ConsumerStats::latency).
   /// Costs, while any consumer has it: one clock read per CQ poll that returned completions (on

@@ -99,7 +99,8 @@ struct CqRecord {
   };
   std::vector<Use> uses;
   // The one consumer in `uses`, or kNoSoleConsumer: written with `uses` (relaxed), read by the
-  // event thread (relaxed), which pre-wakes that consumer with the shard (EventLoop::ReadChannel).
+  // event thread (relaxed), which marks that consumer in EventLoop::ReadChannel and pre-wakes it
+  // in EventLoop::Run, before the shard.
   // A stale read costs a wake that finds nothing, or a wake not made early; never a completion.
   std::atomic<uint32_t> sole_consumer{kNoSoleConsumer};
   // Parking (RuntimeOptions::cq_park_after): a parked CQ is armed and out of its shard's passes
