@@ -23,7 +23,9 @@
 // before and just after it, "xcore_rtt_ns": [before, after], so that a summary can tell which of
 // the machine's modes the row ran in (benchmarks/perf_summary.py).
 // --latency-only and --event-latency-only print the busy-poll rows beside the spin floor and the
-// event-mode rows beside one eventfd wake, alone (docs/perf/issue47/ab.sh).
+// event-mode rows beside one eventfd wake, alone (docs/perf/issue47/ab.sh); the event rows add
+// cqd_event_spin, the handoff with the consumer's idle_spin at its default (the other event rows
+// set it to 0, so that the consumer sleeps at once, as they did before the pre-wake).
 // --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
 // poller and a consumer each, as many as the machine has two CPUs for. --probe prints the
 // cross-core probe alone (which mode the machine is in now).
@@ -325,9 +327,12 @@ double CpuSeconds() {
 // Runs `samples` completions at `rate` per second through cqd, then measures idle CPU.
 // busy: the poller busy-polls; with a handoff the consumer is this thread, spinning on Drain
 // after each injection (two busy threads fit two cores). event: the poller arms and sleeps at
-// once and so does the consumer thread. rtc: the handler runs on the poller thread (a
-// run-to-completion consumer); this thread injects and waits for it.
-LatencyResult RunCqdLatency(bool busy, bool rtc, size_t samples, double rate, double idle_seconds) {
+// once and so does the consumer thread, unless `default_spin`: then the consumer keeps its
+// default idle_spin (20 us), which it also spins after a pre-wake; at `rate` (5000/s: 100 to 300
+// us apart) it still sleeps before each completion arrives. rtc: the handler runs on the poller
+// thread (a run-to-completion consumer); this thread injects and waits for it.
+LatencyResult RunCqdLatency(bool busy, bool rtc, size_t samples, double rate, double idle_seconds,
+                            bool default_spin = false) {
   RuntimeOptions options;
   options.pollers = 1;
   options.poller_cpus = {0};
@@ -342,7 +347,7 @@ LatencyResult RunCqdLatency(bool busy, bool rtc, size_t samples, double rate, do
   } else {
     options.consumers[0].cpu = 1 % std::max(1u, std::thread::hardware_concurrency());
     options.idle_budget = std::chrono::microseconds(0);
-    options.consumers[0].idle_spin = std::chrono::microseconds(0);
+    if (!default_spin) options.consumers[0].idle_spin = std::chrono::microseconds(0);
   }
   auto created = Runtime::Create(options);
   if (!created.ok()) {
@@ -382,7 +387,8 @@ LatencyResult RunCqdLatency(bool busy, bool rtc, size_t samples, double rate, do
   while (handler.count.load(std::memory_order_acquire) < samples) std::this_thread::yield();
 
   LatencyResult result;
-  result.mode = std::string(rtc ? "cqd_rtc" : "cqd") + (busy ? "_busy_poll" : "_event");
+  result.mode = std::string(rtc ? "cqd_rtc" : "cqd") + (busy ? "_busy_poll" : "_event") +
+                (default_spin ? "_spin" : "");
   result.samples = handler.from_poll;
   result.end_to_end = handler.from_inject;
   result.p = Summarize(result.samples);
@@ -751,7 +757,8 @@ int main(int argc, char** argv) {
       const LatencyResult rows[] = {
           Probed([&] { return RunCqdLatency(false, false, samples, 5000, 0.1); }),
           Probed([&] { return RunCqdLatency(false, true, samples, 5000, 0.1); }),
-          Probed([&] { return RunEventfdPingPong(samples, 5000); })};
+          Probed([&] { return RunEventfdPingPong(samples, 5000); }),
+          Probed([&] { return RunCqdLatency(false, false, samples, 5000, 0.1, true); })};
       fprintf(stderr, "\n");
       for (const LatencyResult& r : rows) {
         printf(

@@ -92,8 +92,8 @@ for mode in ("fast", "slow"):
               f"{ratio(med('cqd_busy_poll p50 (ns)', mode, which), med('spin_handoff p50 (ns)', mode, which))} |")
 
 print()
-print("| mode | binary | event handoff p50 / eventfd wake | event rtc p50 / eventfd wake |")
-print("| --- | --- | ---: | ---: |")
+print("| mode | binary | event handoff p50 / eventfd wake | event handoff, default idle_spin, p50 / eventfd wake | event rtc p50 / eventfd wake |")
+print("| --- | --- | ---: | ---: | ---: |")
 for mode in ("fast", "slow"):
     # ab.sh runs the event rows once a round ("bound"); s54.sh runs them for each binary.
     for which in ("bound", "before", "after"):
@@ -101,4 +101,5 @@ for mode in ("fast", "slow"):
         if wake is None:
             continue
         print(f"| {mode} | {which} | {ratio(med('cqd_event added p50 (ns)', mode, which), wake)} | "
+              f"{ratio(med('cqd_event_spin added p50 (ns)', mode, which), wake)} | "
               f"{ratio(med('cqd_rtc_event added p50 (ns)', mode, which), wake)} |")
