@@ -299,11 +299,12 @@ void Consumer::RunLane(Lane& lane, uint32_t at, uint32_t n) noexcept {
   // DeliverRun reads each run's slot, then calls the handler the slot names (its first line holds
   // the vtable pointer). With many QPs both are misses: fetch the slots kSlotAhead runs ahead of
   // the call and the handlers kHandlerAhead runs ahead (by then their slots have come), so that
-  // the misses overlap instead of each coming after the previous handler call.
+  // the misses overlap instead of each coming after the previous handler call. The handler stage
+  // runs only while HandlersCold(); otherwise its cursor starts at the end.
   uint32_t slot_ahead = at;
   for (int k = 0; k < kSlotAhead && slot_ahead < end; ++k)
     slot_ahead = PrefetchRun(lane, slot_ahead, end, PrefetchStage::kSlot);
-  uint32_t handler_ahead = at;
+  uint32_t handler_ahead = HandlersCold() ? at : end;
   for (int k = 0; k < kHandlerAhead && handler_ahead < end; ++k)
     handler_ahead = PrefetchRun(lane, handler_ahead, end, PrefetchStage::kHandler);
   uint32_t i = at;
