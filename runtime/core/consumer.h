@@ -240,10 +240,11 @@ class Consumer {
   uint32_t PrefetchRun(Lane& lane, uint32_t i, uint32_t end, PrefetchStage stage) const noexcept;
   static constexpr int kSlotAhead = 8;     // runs between a slot's prefetch and its call
   static constexpr int kHandlerAhead = 4;  // runs between a handler's prefetch and its call
-  // Returns true when handlers are worth prefetching: the runtime has had more registrations than
-  // one chunk of slots holds (SlotPool::kChunkSize, 4096). Below that their first lines stay in
-  // the consumer's cache and the handler stage costs instructions without a miss to hide
-  // (docs/PERFORMANCE.md: 0.87x with 1000 QPs in the fast mode).
+  // Returns true when handlers are worth prefetching: the runtime's slot pool has grown past one
+  // chunk (SlotPool::kChunkSize, 4096 slots: more than about 4000 registrations at once; it never
+  // shrinks). Below that the handlers' first lines stay in the consumer's cache and the handler
+  // stage costs instructions without a miss to hide (docs/PERFORMANCE.md: 0.87x with 1000 QPs in
+  // the fast mode).
   bool HandlersCold() const noexcept { return slots_.allocated() > SlotPool::kChunkSize; }
   void RunItem(const Item& item) noexcept;
   // Delivers one registration's run of completions.
