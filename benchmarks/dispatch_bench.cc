@@ -45,6 +45,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -479,6 +480,121 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
   return result;
 }
 
+// The busy handoff's own line traffic with no runtime code around it, the floor of a hand-over
+// protocol: one thread plays the poller (it stamps an entry, writes its 16-byte metadata and its
+// ibv_wc into two page-aligned rings, then hands it over), the other the consumer (it spins until
+// the entry is handed over, reads it, recycles it). The protocols:
+//   kDepthThenEnd   cqd's today (lane.h, consumer.h): the poller reserves depth with a CAS, then
+//                   stores the lane's published end; the consumer spins on the depth, then reads
+//                   the end, then the entry: three lines one after another.
+//   kEnd            a plain single-producer ring: the consumer spins on the published end.
+//   kEntrySequence  the entry carries its own sequence number in its metadata: the consumer spins
+//                   on the entry's metadata line, then reads its ibv_wc (two lines).
+//   kOneLine        as kEntrySequence, with each entry's ibv_wc and metadata side by side in one
+//                   64-byte line: the least any hand-over of a completion can move.
+enum class HandOver { kDepthThenEnd, kEnd, kEntrySequence, kOneLine };
+LatencyResult RunHandOverFloor(size_t samples, double rate, HandOver protocol) {
+  constexpr uint64_t kRing = 1024;
+  struct Meta {
+    uint32_t slot;
+    uint32_t sequence;  // kEntrySequence: position + 1, stored last (release)
+    uint16_t kind;
+    uint16_t run;
+    uint32_t stamp;
+  };
+  struct Rings {
+    alignas(4096) ibv_wc wcs[kRing];
+    alignas(4096) Meta metas[kRing];
+    struct alignas(64) Entry {
+      ibv_wc wc;
+      Meta meta;
+    };
+    alignas(4096) Entry entries[kRing];  // kOneLine's ring
+  };
+  static_assert(sizeof(Rings::Entry) == 64);
+  auto rings = std::make_unique<Rings>();
+  std::memset(rings.get(), 0, sizeof(Rings));
+  const bool one_line = protocol == HandOver::kOneLine;
+  const bool sequenced = one_line || protocol == HandOver::kEntrySequence;
+  auto wc_at = [&](uint32_t at) -> ibv_wc& {
+    return one_line ? rings->entries[at].wc : rings->wcs[at];
+  };
+  auto meta_at = [&](uint32_t at) -> Meta& {
+    return one_line ? rings->entries[at].meta : rings->metas[at];
+  };
+  struct alignas(64) Line {
+    std::atomic<uint64_t> value{0};
+  };
+  Line depth, published, recycled, done;
+  std::vector<uint64_t> lat(samples);
+  std::atomic<bool> ready{false};
+  std::thread consumer([&] {
+    PinTo(1);
+    ready.store(true);
+    uint64_t sink = 0;
+    for (uint64_t pos = 0; pos < samples; ++pos) {
+      const uint32_t at = static_cast<uint32_t>(pos % kRing);
+      if (sequenced) {
+        std::atomic_ref<uint32_t> sequence(meta_at(at).sequence);
+        while (sequence.load(std::memory_order_acquire) != static_cast<uint32_t>(pos + 1)) {
+        }
+      } else {
+        if (protocol == HandOver::kDepthThenEnd) {
+          while (depth.value.load(std::memory_order_relaxed) == 0) {
+          }
+        }
+        while (published.value.load(std::memory_order_acquire) <= pos) {
+        }
+      }
+      sink += meta_at(at).slot + wc_at(at).qp_num;
+      lat[pos] = NowNs() - wc_at(at).wr_id;
+      recycled.value.store(pos + 1, std::memory_order_release);
+      if (protocol == HandOver::kDepthThenEnd) depth.value.fetch_sub(1, std::memory_order_seq_cst);
+      done.value.store(pos + 1, std::memory_order_release);
+    }
+    if (sink != samples * 10) std::abort();  // each entry read as written (slot 3, qp 7)
+  });
+  while (!ready.load()) std::this_thread::yield();
+  PinTo(0);
+  Arrivals arrivals(rate);
+  for (uint64_t pos = 0; pos < samples; ++pos) {
+    arrivals.SleepUntilNext();
+    const uint32_t at = static_cast<uint32_t>(pos % kRing);
+    ibv_wc& wc = wc_at(at);
+    wc.wr_id = NowNs();  // the poll stamp
+    wc.qp_num = 7;
+    wc.opcode = IBV_WC_RECV;
+    Meta& meta = meta_at(at);
+    meta.slot = 3;
+    meta.kind = 0;
+    meta.run = 1;
+    if (sequenced) {
+      std::atomic_ref<uint32_t>(meta.sequence)
+          .store(static_cast<uint32_t>(pos + 1), std::memory_order_release);
+    } else {
+      if (protocol == HandOver::kDepthThenEnd) {
+        uint64_t d = depth.value.load(std::memory_order_relaxed);
+        while (!depth.value.compare_exchange_weak(d, d + 1, std::memory_order_seq_cst,
+                                                  std::memory_order_relaxed)) {
+        }
+      }
+      published.value.store(pos + 1, std::memory_order_release);
+    }
+    while (done.value.load(std::memory_order_acquire) <= pos) CpuRelaxHere();
+  }
+  consumer.join();
+  Unpin();
+  LatencyResult result;
+  result.mode = protocol == HandOver::kDepthThenEnd ? "floor_depth_end"
+                : protocol == HandOver::kEnd        ? "floor_end"
+                : one_line                          ? "floor_one_line"
+                                                    : "floor_entry_seq";
+  result.samples = lat;
+  result.end_to_end = lat;
+  result.p = result.e2e = Summarize(lat);
+  return result;
+}
+
 // ---- open loop ----
 
 // Counts completions and records every `stride`-th one's added -> handler time (wr_id carries
@@ -745,7 +861,11 @@ int main(int argc, char** argv) {
       const LatencyResult rows[] = {
           Probed([&] { return RunCqdLatency(true, false, samples, 5000, 0.1); }),
           Probed([&] { return RunCqdLatency(true, true, samples, 5000, 0.1); }),
-          Probed([&] { return RunSpinHandoff(samples, 5000); })};
+          Probed([&] { return RunSpinHandoff(samples, 5000); }),
+          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kDepthThenEnd); }),
+          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kEnd); }),
+          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kEntrySequence); }),
+          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kOneLine); })};
       fprintf(stderr, "\n");
       for (const LatencyResult& r : rows) {
         printf("%-18s poll->handler p50 %6.0f p99 %6.0f ns, xcore %.0f/%.0f ns\n", r.mode.c_str(),
