@@ -23,7 +23,8 @@
 // before and just after it, "xcore_rtt_ns": [before, after], so that a summary can tell which of
 // the machine's modes the row ran in (benchmarks/perf_summary.py).
 // --latency-only and --event-latency-only print the busy-poll rows beside the spin floor and the
-// event-mode rows beside one eventfd wake, alone (docs/perf/issue47/ab.sh); the event rows add
+// event-mode rows beside one eventfd wake, alone (docs/perf/issue47/ab.sh); the busy rows add
+// four bare hand-over protocols (RunBareHandOver, docs/perf/issue47/bare.sh); the event rows add
 // cqd_event_spin, the handoff with the consumer's idle_spin at its default (the other event rows
 // set it to 0, so that the consumer sleeps at once, as they did before the pre-wake).
 // --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
@@ -480,92 +481,106 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
   return result;
 }
 
-// The busy handoff's own line traffic with no runtime code around it, the floor of a hand-over
-// protocol: one thread plays the poller (it stamps an entry, writes its 16-byte metadata and its
-// ibv_wc into two page-aligned rings, then hands it over), the other the consumer (it spins until
-// the entry is handed over, reads it, recycles it). The protocols:
-//   kDepthThenEnd   cqd's today (lane.h, consumer.h): the poller reserves depth with a CAS, then
-//                   stores the lane's published end; the consumer spins on the depth, then reads
-//                   the end, then the entry: three lines one after another.
-//   kEnd            a plain single-producer ring: the consumer spins on the published end.
+// The busy handoff's own line traffic with no runtime code around it: a bare hand-over protocol,
+// to compare protocols under one way of waiting (a tight spin). It is not a lower bound: a
+// consumer that waits otherwise may get its lines sooner. One thread plays the poller (it stamps
+// an entry, writes its 16-byte metadata and its ibv_wc, then hands it over), the other the
+// consumer (it spins until the entry is handed over, then reads it and checks it). Entries go
+// one at a time: the poller waits for the consumer's `done` before the next, so the ring never
+// fills and nothing is recycled. The protocols:
+//   kDepthThenEnd   cqd's (lane.h, consumer.h): the poller reserves depth with a CAS, then
+//                   stores the lane's published end; the consumer spins on the depth, starts
+//                   loading the entry's two lines (as Consumer::Dispatch's PrefetchNext does),
+//                   spins on the end, then reads the entry.
+//   kEnd            a plain single-producer ring: the consumer spins on the published end, then
+//                   reads the entry.
 //   kEntrySequence  the entry carries its own sequence number in its metadata: the consumer spins
-//                   on the entry's metadata line, then reads its ibv_wc (two lines).
-//   kOneLine        as kEntrySequence, with each entry's ibv_wc and metadata side by side in one
-//                   64-byte line: the least any hand-over of a completion can move.
+//                   on the metadata's line, then reads the ibv_wc (the ibv_wcs stay one array,
+//                   as a handler's span into the lane needs).
+//   kOneLine        as kEntrySequence, with each ibv_wc and its metadata side by side in one
+//                   64-byte line: the least a hand-over of a completion can move, without spans.
 enum class HandOver { kDepthThenEnd, kEnd, kEntrySequence, kOneLine };
-LatencyResult RunHandOverFloor(size_t samples, double rate, HandOver protocol) {
-  constexpr uint64_t kRing = 1024;
+struct HandOverRings {
+  static constexpr uint64_t kSize = 1024;
   struct Meta {
     uint32_t slot;
-    uint32_t sequence;  // kEntrySequence: position + 1, stored last (release)
+    uint32_t sequence;  // kEntrySequence, kOneLine: position + 1, stored last (release)
     uint16_t kind;
     uint16_t run;
     uint32_t stamp;
   };
-  struct Rings {
-    alignas(4096) ibv_wc wcs[kRing];
-    alignas(4096) Meta metas[kRing];
-    struct alignas(64) Entry {
-      ibv_wc wc;
-      Meta meta;
-    };
-    alignas(4096) Entry entries[kRing];  // kOneLine's ring
+  struct alignas(64) Entry {
+    ibv_wc wc;
+    Meta meta;
   };
-  static_assert(sizeof(Rings::Entry) == 64);
-  auto rings = std::make_unique<Rings>();
-  std::memset(rings.get(), 0, sizeof(Rings));
+  static_assert(sizeof(Entry) == 64);
+  alignas(4096) ibv_wc wcs[kSize];
+  alignas(4096) Meta metas[kSize];
+  alignas(4096) Entry entries[kSize];  // kOneLine's ring
+  ibv_wc& wc(bool one_line, uint32_t at) { return one_line ? entries[at].wc : wcs[at]; }
+  Meta& meta(bool one_line, uint32_t at) { return one_line ? entries[at].meta : metas[at]; }
+};
+LatencyResult RunBareHandOver(size_t samples, double rate, HandOver protocol) {
+  auto rings = std::make_unique<HandOverRings>();
+  std::memset(rings.get(), 0, sizeof(HandOverRings));
   const bool one_line = protocol == HandOver::kOneLine;
   const bool sequenced = one_line || protocol == HandOver::kEntrySequence;
-  auto wc_at = [&](uint32_t at) -> ibv_wc& {
-    return one_line ? rings->entries[at].wc : rings->wcs[at];
-  };
-  auto meta_at = [&](uint32_t at) -> Meta& {
-    return one_line ? rings->entries[at].meta : rings->metas[at];
-  };
   struct alignas(64) Line {
     std::atomic<uint64_t> value{0};
   };
-  Line depth, published, recycled, done;
+  Line depth, published, done;
   std::vector<uint64_t> lat(samples);
   std::atomic<bool> ready{false};
-  std::thread consumer([&] {
+  // Everything the consumer reads per entry is its own copy or one of the lines above, so no
+  // line of this thread's stack crosses inside the measured interval.
+  std::thread consumer([r = rings.get(), protocol, one_line, sequenced, samples, out = lat.data(),
+                        &depth, &published, &done, &ready] {
     PinTo(1);
     ready.store(true);
-    uint64_t sink = 0;
+    uint64_t misread = 0;
     for (uint64_t pos = 0; pos < samples; ++pos) {
-      const uint32_t at = static_cast<uint32_t>(pos % kRing);
+      const uint32_t at = static_cast<uint32_t>(pos % HandOverRings::kSize);
       if (sequenced) {
-        std::atomic_ref<uint32_t> sequence(meta_at(at).sequence);
+        std::atomic_ref<uint32_t> sequence(r->meta(one_line, at).sequence);
         while (sequence.load(std::memory_order_acquire) != static_cast<uint32_t>(pos + 1)) {
         }
       } else {
         if (protocol == HandOver::kDepthThenEnd) {
           while (depth.value.load(std::memory_order_relaxed) == 0) {
           }
+          __builtin_prefetch(&r->meta(one_line, at));
+          __builtin_prefetch(&r->wc(one_line, at));
         }
         while (published.value.load(std::memory_order_acquire) <= pos) {
         }
       }
-      sink += meta_at(at).slot + wc_at(at).qp_num;
-      lat[pos] = NowNs() - wc_at(at).wr_id;
-      recycled.value.store(pos + 1, std::memory_order_release);
+      const ibv_wc& wc = r->wc(one_line, at);
+      out[pos] = NowNs() - wc.wr_id;
+      // Each entry carries its position, so an entry read before it was written (or a lap late)
+      // is caught.
+      misread += wc.qp_num != static_cast<uint32_t>(pos) ||
+                 r->meta(one_line, at).slot != ~static_cast<uint32_t>(pos);
       if (protocol == HandOver::kDepthThenEnd) depth.value.fetch_sub(1, std::memory_order_seq_cst);
       done.value.store(pos + 1, std::memory_order_release);
     }
-    if (sink != samples * 10) std::abort();  // each entry read as written (slot 3, qp 7)
+    if (misread != 0) {
+      fprintf(stderr, "hand-over %d: %" PRIu64 " entries misread\n", static_cast<int>(protocol),
+              misread);
+      std::abort();
+    }
   });
   while (!ready.load()) std::this_thread::yield();
   PinTo(0);
   Arrivals arrivals(rate);
   for (uint64_t pos = 0; pos < samples; ++pos) {
     arrivals.SleepUntilNext();
-    const uint32_t at = static_cast<uint32_t>(pos % kRing);
-    ibv_wc& wc = wc_at(at);
+    const uint32_t at = static_cast<uint32_t>(pos % HandOverRings::kSize);
+    ibv_wc& wc = rings->wc(one_line, at);
     wc.wr_id = NowNs();  // the poll stamp
-    wc.qp_num = 7;
+    wc.qp_num = static_cast<uint32_t>(pos);
     wc.opcode = IBV_WC_RECV;
-    Meta& meta = meta_at(at);
-    meta.slot = 3;
+    HandOverRings::Meta& meta = rings->meta(one_line, at);
+    meta.slot = ~static_cast<uint32_t>(pos);
     meta.kind = 0;
     meta.run = 1;
     if (sequenced) {
@@ -585,10 +600,10 @@ LatencyResult RunHandOverFloor(size_t samples, double rate, HandOver protocol) {
   consumer.join();
   Unpin();
   LatencyResult result;
-  result.mode = protocol == HandOver::kDepthThenEnd ? "floor_depth_end"
-                : protocol == HandOver::kEnd        ? "floor_end"
-                : one_line                          ? "floor_one_line"
-                                                    : "floor_entry_seq";
+  result.mode = protocol == HandOver::kDepthThenEnd ? "bare_depth_end"
+                : protocol == HandOver::kEnd        ? "bare_end"
+                : one_line                          ? "bare_one_line"
+                                                    : "bare_entry_seq";
   result.samples = lat;
   result.end_to_end = lat;
   result.p = result.e2e = Summarize(lat);
@@ -862,10 +877,10 @@ int main(int argc, char** argv) {
           Probed([&] { return RunCqdLatency(true, false, samples, 5000, 0.1); }),
           Probed([&] { return RunCqdLatency(true, true, samples, 5000, 0.1); }),
           Probed([&] { return RunSpinHandoff(samples, 5000); }),
-          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kDepthThenEnd); }),
-          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kEnd); }),
-          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kEntrySequence); }),
-          Probed([&] { return RunHandOverFloor(samples, 5000, HandOver::kOneLine); })};
+          Probed([&] { return RunBareHandOver(samples, 5000, HandOver::kDepthThenEnd); }),
+          Probed([&] { return RunBareHandOver(samples, 5000, HandOver::kEnd); }),
+          Probed([&] { return RunBareHandOver(samples, 5000, HandOver::kEntrySequence); }),
+          Probed([&] { return RunBareHandOver(samples, 5000, HandOver::kOneLine); })};
       fprintf(stderr, "\n");
       for (const LatencyResult& r : rows) {
         printf("%-18s poll->handler p50 %6.0f p99 %6.0f ns, xcore %.0f/%.0f ns\n", r.mode.c_str(),
