@@ -554,12 +554,16 @@ LatencyResult RunBareHandOver(size_t samples, double rate, HandOver protocol) {
         while (published.value.load(std::memory_order_acquire) <= pos) {
         }
       }
-      const ibv_wc& wc = r->wc(one_line, at);
-      out[pos] = NowNs() - wc.wr_id;
+      // The entry is read whole (its metadata and every line of its ibv_wc) before the clock, so
+      // that each protocol's time ends once its completion has arrived, not once its signal has.
       // Each entry carries its position, so an entry read before it was written (or a lap late)
       // is caught.
+      const ibv_wc& wc = r->wc(one_line, at);
+      const uint64_t stamp = wc.wr_id;
       misread += wc.qp_num != static_cast<uint32_t>(pos) ||
                  r->meta(one_line, at).slot != ~static_cast<uint32_t>(pos);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the loads above stay above
+      out[pos] = NowNs() - stamp;
       if (protocol == HandOver::kDepthThenEnd) depth.value.fetch_sub(1, std::memory_order_seq_cst);
       done.value.store(pos + 1, std::memory_order_release);
     }
