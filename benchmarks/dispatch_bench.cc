@@ -490,7 +490,7 @@ LatencyResult RunSpinHandoff(size_t samples, double rate) {
 // fills and nothing is recycled. The protocols:
 //   kDepthThenEnd   cqd's (lane.h, consumer.h): the poller reserves depth with a CAS, then
 //                   stores the lane's published end; the consumer spins on the depth, starts
-//                   loading the entry's two lines (as Consumer::Dispatch's PrefetchNext does),
+//                   loading the entry's metadata and first wc line (as Dispatch's PrefetchNext),
 //                   spins on the end, then reads the entry.
 //   kEnd            a plain single-producer ring: the consumer spins on the published end, then
 //                   reads the entry.
@@ -554,8 +554,9 @@ LatencyResult RunBareHandOver(size_t samples, double rate, HandOver protocol) {
         while (published.value.load(std::memory_order_acquire) <= pos) {
         }
       }
-      // The entry is read whole (its metadata and every line of its ibv_wc) before the clock, so
-      // that each protocol's time ends once its completion has arrived, not once its signal has.
+      // The fields the poller wrote (the metadata, and wr_id and qp_num, which sit on two lines
+      // for one entry in four) are read before the clock, so that each protocol's time ends once
+      // its completion has arrived, not once its signal has.
       // Each entry carries its position, so an entry read before it was written (or a lap late)
       // is caught.
       const ibv_wc& wc = r->wc(one_line, at);
