@@ -27,6 +27,8 @@
 // four bare hand-over protocols (RunBareHandOver, docs/perf/issue47/bare.sh); the event rows add
 // cqd_event_spin, the handoff with the consumer's idle_spin at its default (the other event rows
 // set it to 0, so that the consumer sleeps at once, as they did before the pre-wake).
+// --busy-latency-only prints the busy-poll handoff and the spin floor alone, a few seconds a run
+// (docs/perf/issue47/busy.sh).
 // --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
 // poller and a consumer each, as many as the machine has two CPUs for. --probe prints the
 // cross-core probe alone (which mode the machine is in now).
@@ -892,6 +894,17 @@ int main(int argc, char** argv) {
                r.p.p50, r.p.p99, r.xcore.before, r.xcore.after);
       }
       return 0;
+    } else if (a == "--busy-latency-only") {  // the busy-poll handoff and the spin floor alone
+      const size_t samples = 20000;
+      const LatencyResult rows[] = {
+          Probed([&] { return RunCqdLatency(true, false, samples, 5000, 0.1); }),
+          Probed([&] { return RunSpinHandoff(samples, 5000); })};
+      fprintf(stderr, "\n");
+      for (const LatencyResult& r : rows) {
+        printf("%-18s poll->handler p50 %6.0f p99 %6.0f ns, xcore %.0f/%.0f ns\n", r.mode.c_str(),
+               r.p.p50, r.p.p99, r.xcore.before, r.xcore.after);
+      }
+      return 0;
     } else if (a == "--event-latency-only") {  // the event-mode rows and one eventfd wake
       const size_t samples = 5000;
       const LatencyResult rows[] = {
@@ -931,7 +944,8 @@ int main(int argc, char** argv) {
       fprintf(stderr,
               "usage: dispatch [--quick] [--seconds=S] [--out=DIR] [--random-order] "
               "[--only=impl:batch:qps:consumers[:cqs:active_cqs:busy_poll] | --open-loop-only | "
-              "--latency-only | --event-latency-only | --scaling[=ROUNDS] | --probe]\n");
+              "--latency-only | --busy-latency-only | --event-latency-only | --scaling[=ROUNDS] | "
+              "--probe]\n");
       return 2;
     }
   }
