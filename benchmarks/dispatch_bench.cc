@@ -27,7 +27,7 @@
 // four bare hand-over protocols (RunBareHandOver, docs/perf/issue47/bare.sh); the event rows add
 // cqd_event_spin, the handoff with the consumer's idle_spin at its default (the other event rows
 // set it to 0, so that the consumer sleeps at once, as they did before the pre-wake).
-// --busy-latency-only prints the busy-poll handoff and the spin floor alone, a few seconds a run
+// --busy-latency-only prints the busy-poll handoff and the spin floor alone, about 8 s a run
 // (docs/perf/issue47/busy.sh).
 // --scaling[=ROUNDS] instead prints the scaling rows only (RunScaling): 1, 2, 4 and 8 shards of a
 // poller and a consumer each, as many as the machine has two CPUs for. --probe prints the

@@ -6,6 +6,7 @@
 # 300 ns, fast when both read under 200; the rest are left out and counted. The spin floor's rows
 # are sorted by their own probes, and the ratio is of the two medians. The last column is the
 # Spearman rank correlation, over one binary's runs in one mode, of the p50 and the extra writes.
+# Then the slow runs by round: each round's median, and each binary against head in its round.
 #   python3 docs/perf/issue47/busy.py docs/perf/issue47/busy.txt
 import re
 import statistics
@@ -75,7 +76,28 @@ for want in ('slow', 'fast'):
         floor = [v['spin_handoff'][0] for v in rows
                  if 'spin_handoff' in v and mode(*v['spin_handoff'][1:]) == want]
         ratio = f'{statistics.median(p50) / statistics.median(floor):.2f}' if floor else '-'
-        writes = [v.get('write', 0) for v in picked]
+        writes = [v['write'] for v in picked]  # a run without its counts is an error
         print(f'| {name} | {want} | {cell(p50)} | {cell(floor)} | {ratio} | {cell(writes)} | '
-              f'{cell([v.get("read", 0) for v in picked])} | {spearman(p50, writes)} |')
+              f'{cell([v["read"] for v in picked])} | {spearman(p50, writes)} |')
 print(f'\n{left_out} runs left out (their probes disagree on the mode).')
+
+# The same slow runs by round: each round's median over its binaries (the rounds run one after
+# another, about 45 s each), and each binary's p50 over head's in the same round (paired).
+by_round = defaultdict(dict)
+for (r, name), v in runs.items():
+    if 'cqd_busy_poll' in v and mode(*v['cqd_busy_poll'][1:]) == 'slow':
+        by_round[r][name] = v['cqd_busy_poll'][0]
+print('\n| round | slow runs | median p50 of the round, ns |')
+print('| ---: | ---: | ---: |')
+for r in sorted(by_round):
+    print(f'| {r} | {len(by_round[r])} | {statistics.median(by_round[r].values()):g} |')
+print('\n| binary | p50 / head\'s in the same round: median (range, rounds) | rounds below 1 |')
+print('| --- | ---: | ---: |')
+for name in names:
+    if name == 'head':
+        continue
+    ratios = [by_round[r][name] / by_round[r]['head'] for r in sorted(by_round)
+              if name in by_round[r] and 'head' in by_round[r]]
+    if ratios:
+        print(f'| {name} | {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}, '
+              f'{len(ratios)}) | {sum(x < 1 for x in ratios)} |')
